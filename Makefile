@@ -1,0 +1,41 @@
+# odal: `make run` starts everything on the embedded default, `make test` runs the whole suite.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: run test lint format openapi clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+run: $(VENV)/.installed
+	$(BIN)/odal migrate --noinput
+	$(BIN)/odal demo
+	$(BIN)/odal up
+
+test: $(VENV)/.installed-test
+	$(BIN)/python tests/pg.py -- $(BIN)/pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(VENV)/.installed-test
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+openapi: $(VENV)/.installed
+	$(BIN)/odal export_openapi_schema --api odal.api.api --indent 2 --sorted --output docs/api/openapi.json
+	@echo "wrote docs/api/openapi.json"
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache

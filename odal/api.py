@@ -1,0 +1,195 @@
+"""The API root under /vault/api/v1/: the NinjaAPI, its error handling, and the passport routes."""
+
+import uuid
+from datetime import datetime
+
+from django.core.exceptions import RequestDataTooBig
+from django.db import IntegrityError, transaction
+from django.http import Http404
+from ninja import NinjaAPI, Router, Schema, Status
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from pydantic import field_validator
+
+from odal import lifecycle
+from odal.auth import READ, WRITE
+from odal.errors import Refused
+from odal.middleware import body_too_large
+from odal.models import AuditEntry, Passport
+from odal.schemas import Error, check_text, check_upi
+
+api = NinjaAPI(
+    title="odal",
+    version="1",
+    description=(
+        "The back office of a Digital Product Passport node: passports, the EU DPP registry "
+        "outbox and the event outbox. Authenticate with `Authorization: Bearer <token>` "
+        "(create one with `odal token create`). Errors are `{detail, code}`."
+    ),
+    urls_namespace="api",
+)
+
+
+def _field_of(loc) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "payload", "path", "query")]
+    return ".".join(parts) or "request"
+
+
+@api.exception_handler(ValidationError)
+def on_validation_error(request, exc: ValidationError):
+    problems = []
+    for error in exc.errors:
+        message = str(error.get("msg", "is not valid")).removeprefix("Value error, ")
+        problems.append(f"{_field_of(error.get('loc', ()))}: {message}")
+    detail = "The request is not valid. " + "; ".join(problems) + "."
+    errors = [{"field": _field_of(e.get("loc", ())), "message": str(e.get("msg"))} for e in exc.errors]
+    return api.create_response(
+        request, {"detail": detail, "code": "invalid_request", "errors": errors}, status=422
+    )
+
+
+@api.exception_handler(Refused)
+def on_refused(request, exc: Refused):
+    return api.create_response(request, exc.as_json(), status=exc.status)
+
+
+@api.exception_handler(AuthenticationError)
+def on_unauthenticated(request, exc):
+    return api.create_response(
+        request,
+        {
+            "detail": "Authentication required: send 'Authorization: Bearer <token>' or sign in as staff.",
+            "code": "unauthenticated",
+        },
+        status=401,
+    )
+
+
+@api.exception_handler(Http404)
+def on_not_found(request, exc):
+    return api.create_response(request, {"detail": "Not found.", "code": "not_found"}, status=404)
+
+
+@api.exception_handler(HttpError)
+def on_http_error(request, exc: HttpError):
+    return api.create_response(request, {"detail": str(exc), "code": "http_error"}, status=exc.status_code)
+
+
+@api.exception_handler(RequestDataTooBig)
+def on_too_big(request, exc):
+    return api.create_response(request, body_too_large(), status=413)
+
+
+# -- passports -----------------------------------------------------------------------------------
+
+passports = Router(tags=["passports"])
+
+
+class PassportIn(Schema):
+    upi: str
+    operatorId: str
+    facilityId: str | None = None
+    commodityCode: str | None = None
+    data: dict | None = None
+
+    @field_validator("upi")
+    @classmethod
+    def _upi(cls, value: str) -> str:
+        return check_upi(value)
+
+    @field_validator("operatorId")
+    @classmethod
+    def _operator(cls, value: str) -> str:
+        return check_text(value, max_length=200, required=True)
+
+    @field_validator("facilityId")
+    @classmethod
+    def _facility(cls, value: str | None) -> str | None:
+        return None if value is None else check_text(value, max_length=200, required=False)
+
+    @field_validator("commodityCode")
+    @classmethod
+    def _commodity(cls, value: str | None) -> str | None:
+        return None if value is None else check_text(value, max_length=50, required=False)
+
+
+class PassportOut(Schema):
+    id: uuid.UUID
+    upi: str
+    operatorId: str
+    facilityId: str
+    commodityCode: str
+    data: dict
+    status: str
+    createdAt: datetime
+    updatedAt: datetime
+    publishedAt: datetime | None
+    suspendedAt: datetime | None
+    registration: dict | None = None
+
+
+class LifecycleOut(PassportOut):
+    changed: bool
+    detail: str
+
+
+def passport_json(passport: Passport) -> dict:
+    return {
+        "id": passport.id,
+        "upi": passport.upi,
+        "operatorId": passport.operator_id,
+        "facilityId": passport.facility_id,
+        "commodityCode": passport.commodity_code,
+        "data": passport.data,
+        "status": passport.status,
+        "createdAt": passport.created_at,
+        "updatedAt": passport.updated_at,
+        "publishedAt": passport.published_at,
+        "suspendedAt": passport.suspended_at,
+        "registration": None,
+    }
+
+
+@passports.post("dpp", auth=WRITE, response={201: PassportOut, 409: Error, 422: Error})
+def create_passport(request, payload: PassportIn):
+    """Create a draft passport."""
+    if Passport.objects.filter(upi=payload.upi).exists():
+        raise Refused("A passport with this upi already exists.", code="upi_taken", status=409)
+    try:
+        with transaction.atomic():
+            passport = Passport.objects.create(
+                upi=payload.upi,
+                operator_id=payload.operatorId,
+                facility_id=payload.facilityId or "",
+                commodity_code=payload.commodityCode or "",
+                data=payload.data or {},
+            )
+            AuditEntry.objects.record(actor=request.auth.actor, action="passport_created", obj=passport)
+    except IntegrityError:
+        raise Refused("A passport with this upi already exists.", code="upi_taken", status=409) from None
+    return Status(201, passport_json(passport))
+
+
+@passports.get("dpp/{dppId}", auth=READ, response={200: PassportOut, 404: Error, 422: Error})
+def get_passport(request, dppId: uuid.UUID):
+    """A passport with its registration summary."""
+    passport = Passport.objects.filter(pk=dppId).first()
+    if passport is None:
+        raise Refused(f"No passport {dppId}.", code="not_found", status=404)
+    return passport_json(passport)
+
+
+@passports.post("dpp/{dppId}/publish", auth=WRITE, response={200: LifecycleOut, 404: Error})
+def publish_passport(request, dppId: uuid.UUID):
+    """Publish a draft or suspended passport. Publishing a published one changes nothing."""
+    result = lifecycle.publish(dppId, actor=request.auth.actor)
+    return {**passport_json(result.passport), "changed": result.changed, "detail": result.detail}
+
+
+@passports.post("dpp/{dppId}/suspend", auth=WRITE, response={200: LifecycleOut, 404: Error, 409: Error})
+def suspend_passport(request, dppId: uuid.UUID):
+    """Suspend (withdraw) a published passport."""
+    result = lifecycle.suspend(dppId, actor=request.auth.actor)
+    return {**passport_json(result.passport), "changed": result.changed, "detail": result.detail}
+
+
+api.add_router("", passports)

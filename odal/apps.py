@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class OdalConfig(AppConfig):
+    name = "odal"
+    verbose_name = "Passports and audit"

@@ -1,0 +1,25 @@
+"""Small helpers shared by odal's management commands."""
+
+import uuid
+
+from django.core.management.base import CommandError
+
+from odal.errors import Refused
+
+
+def subcommands(parser, dest: str = "action"):
+    """Required argparse subcommands. Django's CommandParser passes on how it was called, so a
+    usage error exits 2 on the command line and raises CommandError under call_command."""
+    return parser.add_subparsers(dest=dest, required=True)
+
+
+def refused(exc: Refused) -> CommandError:
+    """A refusal as the command's error: its sentence on stderr, its exit code (1, or 3 to retry)."""
+    return CommandError(exc.detail, returncode=exc.exit_code)
+
+
+def parse_uuid(value: str, what: str = "passport id") -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise CommandError(f"{value!r} is not a {what} (a UUID).") from None

@@ -1,0 +1,55 @@
+import signal
+import subprocess
+import sys
+import time
+
+from django.core.management.base import BaseCommand
+
+
+class Command(BaseCommand):
+    help = "Start the web server and the django-q2 worker together (what `make run` runs); Ctrl-C stops all."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--addr", default="127.0.0.1:8000")
+
+    def processes(self, addr: str) -> list[tuple[str, list[str]]]:
+        python = sys.executable
+        return [
+            ("web", [python, "-m", "odal", "runserver", addr, "--noreload"]),
+            ("worker", [python, "-m", "odal", "qcluster"]),
+        ]
+
+    def handle(self, *args, addr, **options):
+        children = []
+        stopping = False
+
+        def stop(signum, frame):
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+        for name, argv in self.processes(addr):
+            self.stdout.write(f"starting {name}: {' '.join(argv[2:])}")
+            children.append((name, subprocess.Popen(argv, start_new_session=True)))
+        self.stdout.write(
+            f"odal is up: http://{addr}/admin/ and http://{addr}/vault/api/v1/docs — Ctrl-C stops."
+        )
+        try:
+            while not stopping:
+                for name, child in children:
+                    if child.poll() is not None:
+                        self.stderr.write(f"{name} exited with {child.returncode}; stopping the rest.")
+                        stopping = True
+                time.sleep(0.3)
+        finally:
+            for _, child in children:
+                if child.poll() is None:
+                    child.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            for _, child in children:
+                try:
+                    child.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    child.kill()
+            self.stdout.write("stopped.")

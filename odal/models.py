@@ -1,0 +1,174 @@
+"""odal's core: passports, the audit trail and API tokens."""
+
+import hashlib
+import hmac
+import secrets
+import uuid
+from datetime import timedelta
+
+from django.db import models
+from django.utils import timezone
+
+SCOPE_ORDER = {"read": 0, "write": 1, "admin": 2}
+
+
+class PassportQuerySet(models.QuerySet):
+    """The passport's own status moves, each one filtered update that reports what it took."""
+
+    def mark_published(self, *, at=None) -> int:
+        """Draft or suspended -> published. Returns how many rows it took."""
+        at = at or timezone.now()
+        return self.filter(status__in=[Passport.Status.DRAFT, Passport.Status.SUSPENDED]).update(
+            status=Passport.Status.PUBLISHED, published_at=at, updated_at=at
+        )
+
+    def mark_suspended(self, *, at=None) -> int:
+        """Published -> suspended. Returns how many rows it took."""
+        at = at or timezone.now()
+        return self.filter(status=Passport.Status.PUBLISHED).update(
+            status=Passport.Status.SUSPENDED, suspended_at=at, updated_at=at
+        )
+
+
+class Passport(models.Model):
+    class Status(models.TextChoices):
+        DRAFT = "draft"
+        PUBLISHED = "published"
+        SUSPENDED = "suspended"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    upi = models.URLField(
+        "unique product identifier",
+        max_length=2000,
+        unique=True,
+        help_text="An https URL, for example a GS1 Digital Link.",
+    )
+    operator_id = models.CharField(max_length=200)
+    facility_id = models.CharField(max_length=200, blank=True, default="")
+    commodity_code = models.CharField(max_length=50, blank=True, default="")
+    data = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(default=timezone.now)
+    published_at = models.DateTimeField(null=True, blank=True)
+    suspended_at = models.DateTimeField(null=True, blank=True)
+
+    objects = PassportQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        permissions = [
+            ("publish_passport", "Can publish passports"),
+            ("suspend_passport", "Can suspend passports"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.upi} ({self.status})"
+
+
+class AuditEntryQuerySet(models.QuerySet):
+    def record(
+        self,
+        *,
+        actor: str,
+        action: str,
+        obj=None,
+        object_type: str = "",
+        object_id: str = "",
+        reason: str = "",
+        details: dict | None = None,
+    ) -> "AuditEntry":
+        """Append one entry. Call it inside the transaction of the write it records, and only
+        once that write has taken its row."""
+        if obj is not None:
+            object_type = object_type or obj._meta.label_lower
+            object_id = object_id or str(obj.pk)
+        return self.create(
+            actor=actor,
+            action=action,
+            object_type=object_type,
+            object_id=str(object_id),
+            reason=reason,
+            details=details or {},
+        )
+
+
+class AuditEntry(models.Model):
+    """Append-only: the admin shows it read-only and, on PostgreSQL, a trigger installed by
+    migration 0002 refuses UPDATE and DELETE of any row."""
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    actor = models.CharField(max_length=200)
+    action = models.CharField(max_length=64, db_index=True)
+    object_type = models.CharField(max_length=64, blank=True, default="")
+    object_id = models.CharField(max_length=64, blank=True, default="", db_index=True)
+    reason = models.TextField(blank=True, default="")
+    details = models.JSONField(default=dict, blank=True)
+
+    objects = AuditEntryQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        verbose_name_plural = "audit trail"
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.object_type}:{self.object_id}"
+
+
+def _hash_token(plaintext: str) -> str:
+    return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+class ApiTokenQuerySet(models.QuerySet):
+    def issue(self, *, name: str, scope: str) -> tuple["ApiToken", str]:
+        """Create a token and return it with its plaintext, which is never stored or shown again."""
+        prefix = secrets.token_hex(4)
+        plaintext = f"odal_{prefix}_{secrets.token_urlsafe(32)}"
+        token = self.create(name=name, scope=scope, prefix=prefix, secret_hash=_hash_token(plaintext))
+        return token, plaintext
+
+    def authenticate(self, plaintext: str) -> "ApiToken | None":
+        """The live token this plaintext names, or None. The hash is compared in constant time."""
+        parts = plaintext.split("_", 2)
+        if len(parts) != 3 or parts[0] != "odal" or len(parts[1]) != 8:
+            return None
+        token = self.filter(prefix=parts[1], revoked_at__isnull=True).first()
+        if token is None or not hmac.compare_digest(token.secret_hash, _hash_token(plaintext)):
+            return None
+        now = timezone.now()
+        # At most one write a minute per token, not one per request.
+        self.filter(pk=token.pk).filter(
+            models.Q(last_used_at__isnull=True) | models.Q(last_used_at__lt=now - timedelta(minutes=1))
+        ).update(last_used_at=now)
+        return token
+
+    def revoke(self, *, at=None) -> int:
+        return self.filter(revoked_at__isnull=True).update(revoked_at=at or timezone.now())
+
+
+class ApiToken(models.Model):
+    class Scope(models.TextChoices):
+        READ = "read"
+        WRITE = "write"
+        ADMIN = "admin"
+
+    name = models.CharField(max_length=100)
+    scope = models.CharField(max_length=8, choices=Scope.choices)
+    prefix = models.CharField(max_length=8, unique=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiTokenQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API token"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.scope}, odal_{self.prefix}_…)"
+
+    def allows(self, scope: str) -> bool:
+        """admin implies write, write implies read."""
+        return SCOPE_ORDER[self.scope] >= SCOPE_ORDER[scope]

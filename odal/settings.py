@@ -1,0 +1,208 @@
+"""odal's settings, read from the environment (see CONTRACT.md's table).
+
+Every variable goes through a small helper that raises ImproperlyConfigured naming the
+variable, so a typo in a deployment stops start-up instead of running with a surprise.
+"""
+
+import os
+from pathlib import Path
+from urllib.parse import urlparse
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = BASE_DIR / "var"
+
+DEFAULT_SECRET_KEY = "odal-development-only-secret-key-change-me"  # refused when ODAL_ENV=production
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_int(name: str, default: int, *, minimum: int = 0, maximum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a whole number, got {raw!r}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+        raise ImproperlyConfigured(f"{name} must be {bounds}, got {value}")
+    return value
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name} must be true or false, got {raw!r}")
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = os.environ.get(name, default).strip() or default
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def env_url(name: str, default: str, schemes: tuple[str, ...]) -> str:
+    value = os.environ.get(name, default).strip() or default
+    parsed = urlparse(value)
+    if parsed.scheme not in schemes or not (parsed.netloc or parsed.path):
+        raise ImproperlyConfigured(f"{name} must be a {' or '.join(schemes)} URL, got {value!r}")
+    return value.rstrip("/")
+
+
+def database_from_env() -> dict:
+    default = f"sqlite:///{VAR_DIR / 'odal.sqlite3'}"
+    url = os.environ.get("DATABASE_URL", "").strip() or default
+    if not url.startswith(("postgres://", "postgresql://", "sqlite://")):
+        raise ImproperlyConfigured(f"DATABASE_URL must be a postgres:// or sqlite:/// URL, got {url!r}")
+    try:
+        config = dj_database_url.parse(url, conn_max_age=0)
+    except Exception as exc:  # dj-database-url raises several kinds
+        raise ImproperlyConfigured(f"DATABASE_URL could not be read: {exc}") from None
+    if config["ENGINE"] == "django.db.backends.sqlite3":
+        Path(config["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+        # The web server, the sweep and the drain write at once: WAL, a busy timeout and
+        # IMMEDIATE transactions keep SQLite from answering "database is locked".
+        config["OPTIONS"] = {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    return config
+
+
+ODAL_ENV = env_choice("ODAL_ENV", "development", ("development", "production"))
+PRODUCTION = ODAL_ENV == "production"
+
+SECRET_KEY = env_str("SECRET_KEY", DEFAULT_SECRET_KEY)
+DEBUG = env_bool("DEBUG", not PRODUCTION)
+if PRODUCTION and SECRET_KEY == DEFAULT_SECRET_KEY:
+    raise ImproperlyConfigured("SECRET_KEY must be set to a secret of your own when ODAL_ENV=production")
+if PRODUCTION and DEBUG:
+    raise ImproperlyConfigured("DEBUG must be off when ODAL_ENV=production")
+
+ALLOWED_HOSTS = [h.strip() for h in env_str("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h.strip()]
+CSRF_TRUSTED_ORIGINS = [o.strip() for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
+
+# The outbox and registry knobs of CONTRACT.md.
+ODAL_CLAIM_HOLD_SECONDS = env_int("ODAL_CLAIM_HOLD_SECONDS", 300, minimum=1)
+ODAL_MAX_ATTEMPTS = env_int("ODAL_MAX_ATTEMPTS", 8, minimum=1, maximum=1000)
+ODAL_BACKOFF_BASE_SECONDS = env_int("ODAL_BACKOFF_BASE_SECONDS", 30, minimum=0)
+ODAL_BACKOFF_MAX_SECONDS = env_int("ODAL_BACKOFF_MAX_SECONDS", 6 * 3600, minimum=1)
+ODAL_REGISTRY_ADAPTER = env_choice("ODAL_REGISTRY_ADAPTER", "http", ("http", "none"))
+ODAL_REGISTRY_URL = env_url("ODAL_REGISTRY_URL", "http://127.0.0.1:8100", ("http", "https"))
+ODAL_REGISTRY_TOKEN = env_str("ODAL_REGISTRY_TOKEN", "odal-simulator-token")
+ODAL_REGISTRY_TIMEOUT_SECONDS = env_int("ODAL_REGISTRY_TIMEOUT_SECONDS", 10, minimum=1)
+ODAL_REGISTRY_STALL_ATTEMPTS = env_int("ODAL_REGISTRY_STALL_ATTEMPTS", 5, minimum=1)
+ODAL_BROKER_URL = os.environ.get("ODAL_BROKER_URL", "").strip()
+# Webhook consumers on loopback/private addresses are refused in production unless allowed.
+ODAL_ALLOW_PRIVATE_WEBHOOKS = env_bool("ODAL_ALLOW_PRIVATE_WEBHOOKS", not PRODUCTION)
+# Kick an immediate sweep when a commit creates deliveries (off in most unit tests).
+ODAL_KICK_SWEEP = env_bool("ODAL_KICK_SWEEP", True)
+# The biggest request body the API reads; larger ones get 413.
+ODAL_MAX_BODY_BYTES = env_int("ODAL_MAX_BODY_BYTES", 256 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = ODAL_MAX_BODY_BYTES
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_q",
+    "ninja",
+    "odal",
+    "outbox",
+    "registry",
+]
+
+MIDDLEWARE = [
+    "odal.middleware.BodySizeLimitMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "odal.urls"
+WSGI_APPLICATION = "odal.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": database_from_env()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+SESSION_COOKIE_SECURE = PRODUCTION
+CSRF_COOKIE_SECURE = PRODUCTION
+
+# django-q2: its ORM broker on the same database unless ODAL_BROKER_URL names Redis.
+Q_CLUSTER = {
+    "name": "odal",
+    "workers": env_int("ODAL_Q_WORKERS", 2, minimum=1),
+    "timeout": 90,
+    "retry": 120,
+    "max_attempts": 1,
+    "queue_limit": 50,
+    "catch_up": False,
+    "label": "Background tasks",
+    "poll": 0.2,
+}
+if ODAL_BROKER_URL:
+    if not ODAL_BROKER_URL.startswith(("redis://", "rediss://")):
+        raise ImproperlyConfigured(f"ODAL_BROKER_URL must be a redis:// URL, got {ODAL_BROKER_URL!r}")
+    Q_CLUSTER["redis"] = ODAL_BROKER_URL
+else:
+    Q_CLUSTER["orm"] = "default"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "odal": {"handlers": ["console"], "level": env_str("ODAL_LOG_LEVEL", "INFO")},
+        "outbox": {"handlers": ["console"], "level": env_str("ODAL_LOG_LEVEL", "INFO")},
+        "registry": {"handlers": ["console"], "level": env_str("ODAL_LOG_LEVEL", "INFO")},
+    },
+}

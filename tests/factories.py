@@ -1,0 +1,33 @@
+import factory
+from django.contrib.auth import get_user_model
+
+from odal.models import ApiToken, Passport
+
+
+class PassportFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Passport
+
+    upi = factory.Sequence(lambda n: f"https://id.example.eu/01/09506000134352/21/SER-{n:05d}")
+    operator_id = "OP-1"
+    facility_id = "FAC-1"
+    commodity_code = "8507 60"
+
+
+class PublishedPassportFactory(PassportFactory):
+    status = Passport.Status.PUBLISHED
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = get_user_model()
+
+    username = factory.Sequence(lambda n: f"staff{n}")
+    is_staff = True
+    password = factory.django.Password("pw-for-tests")
+
+
+def issue_token(scope: str = "admin", name: str | None = None) -> str:
+    """A live API token's plaintext."""
+    _, plaintext = ApiToken.objects.issue(name=name or f"test-{scope}", scope=scope)
+    return plaintext

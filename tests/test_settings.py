@@ -1,0 +1,58 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+CHECK = "import django; django.setup(); print('ok')"
+
+
+def start(**env) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("ODAL_", "DEBUG", "SECRET_KEY"))}
+    environment.update(env, DJANGO_SETTINGS_MODULE="odal.settings")
+    return subprocess.run([sys.executable, "-c", CHECK], env=environment, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("ODAL_CLAIM_HOLD_SECONDS", "five"),
+        ("ODAL_CLAIM_HOLD_SECONDS", "0"),
+        ("ODAL_MAX_ATTEMPTS", "-1"),
+        ("ODAL_BACKOFF_BASE_SECONDS", "1.5"),
+        ("ODAL_REGISTRY_ADAPTER", "soap"),
+        ("ODAL_REGISTRY_URL", "ftp://registry"),
+        ("ODAL_REGISTRY_STALL_ATTEMPTS", "x"),
+        ("ODAL_BROKER_URL", "amqp://guest@localhost"),
+        ("ODAL_ENV", "staging"),
+        ("DATABASE_URL", "mysql://root@localhost/odal"),
+        ("DEBUG", "maybe"),
+    ],
+)
+def test_bad_value_stops_start_up_naming_the_variable(name, value):
+    result = start(**{name: value})
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert name in result.stderr
+
+
+def test_defaults_start():
+    result = start()
+    assert result.returncode == 0, result.stderr
+
+
+def test_production_refuses_the_default_secret_key():
+    result = start(ODAL_ENV="production", DEBUG="false")
+    assert result.returncode != 0
+    assert "SECRET_KEY" in result.stderr
+
+
+def test_production_refuses_debug():
+    result = start(ODAL_ENV="production", DEBUG="true", SECRET_KEY="s3cret-of-our-own-" * 3)
+    assert result.returncode != 0
+    assert "DEBUG" in result.stderr
+
+
+def test_production_starts_with_a_key_and_debug_off():
+    result = start(ODAL_ENV="production", SECRET_KEY="s3cret-of-our-own-" * 3)
+    assert result.returncode == 0, result.stderr

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test lint format openapi clean
+.PHONY: run test lint format openapi clean mutations
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,3 +39,6 @@ openapi: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache
+
+mutations: $(VENV)/.installed-test
+	$(BIN)/python tests/pg.py -- $(BIN)/python tests/mutations.py

@@ -1,4 +1,5 @@
 from django.contrib import admin, messages
+from django.db import models
 from django.utils.html import format_html
 
 from odal import lifecycle
@@ -10,12 +11,17 @@ admin.site.site_title = "odal"
 admin.site.index_title = "Passports, registry and event outbox"
 
 
+# Admin forms read a URL typed without a scheme as https (Django 6's default, asked for now).
+URL_FORMFIELDS = {models.URLField: {"assume_scheme": "https"}}
+
+
 def actor_of(request) -> str:
     return f"user:{request.user.get_username()}"
 
 
 @admin.register(Passport)
 class PassportAdmin(admin.ModelAdmin):
+    formfield_overrides = URL_FORMFIELDS
     list_display = ["upi", "operator_id", "status", "created_at", "published_at"]
     list_filter = ["status"]
     search_fields = ["=id", "upi", "operator_id", "facility_id"]

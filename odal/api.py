@@ -16,6 +16,7 @@ from odal.errors import Refused
 from odal.middleware import body_too_large
 from odal.models import AuditEntry, Passport
 from odal.schemas import Error, check_text, check_upi
+from outbox.api import router as outbox_router
 
 api = NinjaAPI(
     title="odal",
@@ -193,3 +194,4 @@ def suspend_passport(request, dppId: uuid.UUID):
 
 
 api.add_router("", passports)
+api.add_router("", outbox_router)

@@ -10,6 +10,7 @@ from django.db import transaction
 
 from odal.errors import Refused
 from odal.models import AuditEntry, Passport
+from outbox.events import emit
 
 
 @dataclass
@@ -26,12 +27,22 @@ def _get(dpp_id) -> Passport:
     return passport
 
 
+def passport_event(passport: Passport) -> dict:
+    return {
+        "dppId": str(passport.pk),
+        "upi": passport.upi,
+        "operatorId": passport.operator_id,
+        "status": passport.status,
+    }
+
+
 def publish(dpp_id, *, actor: str, reason: str = "") -> LifecycleResult:
     with transaction.atomic():
         took = Passport.objects.filter(pk=dpp_id).mark_published() == 1
         passport = _get(dpp_id)
         if took:
             AuditEntry.objects.record(actor=actor, action="passport_published", obj=passport, reason=reason)
+            emit("passport.published", passport_event(passport))
             detail = "Published."
         else:
             detail = "The passport was already published; nothing changed."
@@ -44,6 +55,7 @@ def suspend(dpp_id, *, actor: str, reason: str = "") -> LifecycleResult:
         passport = _get(dpp_id)
         if took:
             AuditEntry.objects.record(actor=actor, action="passport_suspended", obj=passport, reason=reason)
+            emit("passport.suspended", passport_event(passport))
             detail = "Suspended."
         elif passport.status == Passport.Status.DRAFT:
             raise Refused(

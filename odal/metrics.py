@@ -7,7 +7,7 @@ process's share.
 
 from prometheus_client import CollectorRegistry
 
-registry = CollectorRegistry(auto_describe=True)
+registry = CollectorRegistry(auto_describe=False)  # collectors query the database: not at start-up
 
 
 def register(collector) -> None:

@@ -1,5 +1,6 @@
 import factory
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 
 from odal.models import ApiToken, Passport
 
@@ -31,3 +32,44 @@ def issue_token(scope: str = "admin", name: str | None = None) -> str:
     """A live API token's plaintext."""
     _, plaintext = ApiToken.objects.issue(name=name or f"test-{scope}", scope=scope)
     return plaintext
+
+
+class ConsumerFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = "outbox.Consumer"
+
+    name = factory.Sequence(lambda n: f"consumer-{n}")
+    kind = "python"
+    target = "tests.consumers.accept"
+    max_attempts = 3
+    timeout_seconds = 2
+
+
+class WebhookConsumerFactory(ConsumerFactory):
+    kind = "webhook"
+    target = ""
+    url = "http://127.0.0.1:9/hooks"
+
+
+class EventFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = "outbox.Event"
+
+    type = "passport.published"
+    payload = factory.LazyAttribute(lambda o: {"n": 1})
+
+
+class DeliveryFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = "outbox.Delivery"
+
+    event = factory.SubFactory(EventFactory)
+    consumer = factory.SubFactory(ConsumerFactory)
+    max_attempts = factory.LazyAttribute(lambda o: o.consumer.max_attempts)
+
+
+class DeadDeliveryFactory(DeliveryFactory):
+    status = "dead"
+    attempts = 3
+    last_error = "HTTP 500: upstream exploded"
+    dead_at = factory.LazyFunction(timezone.now)

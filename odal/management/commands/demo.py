@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from odal.models import Passport
+from outbox.models import Consumer
 
 DEMO_PASSPORTS = [
     ("https://id.example.eu/01/09506000134352/21/BATT-0001", "OP-DEMO-1", "FAC-7", "8507 60"),
@@ -50,4 +51,8 @@ class Command(BaseCommand):
         return created
 
     def extras(self) -> None:
-        """Hook for the outbox and registry demos."""
+        # The demo webhook consumer: `odal up` runs its receiver on port 8200.
+        Consumer.objects.get_or_create(
+            name="demo-receiver",
+            defaults={"kind": "webhook", "url": "http://127.0.0.1:8200/hooks", "event_types": ["passport.*"]},
+        )

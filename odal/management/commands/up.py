@@ -7,7 +7,10 @@ from django.core.management.base import BaseCommand
 
 
 class Command(BaseCommand):
-    help = "Start the web server and the django-q2 worker together (what `make run` runs); Ctrl-C stops all."
+    help = (
+        "Start the web server, the django-q2 worker (sweeps) and the demo webhook receiver together "
+        "(what `make run` runs); Ctrl-C stops all."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--addr", default="127.0.0.1:8000")
@@ -17,6 +20,7 @@ class Command(BaseCommand):
         return [
             ("web", [python, "-m", "odal", "runserver", addr, "--noreload"]),
             ("worker", [python, "-m", "odal", "qcluster"]),
+            ("receiver", [python, "-m", "odal", "outbox", "receive", "--port", "8200"]),
         ]
 
     def handle(self, *args, addr, **options):

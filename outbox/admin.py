@@ -1,0 +1,183 @@
+from django import forms
+from django.contrib import admin, messages
+from django.db import transaction
+
+from odal.admin import URL_FORMFIELDS, actor_of
+from odal.admin_actions import reason_action
+from odal.errors import Refused
+from odal.models import AuditEntry
+from outbox.consumers import check_python_target, check_webhook_url
+from outbox.events import check_event_pattern
+from outbox.models import Consumer, Delivery, DeliveryAttempt, Event
+
+
+class ConsumerForm(forms.ModelForm):
+    url = forms.URLField(max_length=2000, required=False, assume_scheme="https")
+
+    class Meta:
+        model = Consumer
+        fields = ["name", "kind", "url", "target", "event_types", "max_attempts", "timeout_seconds", "active"]
+
+    def clean(self):
+        data = super().clean()
+        kind = data.get("kind") or (self.instance.kind if self.instance.pk else None)
+        try:
+            if kind == Consumer.Kind.WEBHOOK:
+                check_webhook_url(data.get("url") or "")
+            elif kind == Consumer.Kind.PYTHON:
+                check_python_target(data.get("target") or "")
+            patterns = data.get("event_types") or []
+            if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+                raise Refused(
+                    'Event types must be a JSON list of names, e.g. ["passport.*"].', code="invalid"
+                )
+            for pattern in patterns:
+                check_event_pattern(pattern)
+        except Refused as exc:
+            raise forms.ValidationError(exc.detail) from None
+        return data
+
+
+@admin.register(Consumer)
+class ConsumerAdmin(admin.ModelAdmin):
+    form = ConsumerForm
+    formfield_overrides = URL_FORMFIELDS
+    list_display = [
+        "name",
+        "kind",
+        "url",
+        "target",
+        "event_types",
+        "max_attempts",
+        "timeout_seconds",
+        "active",
+    ]
+    list_filter = ["kind", "active"]
+    search_fields = ["name", "url", "target"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["name", "kind"] if obj else []
+
+    def save_model(self, request, obj, form, change):
+        with transaction.atomic():
+            super().save_model(request, obj, form, change)
+            AuditEntry.objects.record(
+                actor=actor_of(request), action="consumer_changed" if change else "consumer_created", obj=obj
+            )
+        if not change:
+            self.message_user(
+                request,
+                f"Signing secret of {obj.name}: {obj.secret} — copy it now; it is not shown again.",
+                messages.WARNING,
+            )
+
+
+class AttemptInline(admin.TabularInline):
+    model = DeliveryAttempt
+    fields = ["number", "started_at", "finished_at", "outcome", "http_status", "duration_ms", "late", "error"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ["started_at", "id"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Delivery)
+class DeliveryAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "event_type",
+        "consumer",
+        "status",
+        "attempts",
+        "max_attempts",
+        "next_attempt_at",
+        "short_error",
+    ]
+    list_filter = ["status", "consumer", "event__type"]
+    search_fields = ["=id", "=event__id", "consumer__name", "event__type"]
+    list_select_related = ["event", "consumer"]
+    readonly_fields = [
+        "id", "event", "consumer", "status", "attempts", "max_attempts", "next_attempt_at", "claim_token",
+        "last_error", "delivered_at", "dead_at", "created_at", "payload",
+    ]  # fmt: skip
+    fields = readonly_fields
+    inlines = [AttemptInline]
+    actions = ["replay_selected"]
+
+    @admin.display(description="event type", ordering="event__type")
+    def event_type(self, delivery):
+        return delivery.event.type
+
+    @admin.display(description="last error")
+    def short_error(self, delivery):
+        return delivery.last_error[:80]
+
+    @admin.display(description="event payload")
+    def payload(self, delivery):
+        return delivery.event.payload
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        # Viewable by anyone with view permission; changed only through the actions.
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_replay_permission(self, request):
+        return request.user.has_perm("outbox.replay_delivery")
+
+    @admin.action(description="Replay… (dead deliveries, with a reason)", permissions=["replay"])
+    def replay_selected(self, request, queryset):
+        selected = queryset.count()
+
+        def perform(reason):
+            try:
+                replayed = queryset.replay(actor=actor_of(request), reason=reason)
+            except Refused as exc:
+                self.message_user(request, exc.detail, messages.ERROR)
+                return
+            skipped = selected - replayed
+            note = f"; {skipped} were not dead" if skipped else ""
+            level = messages.SUCCESS if replayed else messages.WARNING
+            self.message_user(request, f"Replayed {replayed} of {selected} selected{note}.", level)
+
+        dead = queryset.filter(status=Delivery.Status.DEAD).count()
+        return reason_action(
+            self,
+            request,
+            queryset,
+            title="Replay deliveries",
+            intro=(
+                f"{dead} of the {selected} selected deliveries are dead and will be replayed: "
+                "pending, due now, "
+                "with a fresh attempt budget. The others are left as they are."
+            ),
+            rows=[f"{d} — {d.last_error[:120]}" for d in queryset.select_related("event", "consumer")[:50]],
+            perform=perform,
+        )
+
+
+@admin.register(Event)
+class EventAdmin(admin.ModelAdmin):
+    list_display = ["id", "type", "created_at"]
+    list_filter = ["type"]
+    search_fields = ["=id", "type"]
+    readonly_fields = ["id", "type", "payload", "created_at"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -1,0 +1,92 @@
+"""The one claim mechanism of both outboxes (the delivery sweep and the registry drain).
+
+A row is *due* when its status is claimable and `next_attempt_at <= now`. A claim is one
+conditional update of a batch of due rows, picked with `SELECT … FOR UPDATE SKIP LOCKED` on
+PostgreSQL, that:
+
+- sets a fresh `claim_token` (one per batch: a later claim of the same row always carries
+  another one, which is all that matters);
+- pushes `next_attempt_at` to `now + hold`, so a claimed row leaves the due range of the partial
+  index and the due scan never walks over rows in flight; if the worker dies, the row simply
+  becomes due again when the hold runs out;
+- counts the attempt (`attempts = attempts + 1`) at claim time, so the attempt bound holds even
+  when every attempt outlives its hold.
+
+Only the current claim may end an attempt: terminal writes filter on `claim_token = <mine>` and
+the expected status and clear the token. A late writer takes 0 rows and writes nothing.
+"""
+
+import random
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import models, transaction
+from django.db.models import F
+from django.utils import timezone
+
+
+@dataclass
+class Claim:
+    token: uuid.UUID
+    at: datetime
+    rows: list = field(default_factory=list)
+
+
+class ClaimQuerySet(models.QuerySet):
+    """Mixed into the QuerySet of a model with status, attempts, next_attempt_at and claim_token."""
+
+    claimable_statuses: tuple[str, ...] = ()
+
+    def due(self, now: datetime | None = None):
+        return self.filter(status__in=self.claimable_statuses, next_attempt_at__lte=now or timezone.now())
+
+    def claimable(self, now: datetime):
+        """Due rows a claim may take. Models with an attempt bound narrow this."""
+        return self.due(now)
+
+    def claim(
+        self,
+        *,
+        limit: int = 100,
+        hold_seconds: int | None = None,
+        now: datetime | None = None,
+        select_related: tuple[str, ...] = (),
+    ) -> Claim:
+        """Claim up to `limit` due rows; returns the claim with the rows it took (their
+        `attempts` already counts this attempt)."""
+        now = now or timezone.now()
+        hold = timedelta(seconds=settings.ODAL_CLAIM_HOLD_SECONDS if hold_seconds is None else hold_seconds)
+        claim = Claim(token=uuid.uuid4(), at=now)
+        with transaction.atomic():
+            ids = list(
+                self.claimable(now)
+                .order_by("next_attempt_at")
+                .select_for_update(skip_locked=True)
+                .values_list("pk", flat=True)[:limit]
+            )
+            if not ids:
+                return claim
+            # The WHERE restates "still claimable": on a database without row locks (SQLite),
+            # a row another claimer took in between no longer matches and is not taken twice.
+            self.model._default_manager.filter(pk__in=ids).claimable(now).update(
+                claim_token=claim.token, next_attempt_at=now + hold, attempts=F("attempts") + 1
+            )
+        claim.rows = list(
+            self.model._default_manager.filter(claim_token=claim.token)
+            .select_related(*select_related)
+            .order_by("next_attempt_at", "pk")
+        )
+        return claim
+
+
+def backoff_delay(
+    attempt: int, *, base_seconds: float | None = None, cap_seconds: float | None = None
+) -> timedelta:
+    """Exponential backoff with jitter: base·2^(attempt-1), capped, then a random 50–100% of it,
+    so retries of a failed batch spread out instead of arriving together."""
+    base = settings.ODAL_BACKOFF_BASE_SECONDS if base_seconds is None else base_seconds
+    cap = settings.ODAL_BACKOFF_MAX_SECONDS if cap_seconds is None else cap_seconds
+    delay = min(cap, base * 2 ** max(0, attempt - 1))
+    return timedelta(seconds=delay * random.uniform(0.5, 1.0))

@@ -1,0 +1,183 @@
+import json
+import signal
+import uuid
+from datetime import UTC, datetime
+
+from django.core.management.base import BaseCommand, CommandError
+from django.core.serializers.json import DjangoJSONEncoder
+from django.utils import timezone
+
+from odal.cli import refused, subcommands
+from odal.errors import Refused
+from outbox.api import create_consumer, deliveries_matching, outbox_counts
+from outbox.models import Delivery
+from outbox.sweep import sweep_forever, sweep_until_idle
+
+
+class Command(BaseCommand):
+    help = "The event outbox: sweep, status, replay dead deliveries, add consumers."
+
+    def add_arguments(self, parser):
+        sub = subcommands(parser)
+
+        sweep = sub.add_parser("sweep", help="claim due deliveries and run them")
+        sweep.add_argument("--once", action="store_true", help="one pass, then exit")
+        sweep.add_argument("--batch", type=int, default=100)
+
+        status = sub.add_parser("status", help="deliveries per status, overall and per consumer")
+        status.add_argument("--json", action="store_true")
+
+        replay = sub.add_parser("replay", help="replay dead deliveries, with a reason")
+        replay.add_argument("ids", nargs="*", metavar="delivery-id")
+        replay.add_argument("--dead", action="store_true", help="every dead delivery matching the filters")
+        replay.add_argument("--consumer")
+        replay.add_argument("--event-type")
+        replay.add_argument("--since", help="dead since (ISO 8601)")
+        replay.add_argument("--reason", required=True)
+        replay.add_argument("--actor", default="")
+        replay.add_argument("--dry-run", action="store_true")
+
+        receive = sub.add_parser(
+            "receive", help="run the demo webhook receiver (verifies signatures, prints events)"
+        )
+        receive.add_argument("--port", type=int, default=8200)
+        receive.add_argument("--consumer", default="demo-receiver", help="whose secret to verify with")
+
+        consumer = sub.add_parser("consumer", help="manage consumers")
+        consumer_sub = subcommands(consumer, dest="consumer_action")
+        add = consumer_sub.add_parser("add", help="add a consumer (prints its signing secret once)")
+        add.add_argument("name")
+        target = add.add_mutually_exclusive_group(required=True)
+        target.add_argument("--url", help="webhook URL")
+        target.add_argument("--target", help="dotted path of a Python callable")
+        add.add_argument("--events", default="", help="comma-separated event types (default: all)")
+        add.add_argument("--max-attempts", type=int)
+        add.add_argument("--timeout", type=int, default=10, help="seconds")
+
+    def handle(self, *args, action, **options):
+        try:
+            getattr(self, f"do_{action}")(**options)
+        except Refused as exc:
+            raise refused(exc) from None
+
+    # -- sweep ---------------------------------------------------------------------------------
+
+    def do_sweep(self, *, once, batch, **_):
+        if once:
+            report = sweep_until_idle(batch=batch, max_seconds=0)
+            self.stdout.write(f"Swept once: {report.summary()}.")
+            return
+        stop = {"now": False}
+
+        def on_signal(signum, frame):
+            stop["now"] = True
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        self.stdout.write("Sweeping until interrupted (Ctrl-C stops after the current pass)…")
+        report = sweep_forever(batch=batch, should_stop=lambda: stop["now"])
+        self.stdout.write(f"Stopped after {report.passes} passes: {report.summary()}.")
+
+    # -- status --------------------------------------------------------------------------------
+
+    def do_status(self, *, json: bool, **_):
+        counts = outbox_counts()
+        if json:
+            self.stdout.write(_dumps(counts))
+            return
+        oldest = counts["oldestPendingAt"]
+        age = f", oldest pending since {oldest:%Y-%m-%d %H:%M:%S}Z" if oldest else ""
+        self.stdout.write(
+            f"pending {counts['pending']}  delivered {counts['delivered']}  dead {counts['dead']}{age}"
+        )
+        for c in counts["consumers"]:
+            self.stdout.write(
+                f"  {c['name']:<24} pending {c['pending']:<6} delivered {c['delivered']:<8} dead {c['dead']}"
+            )
+
+    # -- replay --------------------------------------------------------------------------------
+
+    def do_replay(self, *, ids, dead, consumer, event_type, since, reason, actor, dry_run, **_):
+        actor = f"cli:{actor}" if actor else "cli"
+        if bool(ids) == bool(dead):
+            raise CommandError(
+                "Name delivery ids, or pass --dead with optional filters (not both).", returncode=2
+            )
+        if ids:
+            if consumer or event_type or since:
+                raise CommandError("--consumer, --event-type and --since go with --dead.", returncode=2)
+            rows = Delivery.objects.filter(pk__in=[_delivery_id(i) for i in ids])
+            found = rows.count()
+            if found != len(set(ids)):
+                raise CommandError(
+                    f"{len(set(ids)) - found} of the named deliveries do not exist; nothing replayed."
+                )
+        else:
+            rows = deliveries_matching(consumer=consumer, event_type=event_type, dead_since=_since(since))
+        if dry_run:
+            self.stdout.write(
+                f"Would replay {rows.filter(status=Delivery.Status.DEAD).count()} dead deliveries."
+            )
+            return
+        selected = rows.count()
+        replayed = rows.replay(actor=actor, reason=reason, at=timezone.now())
+        self.stdout.write(f"Replayed {replayed} of {selected} selected.")
+        if ids and replayed < selected:
+            raise CommandError(f"{selected - replayed} were not dead and were left as they are.")
+
+    def do_receive(self, *, port, consumer, **_):
+        from outbox.models import Consumer
+        from outbox.receiver import make_server
+
+        row = Consumer.objects.filter(name=consumer).first()
+        if row is None:
+            raise CommandError(f"No consumer named {consumer!r}: its secret verifies the signatures.")
+        server = make_server(port, row.secret, self.stdout)
+        self.stdout.write(f"Demo receiver for {consumer} on http://127.0.0.1:{port}/hooks")
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
+
+    # -- consumers -----------------------------------------------------------------------------
+
+    def do_consumer(self, *, consumer_action, **options):
+        if consumer_action == "add":
+            events = [e.strip() for e in options["events"].split(",") if e.strip()]
+            consumer = create_consumer(
+                name=options["name"],
+                kind="webhook" if options["url"] else "python",
+                url=options["url"],
+                target=options["target"],
+                event_types=events,
+                max_attempts=options["max_attempts"],
+                timeout_seconds=options["timeout"],
+                actor="cli",
+            )
+            self.stdout.write(f"Added consumer {consumer.name} ({consumer.kind}).")
+            self.stdout.write(f"Signing secret (shown once): {consumer.secret}")
+
+
+def _dumps(value) -> str:
+    return json.dumps(value, cls=DjangoJSONEncoder, indent=2)
+
+
+def _delivery_id(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise CommandError(f"{value!r} is not a delivery id (a UUID).", returncode=2) from None
+
+
+def _since(value: str | None):
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise CommandError(
+            f"--since {value!r} is not an ISO 8601 time, e.g. 2026-11-29T08:00:00Z.", returncode=2
+        ) from None
+    return moment if moment.tzinfo else timezone.make_aware(moment, UTC)

@@ -1,0 +1,260 @@
+"""The event outbox: consumers, events, one delivery per event and subscribed consumer, and the
+log of every attempt."""
+
+import base64
+import secrets
+import uuid
+from datetime import datetime
+
+from django.conf import settings
+from django.db import models, transaction
+from django.db.models import Case, F, Value, When
+from django.db.models.functions import Cast, Concat
+from django.utils import timezone
+
+from odal.errors import Refused
+from odal.models import AuditEntry
+from odal.reasons import clean_reason
+from outbox.claims import ClaimQuerySet
+from outbox.kick import kick_sweep_on_commit
+
+
+def new_secret() -> str:
+    """A Standard Webhooks secret: whsec_ and 32 random bytes in base64."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+def default_max_attempts() -> int:
+    return settings.ODAL_MAX_ATTEMPTS
+
+
+class Consumer(models.Model):
+    class Kind(models.TextChoices):
+        WEBHOOK = "webhook"
+        PYTHON = "python"
+
+    name = models.SlugField(max_length=100, unique=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.WEBHOOK)
+    url = models.URLField(
+        max_length=2000, blank=True, default="", help_text="Webhook consumers: where to POST."
+    )
+    target = models.CharField(
+        max_length=200, blank=True, default="", help_text="Python consumers: dotted path of a callable."
+    )
+    secret = models.CharField(max_length=100, default=new_secret, editable=False)
+    event_types = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='Event types it receives: exact names or prefixes like "passport.*"; empty means all.',
+    )
+    max_attempts = models.PositiveIntegerField(default=default_max_attempts)
+    timeout_seconds = models.PositiveIntegerField(default=10)
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def wants(self, event_type: str) -> bool:
+        if not self.event_types:
+            return True
+        for pattern in self.event_types:
+            if pattern == "*" or pattern == event_type:
+                return True
+            if pattern.endswith(".*") and event_type.startswith(pattern[:-1]):
+                return True
+        return False
+
+
+class Event(models.Model):
+    """Created in the same transaction as the change it reports (see outbox.events.emit)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    type = models.CharField(max_length=100, db_index=True)
+    payload = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.id}"
+
+
+class DeliveryQuerySet(ClaimQuerySet):
+    claimable_statuses = ("pending",)
+
+    def claimable(self, now):
+        # A due row whose attempts are spent is dead-lettered by the sweep, never claimed again.
+        return self.due(now).filter(attempts__lt=F("max_attempts"))
+
+    def mark_delivered(self, *, token: uuid.UUID, at: datetime) -> bool:
+        """End the current attempt as delivered. Takes the row only while it is pending and
+        still held by `token`; a late writer takes nothing."""
+        return (
+            self.filter(status=Delivery.Status.PENDING, claim_token=token).update(
+                status=Delivery.Status.DELIVERED, delivered_at=at, claim_token=None, last_error=""
+            )
+            == 1
+        )
+
+    def mark_attempt_failed(self, *, token: uuid.UUID, error: str, retry_at: datetime, at: datetime) -> bool:
+        """End the current attempt as failed: due again at `retry_at`, or dead once the attempts
+        counted at claim time reach max_attempts. Same guard as mark_delivered."""
+        spent = When(attempts__gte=F("max_attempts"), then=Value(Delivery.Status.DEAD))
+        return (
+            self.filter(status=Delivery.Status.PENDING, claim_token=token).update(
+                status=Case(spent, default=Value(Delivery.Status.PENDING)),
+                dead_at=Case(
+                    When(attempts__gte=F("max_attempts"), then=Value(at)),
+                    default=None,
+                    output_field=models.DateTimeField(),
+                ),
+                next_attempt_at=retry_at,
+                claim_token=None,
+                last_error=error[:2000],
+            )
+            == 1
+        )
+
+    def dead_letter_exhausted(self, *, now: datetime) -> int:
+        """Dead-letter due rows whose last counted attempt never reported (its worker died or
+        hung past the hold). Returns how many it took."""
+        return (
+            self.due(now)
+            .filter(attempts__gte=F("max_attempts"))
+            .update(
+                status=Delivery.Status.DEAD,
+                dead_at=now,
+                claim_token=None,
+                last_error=Concat(
+                    Value("attempt "),
+                    Cast("attempts", models.CharField()),
+                    Value(" never reported (its claim expired)"),
+                    output_field=models.TextField(),
+                ),
+            )
+        )
+
+    def replay(self, *, actor: str, reason: str, at: datetime | None = None) -> int:
+        """Dead -> pending with a fresh attempt budget, due now. Only dead rows are taken; one
+        audit entry per row taken (who, why, previous attempts, last error). Returns the count."""
+        reason = clean_reason(reason)
+        at = at or timezone.now()
+        with transaction.atomic():
+            before = list(
+                self.filter(status=Delivery.Status.DEAD)
+                .select_for_update()
+                .values("pk", "attempts", "last_error", "dead_at")
+            )
+            if not before:
+                return 0
+            taken = Delivery.objects.filter(
+                pk__in=[row["pk"] for row in before], status=Delivery.Status.DEAD
+            ).update(
+                status=Delivery.Status.PENDING,
+                attempts=0,
+                next_attempt_at=at,
+                dead_at=None,
+                claim_token=None,
+            )
+            if taken != len(before):  # only possible without row locks (SQLite): refuse, write nothing
+                raise Refused(
+                    "Some of these deliveries changed while they were being replayed; nothing was "
+                    "replayed. Try again.",
+                    code="replay_conflict",
+                )
+            AuditEntry.objects.bulk_create(
+                AuditEntry(
+                    at=at,
+                    actor=actor,
+                    action="delivery_replayed",
+                    object_type="outbox.delivery",
+                    object_id=str(row["pk"]),
+                    reason=reason,
+                    details={
+                        "previousAttempts": row["attempts"],
+                        "lastError": row["last_error"],
+                        "deadAt": row["dead_at"].isoformat() if row["dead_at"] else None,
+                    },
+                )
+                for row in before
+            )
+            kick_sweep_on_commit()
+        return taken
+
+
+class Delivery(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        DELIVERED = "delivered"
+        DEAD = "dead"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    event = models.ForeignKey(Event, on_delete=models.CASCADE, related_name="deliveries")
+    consumer = models.ForeignKey(Consumer, on_delete=models.PROTECT, related_name="deliveries")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0, help_text="Counted when an attempt is claimed.")
+    max_attempts = models.PositiveIntegerField(default=default_max_attempts)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    claim_token = models.UUIDField(null=True, blank=True, editable=False)
+    last_error = models.TextField(blank=True, default="")
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    dead_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    objects = DeliveryQuerySet.as_manager()
+
+    class Meta:
+        verbose_name_plural = "deliveries"
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["event", "consumer"], name="one_delivery_per_consumer")
+        ]
+        indexes = [
+            # Serves the sweep's due scan and claim: status='pending' AND next_attempt_at <= now.
+            # A claim pushes next_attempt_at past now, so rows in flight leave the scanned range.
+            models.Index(
+                fields=["next_attempt_at"], condition=models.Q(status="pending"), name="delivery_due_idx"
+            ),
+            # Serves the dead-letter list: status='dead' ordered by dead_at.
+            models.Index(fields=["dead_at"], condition=models.Q(status="dead"), name="delivery_dead_idx"),
+            models.Index(fields=["status", "consumer"], name="delivery_status_consumer_idx"),
+            models.Index(fields=["-created_at", "-id"], name="delivery_listing_idx"),
+        ]
+        permissions = [("replay_delivery", "Can replay dead deliveries")]
+
+    def __str__(self) -> str:
+        return f"{self.event.type} → {self.consumer.name} ({self.status})"
+
+
+class DeliveryAttempt(models.Model):
+    """One line of a delivery's attempt log, late writes included. Never changed once written."""
+
+    class Outcome(models.TextChoices):
+        DELIVERED = "delivered"
+        FAILED = "failed"
+
+    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="attempt_log")
+    number = models.PositiveIntegerField()
+    claim_token = models.UUIDField()
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    error = models.TextField(blank=True, default="")
+    http_status = models.PositiveIntegerField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField(default=0)
+    late = models.BooleanField(
+        default=False,
+        help_text="The attempt outlived its claim: its outcome was not written to the delivery.",
+    )
+
+    class Meta:
+        ordering = ["started_at", "id"]
+        indexes = [models.Index(fields=["delivery", "started_at"], name="attempt_by_delivery_idx")]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number}: {self.outcome}{' (late)' if self.late else ''}"

@@ -1,0 +1,201 @@
+"""Every guard of every terminal write, and the test that must fail without it.
+
+`make mutations` removes each guard in turn (a text replacement in the source), runs the tests
+named for it, restores the file, and fails if any removal leaves those tests green. Its output
+names each guard and what caught it. Add a line here with every new guard.
+"""
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Guard:
+    name: str
+    path: str
+    original: str
+    mutant: str
+    tests: str  # pytest node ids or -k expression, space separated
+
+
+GUARDS = [
+    Guard(
+        "mark_delivered: status must be pending",
+        "outbox/models.py",
+        "self.filter(status=Delivery.Status.PENDING, claim_token=token).update(\n"
+        "                status=Delivery.Status.DELIVERED",
+        "self.filter(claim_token=token).update(\n                status=Delivery.Status.DELIVERED",
+        "tests/test_outbox_claims.py::test_terminal_writes_need_the_expected_status_even_with_the_token",
+    ),
+    Guard(
+        "mark_delivered: only the current claim token",
+        "outbox/models.py",
+        "self.filter(status=Delivery.Status.PENDING, claim_token=token).update(\n"
+        "                status=Delivery.Status.DELIVERED",
+        "self.filter(status=Delivery.Status.PENDING).update(\n                status=Delivery.Status.DELIVERED",
+        "tests/test_outbox_claims.py::test_a_superseded_claim_cannot_end_the_current_attempt",
+    ),
+    Guard(
+        "mark_attempt_failed: status must be pending",
+        "outbox/models.py",
+        "self.filter(status=Delivery.Status.PENDING, claim_token=token).update(\n                status=Case(",
+        "self.filter(claim_token=token).update(\n                status=Case(",
+        "tests/test_outbox_claims.py::test_terminal_writes_need_the_expected_status_even_with_the_token",
+    ),
+    Guard(
+        "mark_attempt_failed: only the current claim token",
+        "outbox/models.py",
+        "self.filter(status=Delivery.Status.PENDING, claim_token=token).update(\n                status=Case(",
+        "self.filter(status=Delivery.Status.PENDING).update(\n                status=Case(",
+        "tests/test_outbox_claims.py::test_a_superseded_claim_cannot_end_the_current_attempt",
+    ),
+    Guard(
+        "mark_attempt_failed: dead-letters at max_attempts",
+        "outbox/models.py",
+        'spent = When(attempts__gte=F("max_attempts"), then=Value(Delivery.Status.DEAD))',
+        'spent = When(attempts__gte=F("max_attempts") + 1000, then=Value(Delivery.Status.DEAD))',
+        "tests/test_outbox_claims.py::test_the_last_attempt_failing_dead_letters",
+    ),
+    Guard(
+        "mark_attempt_failed: backs off to retry_at",
+        "outbox/models.py",
+        "                next_attempt_at=retry_at,\n",
+        "",
+        "tests/test_outbox_claims.py::test_a_failure_by_the_current_claim_backs_off_and_counts_once",
+    ),
+    Guard(
+        "claim: counts the attempt relatively, at claim time",
+        "outbox/claims.py",
+        'attempts=F("attempts") + 1',
+        "attempts=1",
+        "tests/test_outbox_claims.py::test_overlapping_attempts_count_twice_so_the_bound_holds",
+    ),
+    Guard(
+        "claim: pushes next_attempt_at past now by the hold",
+        "outbox/claims.py",
+        "claim_token=claim.token, next_attempt_at=now + hold,",
+        "claim_token=claim.token,",
+        "tests/test_outbox_claims.py::test_a_claimed_row_is_not_due_until_its_hold_expires",
+    ),
+    Guard(
+        "claim: FOR UPDATE SKIP LOCKED",
+        "outbox/claims.py",
+        ".select_for_update(skip_locked=True)",
+        ".select_for_update()",
+        "tests/test_outbox_claims.py::test_a_claim_skips_rows_another_claimer_has_locked",
+    ),
+    Guard(
+        "claim: never claims a delivery whose attempts are spent",
+        "outbox/models.py",
+        'return self.due(now).filter(attempts__lt=F("max_attempts"))',
+        "return self.due(now)",
+        "tests/test_outbox_claims.py::test_overlapping_attempts_count_twice_so_the_bound_holds",
+    ),
+    Guard(
+        "dead_letter_exhausted: only spent rows",
+        "outbox/models.py",
+        '            .filter(attempts__gte=F("max_attempts"))\n            .update(\n',
+        "            .update(\n",
+        "tests/test_outbox_claims.py::test_dead_lettering_leaves_rows_with_attempts_left",
+    ),
+    Guard(
+        "dead_letter_exhausted: only due rows (not one whose last attempt is in flight)",
+        "outbox/models.py",
+        "            self.due(now)\n            .filter(attempts__gte",
+        "            self.filter(status__in=self.claimable_statuses)\n            .filter(attempts__gte",
+        "tests/test_outbox_claims.py::test_a_spent_row_in_flight_is_not_dead_lettered_before_its_hold_expires",
+    ),
+    Guard(
+        "replay: only dead rows",
+        "outbox/models.py",
+        "                self.filter(status=Delivery.Status.DEAD)\n                .select_for_update()",
+        "                self.all()\n                .select_for_update()",
+        "tests/test_outbox_api.py::test_replay_of_a_live_or_delivered_row_is_409",
+    ),
+    Guard(
+        "replay: a reason is required and checked",
+        "outbox/models.py",
+        "        reason = clean_reason(reason)\n",
+        "",
+        "tests/test_outbox_api.py -k test_replay_refuses_a_bad_reason",
+    ),
+    Guard(
+        "sweep: a write that took nothing is logged as late",
+        "outbox/sweep.py",
+        "            late=not took,\n",
+        "            late=False,\n",
+        "tests/test_outbox_sweep.py::test_a_slow_sweep_cannot_undo_what_a_faster_one_settled",
+    ),
+    Guard(
+        "audit trail: the database refuses UPDATE and DELETE",
+        "odal/migrations/0002_audit_append_only.py",
+        "    BEFORE UPDATE OR DELETE ON odal_auditentry",
+        "    BEFORE INSERT ON odal_auditentry WHEN (false)",
+        "tests/test_audit.py",
+    ),
+    Guard(
+        "tokens: revoked tokens do not authenticate",
+        "odal/models.py",
+        "self.filter(prefix=parts[1], revoked_at__isnull=True)",
+        "self.filter(prefix=parts[1])",
+        "tests/test_auth.py::test_revoked_token_is_401",
+    ),
+    Guard(
+        "tokens: the whole secret is compared",
+        "odal/models.py",
+        "if token is None or not hmac.compare_digest(token.secret_hash, _hash_token(plaintext)):",
+        "if token is None:",
+        "tests/test_auth.py::test_token_secret_is_not_stored",
+    ),
+    Guard(
+        "API: the scope check",
+        "odal/auth.py",
+        "if SCOPE_ORDER[principal.scope] < SCOPE_ORDER[self.scope]:",
+        "if False:",
+        "tests/test_auth.py::test_read_token_cannot_write",
+    ),
+]
+
+
+def run_tests(tests: str) -> bool:
+    """True when the tests pass."""
+    args = tests.split(" -k ")
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--create-db", *args[0].split()]
+    if len(args) == 2:
+        command += ["-k", args[1]]
+    return subprocess.run(command, cwd=ROOT, capture_output=True).returncode == 0
+
+
+def main() -> int:
+    survivors = []
+    for guard in GUARDS:
+        path = ROOT / guard.path
+        source = path.read_text()
+        if source.count(guard.original) != 1:
+            print(f"STALE  {guard.name}: its text is not found once in {guard.path}; update tests/mutations.py")
+            survivors.append(guard)
+            continue
+        mutated = source.replace(guard.original, guard.mutant)
+        if guard.path.endswith(".py"):
+            compile(mutated, guard.path, "exec")  # a mutant must be valid code, or "caught" means nothing
+        started = time.monotonic()
+        path.write_text(mutated)
+        try:
+            caught = not run_tests(guard.tests)
+        finally:
+            path.write_text(source)
+        took = time.monotonic() - started
+        print(f"{'caught' if caught else 'MISSED'}  {guard.name}  <- {guard.tests}  ({took:.1f}s)", flush=True)
+        if not caught:
+            survivors.append(guard)
+    print(f"\n{len(GUARDS) - len(survivors)} of {len(GUARDS)} guards caught by a failing test.")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

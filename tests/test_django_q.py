@@ -1,0 +1,87 @@
+"""The sweep through django-q2 for real: a qcluster process on the test database picks up the
+sweep that a committed publish kicked, and the webhook arrives at a local server."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from django.db import connection
+from django_q.conf import Conf
+from django_q.models import Schedule
+
+from odal import lifecycle
+from outbox.models import Delivery
+from tests.factories import PassportFactory, WebhookConsumerFactory
+from tests.webhook_server import WebhookServer
+
+
+def test_migrations_schedule_the_sweep(db):
+    schedule = Schedule.objects.get(name="outbox sweep")
+    assert (schedule.func, schedule.schedule_type, schedule.minutes, schedule.repeats) == (
+        "outbox.tasks.sweep",
+        Schedule.MINUTES,
+        1,
+        -1,
+    )
+
+
+def test_the_kicked_task_runs_the_sweep(db, settings, monkeypatch):
+    """With django-q2's documented sync mode the kick runs the sweep inline at commit."""
+    settings.ODAL_KICK_SWEEP = True
+    monkeypatch.setattr(Conf, "SYNC", True)
+    with WebhookServer() as server:
+        WebhookConsumerFactory(url=server.url)
+        passport = PassportFactory()
+        with django_capture_on_commit(True):
+            lifecycle.publish(passport.pk, actor="test")
+    assert len(server.received) == 1
+    assert Delivery.objects.get().status == "delivered"
+
+
+def django_capture_on_commit(execute):
+    from django.test import TestCase
+
+    return TestCase.captureOnCommitCallbacks(execute=execute)
+
+
+def database_url() -> str:
+    s = connection.settings_dict
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_cluster_delivers_a_published_passports_event(settings):
+    settings.ODAL_KICK_SWEEP = True
+    env = {**os.environ, "DATABASE_URL": database_url(), "ODAL_Q_WORKERS": "1"}
+    with WebhookServer() as server:
+        WebhookConsumerFactory(url=server.url, event_types=["passport.*"])
+        cluster = subprocess.Popen(
+            [sys.executable, "-m", "odal", "qcluster"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            passport = PassportFactory()
+            lifecycle.publish(passport.pk, actor="test")  # commits: the kick enqueues a sweep
+            deadline = time.monotonic() + 45
+            while not server.received and time.monotonic() < deadline and cluster.poll() is None:
+                time.sleep(0.2)
+        finally:
+            cluster.send_signal(signal.SIGTERM)  # the sentinel stops its own workers
+            try:
+                output = cluster.communicate(timeout=30)[0].decode(errors="replace")
+            except subprocess.TimeoutExpired:
+                os.killpg(cluster.pid, signal.SIGKILL)
+                output = cluster.communicate()[0].decode(errors="replace")
+    assert server.received, f"no webhook arrived; the cluster said:\n{output[-3000:]}"
+    assert server.received[0].headers["webhook-id"] == str(Delivery.objects.get().pk)
+    deadline = time.monotonic() + 10
+    while Delivery.objects.get().status != "delivered" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert Delivery.objects.get().status == "delivered"

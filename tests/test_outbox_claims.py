@@ -1,0 +1,225 @@
+"""The seed's three consequences (../shared/seeds/000), driven for real: real claims on PostgreSQL,
+a hold that really expires, and a late writer holding an old token."""
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection, connections, transaction
+from django.utils import timezone
+
+from outbox.models import Delivery
+from tests.factories import ConsumerFactory, DeliveryFactory
+
+pytestmark = pytest.mark.django_db
+
+HOLD = 1  # seconds: short enough to outlive for real
+
+
+def claim_one(hold=HOLD):
+    claim = Delivery.objects.claim(limit=10, hold_seconds=hold)
+    assert len(claim.rows) == 1, "expected to claim exactly one due delivery"
+    return claim.token, claim.rows[0]
+
+
+def outlive_hold():
+    time.sleep(HOLD + 0.1)
+
+
+def rows(delivery):
+    return Delivery.objects.filter(pk=delivery.pk)
+
+
+def test_late_failure_does_not_resurrect_delivered():
+    delivery = DeliveryFactory()
+    slow_token, _ = claim_one()  # attempt A starts and stalls
+    outlive_hold()
+    fast_token, _ = claim_one()  # the hold expired: attempt B claims the row
+    assert fast_token != slow_token
+    assert rows(delivery).mark_delivered(token=fast_token, at=timezone.now())
+
+    late = rows(delivery).mark_attempt_failed(
+        token=slow_token, error="A finally threw", retry_at=timezone.now(), at=timezone.now()
+    )
+
+    assert late is False
+    delivery.refresh_from_db()
+    assert delivery.status == "delivered"
+    assert delivery.last_error == ""
+    assert delivery.claim_token is None
+    # ...and no sweep will claim it again
+    assert Delivery.objects.claim(limit=10).rows == []
+
+
+def test_late_success_does_not_bury_dead():
+    delivery = DeliveryFactory(max_attempts=2)
+    slow_token, _ = claim_one()
+    outlive_hold()
+    fast_token, row = claim_one()
+    assert row.attempts == 2
+    assert rows(delivery).mark_attempt_failed(
+        token=fast_token, error="HTTP 500", retry_at=timezone.now(), at=timezone.now()
+    )
+    delivery.refresh_from_db()
+    assert delivery.status == "dead"
+
+    late = rows(delivery).mark_delivered(token=slow_token, at=timezone.now())
+
+    assert late is False
+    delivery.refresh_from_db()
+    assert delivery.status == "dead"
+    assert delivery.delivered_at is None
+    assert Delivery.objects.filter(status="dead").count() == 1
+
+
+def test_overlapping_attempts_count_twice_so_the_bound_holds():
+    delivery = DeliveryFactory(max_attempts=3)
+    tokens = []
+    for _ in range(3):  # every attempt outlives its hold
+        token, row = claim_one()
+        tokens.append(token)
+        outlive_hold()
+    delivery.refresh_from_db()
+    assert delivery.attempts == 3
+    assert len(set(tokens)) == 3
+
+    # Spent: the sweep dead-letters it rather than claiming a fourth attempt.
+    assert Delivery.objects.claim(limit=10).rows == []
+    assert Delivery.objects.dead_letter_exhausted(now=timezone.now()) == 1
+    delivery.refresh_from_db()
+    assert delivery.status == "dead"
+    assert delivery.last_error == "attempt 3 never reported (its claim expired)"
+    # The three stale attempts reporting now change nothing.
+    for token in tokens:
+        assert not rows(delivery).mark_delivered(token=token, at=timezone.now())
+    delivery.refresh_from_db()
+    assert delivery.status == "dead" and delivery.attempts == 3
+
+
+def test_a_superseded_claim_cannot_end_the_current_attempt():
+    delivery = DeliveryFactory(max_attempts=5)
+    old_token, _ = claim_one()
+    outlive_hold()
+    current_token, _ = claim_one(hold=300)  # attempt 2 is in flight
+    assert not rows(delivery).mark_delivered(token=old_token, at=timezone.now())
+    assert not rows(delivery).mark_attempt_failed(
+        token=old_token, error="stale", retry_at=timezone.now(), at=timezone.now()
+    )
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.claim_token, delivery.last_error) == ("pending", current_token, "")
+    assert rows(delivery).mark_delivered(token=current_token, at=timezone.now())
+
+
+def test_a_spent_row_in_flight_is_not_dead_lettered_before_its_hold_expires():
+    delivery = DeliveryFactory(max_attempts=1)
+    claim_one(hold=300)  # the last attempt is running
+    assert Delivery.objects.dead_letter_exhausted(now=timezone.now()) == 0
+    assert Delivery.objects.get(pk=delivery.pk).status == "pending"
+
+
+def test_a_failure_by_the_current_claim_backs_off_and_counts_once():
+    delivery = DeliveryFactory(max_attempts=5)
+    token, row = claim_one(hold=300)
+    before = timezone.now()
+    retry_at = before + timedelta(seconds=30)
+    assert rows(delivery).mark_attempt_failed(token=token, error="HTTP 502", retry_at=retry_at, at=before)
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.attempts, delivery.claim_token) == ("pending", 1, None)
+    assert delivery.next_attempt_at == retry_at
+    assert delivery.last_error == "HTTP 502"
+    assert Delivery.objects.claim(limit=10).rows == []  # backed off: not due
+
+
+def test_a_claimed_row_is_not_due_until_its_hold_expires():
+    DeliveryFactory()
+    claim_one(hold=300)
+    assert Delivery.objects.claim(limit=10).rows == []
+    assert Delivery.objects.due().count() == 0
+
+
+def test_terminal_writes_need_the_expected_status_even_with_the_token():
+    delivery = DeliveryFactory()
+    token, _ = claim_one(hold=300)
+    # A settled row that somehow still carries the token: the status guard alone must hold.
+    rows(delivery).update(status="delivered")
+    assert not rows(delivery).mark_attempt_failed(
+        token=token, error="x", retry_at=timezone.now(), at=timezone.now()
+    )
+    rows(delivery).update(status="dead")
+    assert not rows(delivery).mark_delivered(token=token, at=timezone.now())
+    delivery.refresh_from_db()
+    assert delivery.status == "dead" and delivery.last_error == ""
+
+
+def test_the_last_attempt_failing_dead_letters():
+    delivery = DeliveryFactory(max_attempts=1)
+    token, _ = claim_one()
+    assert rows(delivery).mark_attempt_failed(
+        token=token, error="HTTP 500", retry_at=timezone.now(), at=timezone.now()
+    )
+    delivery.refresh_from_db()
+    assert delivery.status == "dead" and delivery.dead_at is not None
+
+
+def test_dead_lettering_leaves_rows_with_attempts_left():
+    spent = DeliveryFactory(max_attempts=1, attempts=1)
+    fresh = DeliveryFactory(max_attempts=3, attempts=1)
+    assert Delivery.objects.dead_letter_exhausted(now=timezone.now()) == 1
+    assert Delivery.objects.get(pk=spent.pk).status == "dead"
+    assert Delivery.objects.get(pk=fresh.pk).status == "pending"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_skips_rows_another_claimer_has_locked():
+    consumer = ConsumerFactory()
+    locked, free = DeliveryFactory(consumer=consumer), DeliveryFactory(consumer=consumer)
+    holding, release = threading.Event(), threading.Event()
+
+    def other_claimer():
+        with transaction.atomic():
+            list(Delivery.objects.filter(pk=locked.pk).select_for_update())
+            holding.set()
+            release.wait(10)
+        connections.close_all()
+
+    thread = threading.Thread(target=other_claimer)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        with connection.cursor() as cursor:  # without SKIP LOCKED the claim would wait, then fail
+            cursor.execute("SET lock_timeout = '2s'")
+        claim = Delivery.objects.claim(limit=10)
+        assert [row.pk for row in claim.rows] == [free.pk]
+    finally:
+        release.set()
+        thread.join()
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = 0")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_claims_never_share_a_row():
+    consumer = ConsumerFactory()
+    for _ in range(60):
+        DeliveryFactory(consumer=consumer)
+    taken: list[list] = [[], [], []]
+    start = threading.Barrier(3)
+
+    def claimer(i):
+        start.wait()
+        while True:
+            claim = Delivery.objects.claim(limit=7, hold_seconds=300)
+            if not claim.rows:
+                break
+            taken[i].extend(row.pk for row in claim.rows)
+        connections.close_all()
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    everything = taken[0] + taken[1] + taken[2]
+    assert len(everything) == 60 and len(set(everything)) == 60
+    assert set(Delivery.objects.values_list("attempts", flat=True)) == {1}

@@ -1,0 +1,57 @@
+"""A real local HTTP server for webhook tests: answers each request by a script of behaviours
+and keeps what it received, so tests can check headers, bodies and signatures."""
+
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class Received:
+    headers: dict
+    body: str
+
+
+class WebhookServer:
+    """`script` is a list of behaviours, used in order (the last one repeats): an int status,
+    or ("stall", seconds, status)."""
+
+    def __init__(self, script=(204,)):
+        self.script = list(script)
+        self.received: list[Received] = []
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("content-length") or 0)).decode()
+                with server.lock:
+                    server.received.append(Received({k.lower(): v for k, v in self.headers.items()}, body))
+                    behaviour = server.script.pop(0) if len(server.script) > 1 else server.script[0]
+                if isinstance(behaviour, tuple):
+                    _, seconds, behaviour = behaviour
+                    time.sleep(seconds)
+                payload = b"" if behaviour < 300 else b"upstream exploded"
+                self.send_response(behaviour)
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hooks"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -165,7 +165,17 @@ GUARDS = [
 def run_tests(tests: str) -> bool:
     """True when the tests pass."""
     args = tests.split(" -k ")
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--create-db", *args[0].split()]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-x",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--create-db",
+        *args[0].split(),
+    ]
     if len(args) == 2:
         command += ["-k", args[1]]
     return subprocess.run(command, cwd=ROOT, capture_output=True).returncode == 0
@@ -177,7 +187,9 @@ def main() -> int:
         path = ROOT / guard.path
         source = path.read_text()
         if source.count(guard.original) != 1:
-            print(f"STALE  {guard.name}: its text is not found once in {guard.path}; update tests/mutations.py")
+            print(
+                f"STALE  {guard.name}: its text is not found once in {guard.path}; update tests/mutations.py"
+            )
             survivors.append(guard)
             continue
         mutated = source.replace(guard.original, guard.mutant)
@@ -190,7 +202,9 @@ def main() -> int:
         finally:
             path.write_text(source)
         took = time.monotonic() - started
-        print(f"{'caught' if caught else 'MISSED'}  {guard.name}  <- {guard.tests}  ({took:.1f}s)", flush=True)
+        print(
+            f"{'caught' if caught else 'MISSED'}  {guard.name}  <- {guard.tests}  ({took:.1f}s)", flush=True
+        )
         if not caught:
             survivors.append(guard)
     print(f"\n{len(GUARDS) - len(survivors)} of {len(GUARDS)} guards caught by a failing test.")

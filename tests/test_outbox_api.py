@@ -255,3 +255,24 @@ def test_bulk_replay_refuses_an_unknown_consumer_and_a_missing_reason(api_as):
     assert client.post("outbox/replay", {"consumer": "nobody", "reason": "x"}).status_code == 422
     assert client.post("outbox/replay", {}).status_code == 422
     assert Delivery.objects.get().status == "dead"
+
+
+def test_metrics_show_deliveries_attempts_and_late_writes(client):
+    from outbox.models import DeliveryAttempt
+
+    delivery = DeadDeliveryFactory(consumer=ConsumerFactory(name="billing"))
+    now = timezone.now()
+    for late in (False, True):
+        DeliveryAttempt.objects.create(
+            delivery=delivery,
+            number=1,
+            claim_token=uuid.uuid4(),
+            started_at=now,
+            finished_at=now,
+            outcome="failed",
+            late=late,
+        )
+    text = client.get("/metrics").content.decode()
+    assert 'outbox_deliveries{consumer="billing",status="dead"} 1.0' in text
+    assert 'outbox_attempts_total{outcome="failed"} 2.0' in text
+    assert 'outbox_late_writes_total{outcome="failed"} 1.0' in text

@@ -25,12 +25,15 @@ class ReasonForm(forms.Form):
             raise forms.ValidationError(exc.detail) from None
 
 
-def reason_action(modeladmin, request, queryset, *, title, perform, intro="", rows=None, extra=None):
-    """Run `perform(reason)` on the second pass once the reason is valid, and return None so the
-    admin goes back to the list; otherwise render the reason page (again, with its errors)."""
-    form = ReasonForm(request.POST if request.POST.get("post") else None)
+def reason_action(
+    modeladmin, request, queryset, *, title, perform, intro="", rows=None, extra=None, form_class=ReasonForm
+):
+    """Run `perform(cleaned_data)` on the second pass once the form (a reason, and whatever else
+    `form_class` asks) is valid, and return None so the admin goes back to the list; otherwise
+    render the page (again, with its errors)."""
+    form = form_class(request.POST if request.POST.get("post") else None)
     if request.POST.get("post") and form.is_valid():
-        perform(form.cleaned_data["reason"])
+        perform(form.cleaned_data)
         return None
     context = {
         **modeladmin.admin_site.each_context(request),

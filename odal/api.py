@@ -17,6 +17,9 @@ from odal.middleware import body_too_large
 from odal.models import AuditEntry, Passport
 from odal.schemas import Error, check_text, check_upi
 from outbox.api import router as outbox_router
+from registry.api import router as registry_router
+from registry.models import Registration
+from registry.service import registration_json
 
 api = NinjaAPI(
     title="odal",
@@ -146,8 +149,13 @@ def passport_json(passport: Passport) -> dict:
         "updatedAt": passport.updated_at,
         "publishedAt": passport.published_at,
         "suspendedAt": passport.suspended_at,
-        "registration": None,
+        "registration": registration_summary(passport),
     }
+
+
+def registration_summary(passport: Passport) -> dict | None:
+    reg = Registration.objects.filter(passport=passport).first()
+    return registration_json(reg) if reg else None
 
 
 @passports.post("dpp", auth=WRITE, response={201: PassportOut, 409: Error, 422: Error})
@@ -195,3 +203,4 @@ def suspend_passport(request, dppId: uuid.UUID):
 
 api.add_router("", passports)
 api.add_router("", outbox_router)
+api.add_router("", registry_router)

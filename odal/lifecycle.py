@@ -11,6 +11,7 @@ from django.db import transaction
 from odal.errors import Refused
 from odal.models import AuditEntry, Passport
 from outbox.events import emit
+from registry import service as registry
 
 
 @dataclass
@@ -37,26 +38,51 @@ def passport_event(passport: Passport) -> dict:
 
 
 def publish(dpp_id, *, actor: str, reason: str = "") -> LifecycleResult:
+    """Draft or suspended -> published, and the registry is owed a registration. Publishing a
+    published passport changes its status not, but queues afresh a registration that was
+    rejected or abandoned."""
     with transaction.atomic():
         took = Passport.objects.filter(pk=dpp_id).mark_published() == 1
         passport = _get(dpp_id)
+        if (
+            passport.status != Passport.Status.PUBLISHED
+        ):  # pragma: no cover - mark_published covers all others
+            raise Refused(
+                f"The passport is {passport.status} and cannot be published.", code="not_publishable"
+            )
+        registry_outcome = registry.on_publish(passport)
+        requeued = "queued" in registry_outcome or "cancelled" in registry_outcome
         if took:
-            AuditEntry.objects.record(actor=actor, action="passport_published", obj=passport, reason=reason)
+            AuditEntry.objects.record(
+                actor=actor, action="passport_published", obj=passport, reason=reason,
+                details={"registry": registry_outcome},
+            )  # fmt: skip
             emit("passport.published", passport_event(passport))
-            detail = "Published."
+            detail = f"Published; {registry_outcome}."
+        elif requeued:
+            AuditEntry.objects.record(
+                actor=actor, action="registry_requeued", obj=passport, reason=reason,
+                details={"registry": registry_outcome},
+            )  # fmt: skip
+            detail = f"The passport was already published; {registry_outcome}."
         else:
-            detail = "The passport was already published; nothing changed."
-    return LifecycleResult(passport, took, detail)
+            detail = f"The passport was already published; nothing changed ({registry_outcome})."
+    return LifecycleResult(passport, took or requeued, detail)
 
 
 def suspend(dpp_id, *, actor: str, reason: str = "") -> LifecycleResult:
+    """Published -> suspended (withdrawn); the registry work follows (see registry.service)."""
     with transaction.atomic():
         took = Passport.objects.filter(pk=dpp_id).mark_suspended() == 1
         passport = _get(dpp_id)
         if took:
-            AuditEntry.objects.record(actor=actor, action="passport_suspended", obj=passport, reason=reason)
+            registry_outcome = registry.on_suspend(passport)
+            AuditEntry.objects.record(
+                actor=actor, action="passport_suspended", obj=passport, reason=reason,
+                details={"registry": registry_outcome},
+            )  # fmt: skip
             emit("passport.suspended", passport_event(passport))
-            detail = "Suspended."
+            detail = f"Suspended; {registry_outcome}."
         elif passport.status == Passport.Status.DRAFT:
             raise Refused(
                 "The passport is a draft: only a published passport can be suspended.",

@@ -105,6 +105,10 @@ ODAL_REGISTRY_ADAPTER = env_choice("ODAL_REGISTRY_ADAPTER", "http", ("http", "no
 ODAL_REGISTRY_URL = env_url("ODAL_REGISTRY_URL", "http://127.0.0.1:8100", ("http", "https"))
 ODAL_REGISTRY_TOKEN = env_str("ODAL_REGISTRY_TOKEN", "odal-simulator-token")
 ODAL_REGISTRY_TIMEOUT_SECONDS = env_int("ODAL_REGISTRY_TIMEOUT_SECONDS", 10, minimum=1)
+ODAL_REGISTRY_CHECK_SECONDS = env_int(
+    "ODAL_REGISTRY_CHECK_SECONDS", 2, minimum=0
+)  # first poll of a submitted row
+ODAL_PUBLIC_URL = env_url("ODAL_PUBLIC_URL", "http://127.0.0.1:8000", ("http", "https"))  # dppEndpoint base
 ODAL_REGISTRY_STALL_ATTEMPTS = env_int("ODAL_REGISTRY_STALL_ATTEMPTS", 5, minimum=1)
 ODAL_BROKER_URL = os.environ.get("ODAL_BROKER_URL", "").strip()
 # Webhook consumers on loopback/private addresses are refused in production unless allowed.

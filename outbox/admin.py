@@ -139,9 +139,9 @@ class DeliveryAdmin(admin.ModelAdmin):
     def replay_selected(self, request, queryset):
         selected = queryset.count()
 
-        def perform(reason):
+        def perform(data):
             try:
-                replayed = queryset.replay(actor=actor_of(request), reason=reason)
+                replayed = queryset.replay(actor=actor_of(request), reason=data["reason"])
             except Refused as exc:
                 self.message_user(request, exc.detail, messages.ERROR)
                 return

@@ -43,3 +43,30 @@ def api_as():
 @pytest.fixture
 def admin_api(api_as):
     return api_as("admin")
+
+
+@pytest.fixture(autouse=True)
+def _no_kicks(settings):
+    """Tests sweep and drain by hand; the django-q2 tests switch kicks back on."""
+    settings.ODAL_KICK_SWEEP = False
+
+
+@pytest.fixture
+def registry_sim(settings):
+    """The registry simulator on a free local port, with the node's http adapter pointed at it."""
+    import threading
+
+    from registry.simulator import make_server
+
+    server = make_server(port=0, token="sim-token")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    settings.ODAL_REGISTRY_ADAPTER = "http"
+    settings.ODAL_REGISTRY_URL = f"http://127.0.0.1:{server.server_address[1]}"
+    settings.ODAL_REGISTRY_TOKEN = "sim-token"
+    settings.ODAL_REGISTRY_TIMEOUT_SECONDS = 2
+    settings.ODAL_REGISTRY_CHECK_SECONDS = 0  # submitted rows are due for a check at once
+    settings.ODAL_BACKOFF_BASE_SECONDS = 0
+    yield server.state
+    server.shutdown()
+    server.server_close()

@@ -73,3 +73,23 @@ class DeadDeliveryFactory(DeliveryFactory):
     attempts = 3
     last_error = "HTTP 500: upstream exploded"
     dead_at = factory.LazyFunction(timezone.now)
+
+
+class RegistrationFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = "registry.Registration"
+
+    passport = factory.SubFactory(PublishedPassportFactory)
+
+
+def backed_off_registration(**fields):
+    """A pending register row that has been tried, failed, and waits for its next attempt: the
+    only kind abandon may take."""
+    from datetime import timedelta
+
+    defaults = {
+        "attempts": 2,
+        "next_attempt_at": timezone.now() + timedelta(minutes=10),
+        "last_error": "registry answered HTTP 503",
+    }
+    return RegistrationFactory(**{**defaults, **fields})

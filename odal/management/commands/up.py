@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand
 
 class Command(BaseCommand):
     help = (
-        "Start the web server, the django-q2 worker (sweeps) and the demo webhook receiver together "
+        "Start the web server, the django-q2 worker (sweeps and drains), the demo webhook receiver and the registry simulator together "
         "(what `make run` runs); Ctrl-C stops all."
     )
 
@@ -21,6 +21,22 @@ class Command(BaseCommand):
             ("web", [python, "-m", "odal", "runserver", addr, "--noreload"]),
             ("worker", [python, "-m", "odal", "qcluster"]),
             ("receiver", [python, "-m", "odal", "outbox", "receive", "--port", "8200"]),
+            (
+                "registry simulator",
+                [
+                    python,
+                    "-m",
+                    "odal",
+                    "registry",
+                    "simulate",
+                    "--port",
+                    "8100",
+                    "--fault",
+                    "refuse_upi_containing=REFUSE",
+                    "--fault",
+                    "checks_until_registered=2",
+                ],
+            ),  # fmt: skip
         ]
 
     def handle(self, *args, addr, **options):

@@ -1,0 +1,149 @@
+from django import forms
+from django.contrib import admin, messages
+
+from odal.admin import actor_of
+from odal.admin_actions import ReasonForm, reason_action
+from odal.errors import Refused
+from registry import service
+from registry.models import Registration, RegistrationAttempt
+
+
+class HandleForm(ReasonForm):
+    handle = forms.CharField(
+        max_length=service.MAX_HANDLE_LENGTH,
+        help_text="The registry's registrationId, as the registry shows it.",
+    )
+    field_order = ["handle", "reason"]
+
+    def clean_handle(self):
+        try:
+            return service.clean_handle(self.cleaned_data.get("handle"))
+        except Refused as exc:
+            raise forms.ValidationError(exc.detail) from None
+
+
+class AttemptInline(admin.TabularInline):
+    model = RegistrationAttempt
+    fields = ["number", "operation", "started_at", "finished_at", "outcome", "answer", "late"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    verbose_name_plural = "the registry's answers (attempt log)"
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Registration)
+class RegistrationAdmin(admin.ModelAdmin):
+    list_display = ["passport", "status", "operation", "attempts", "next_attempt_at", "short_error", "note"]
+    list_filter = ["status", "operation"]
+    search_fields = ["=passport__id", "passport__upi", "correlation_id", "handle"]
+    list_select_related = ["passport"]
+    readonly_fields = [
+        "passport", "status", "operation", "attempts", "next_attempt_at", "claim_token", "correlation_id",
+        "handle", "last_error", "note", "created_at", "queued_at", "submitted_at", "registered_at", "abandoned_at",
+    ]  # fmt: skip
+    fields = readonly_fields
+    inlines = [AttemptInline]
+    actions = ["abandon_selected", "record_handle_selected"]
+
+    @admin.display(description="last error")
+    def short_error(self, reg):
+        return reg.last_error[:80]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False  # read-only except through the actions
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_abandon_permission(self, request):
+        return request.user.has_perm("registry.abandon_registration")
+
+    def has_record_handle_permission(self, request):
+        return request.user.has_perm("registry.record_handle")
+
+    @admin.action(description="Abandon… (registrations the registry never accepted)", permissions=["abandon"])
+    def abandon_selected(self, request, queryset):
+        selected = list(queryset.select_related("passport"))
+
+        def perform(data):
+            abandoned, refusals = 0, []
+            for reg in selected:
+                try:
+                    result = service.abandon(reg.passport_id, actor=actor_of(request), reason=data["reason"])
+                except Refused as exc:
+                    refusals.append(f"{reg.passport.upi}: {exc.detail}")
+                    continue
+                abandoned += not result.already_abandoned
+            self.message_user(
+                request,
+                f"Abandoned {abandoned} of {len(selected)} selected. The passports stay published; "
+                "publishing one again queues a fresh registration.",
+                messages.SUCCESS if abandoned else messages.WARNING,
+            )
+            for line in refusals:
+                self.message_user(request, f"Not abandoned — {line}", messages.ERROR)
+
+        return reason_action(
+            self,
+            request,
+            queryset,
+            title="Abandon registrations",
+            intro=(
+                "The registry was asked about each one just now. Only a registration it provably never "
+                "accepted is abandoned; it is asked again when you confirm. The passports stay published."
+            ),
+            rows=[f"{reg.passport.upi} — {self.registry_answer(reg)}" for reg in selected],
+            perform=perform,
+        )
+
+    @staticmethod
+    def registry_answer(reg) -> str:
+        if reg.status == Registration.Status.ABANDONED:
+            return "already abandoned"
+        try:
+            service.check_abandonable(reg)
+            service.ask_registry(reg)
+        except Refused as exc:
+            return f"cannot be abandoned: {exc.detail}"
+        return "the registry holds no submission for it (every page of its task list read): can be abandoned"
+
+    @admin.action(description="Record handle… (a submitted registration)", permissions=["record_handle"])
+    def record_handle_selected(self, request, queryset):
+        if queryset.count() != 1:
+            self.message_user(
+                request, "Select exactly one registration to record its handle.", messages.ERROR
+            )
+            return None
+        reg = queryset.select_related("passport").get()
+
+        def perform(data):
+            try:
+                service.record_handle(
+                    reg.passport_id, handle=data["handle"], actor=actor_of(request), reason=data["reason"]
+                )
+            except Refused as exc:
+                self.message_user(request, exc.detail, messages.ERROR)
+                return
+            self.message_user(
+                request, f"Recorded handle {data['handle']} for {reg.passport.upi}: registered."
+            )
+
+        return reason_action(
+            self,
+            request,
+            queryset,
+            title="Record handle",
+            intro=f"{reg.passport.upi} is {reg.status} (correlation id {reg.correlation_id or '—'}).",
+            rows=[],
+            perform=perform,
+            form_class=HandleForm,
+        )

@@ -1,0 +1,128 @@
+"""The registry outbox's routes: a passport's registration, abandon, record a handle, counts."""
+
+import uuid
+from datetime import datetime
+
+from ninja import Router, Schema
+
+from odal.auth import ADMIN, READ
+from odal.schemas import Error
+from registry import service
+from registry.models import RegistrationAttempt
+
+router = Router(tags=["registry"])
+
+
+class RegistrationAttemptOut(Schema):
+    number: int
+    operation: str
+    startedAt: datetime
+    finishedAt: datetime
+    outcome: str
+    answer: str
+    late: bool
+
+
+class RegistrationOut(Schema):
+    status: str
+    operation: str
+    attempts: int
+    nextAttemptAt: datetime | None
+    lastError: str
+    correlationId: str | None
+    handle: str | None
+    note: str
+    attemptLog: list[RegistrationAttemptOut] = []
+
+
+class AbandonIn(Schema):
+    reason: str | None = None
+
+
+class AbandonOut(Schema):
+    dppId: uuid.UUID
+    status: str
+    alreadyAbandoned: bool
+    attempts: int
+    passportStatus: str
+    detail: str
+
+
+class AbandonRefusal(Error):
+    correlationId: str | None = None
+    candidates: list[str] | None = None
+
+
+class HandleIn(Schema):
+    handle: str | None = None
+    reason: str | None = None
+
+
+class RegistryCountsOut(Schema):
+    pending: int
+    submitted: int
+    registered: int
+    rejected: int
+    suspended: int
+    deactivated: int
+    abandoned: int
+    stalled: int
+
+
+def with_log(reg) -> dict:
+    log = RegistrationAttempt.objects.filter(registration=reg).order_by("started_at", "id")
+    return {
+        **service.registration_json(reg),
+        "attemptLog": [
+            {
+                "number": a.number,
+                "operation": a.operation,
+                "startedAt": a.started_at,
+                "finishedAt": a.finished_at,
+                "outcome": a.outcome,
+                "answer": a.answer,
+                "late": a.late,
+            }
+            for a in log
+        ],
+    }
+
+
+@router.get("dpp/{dppId}/registry", auth=READ, response={200: RegistrationOut, 404: Error, 422: Error})
+def get_registration(request, dppId: uuid.UUID):
+    """The passport's registration and the registry's answers so far."""
+    return with_log(service.registration_for(dppId))
+
+
+@router.post(
+    "dpp/{dppId}/registry/abandon",
+    auth=ADMIN,
+    response={200: AbandonOut, 404: Error, 409: AbandonRefusal, 422: Error, 501: Error, 502: Error},
+)
+def abandon_registration(request, dppId: uuid.UUID, payload: AbandonIn):
+    """Give up a registration the registry provably never accepted. Checked in this order:
+    404 no registration; 200 `alreadyAbandoned` (registry not asked, nothing written); 409 not a
+    pending register, never attempted, due now, or an attempt in flight; 422 bad reason; 501 no
+    registry queues; 502 registry unreadable (safe to retry); 409 the registry holds a submission
+    (naming it) or several (naming them); 422 absence not proven (partial read, unsearchable);
+    then the conditional update (409 if the row changed meanwhile). The passport stays published."""
+    result = service.abandon(dppId, actor=request.auth.actor, reason=payload.reason)
+    return result.as_json()
+
+
+@router.post(
+    "dpp/{dppId}/registry/handle",
+    auth=ADMIN,
+    response={200: RegistrationOut, 404: Error, 409: Error, 422: Error},
+)
+def record_handle(request, dppId: uuid.UUID, payload: HandleIn):
+    """Record by hand the registry handle of a submitted registration (-> registered)."""
+    reg = service.record_handle(dppId, handle=payload.handle, actor=request.auth.actor, reason=payload.reason)
+    return with_log(reg)
+
+
+@router.get("registry", auth=READ, response=RegistryCountsOut)
+def get_registry_counts(request):
+    """Registrations per status; `stalled` counts pending rows that need a person (abandoned rows
+    are counted apart, never as stalled)."""
+    return service.registry_counts()

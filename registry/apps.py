@@ -1,0 +1,12 @@
+from django.apps import AppConfig
+
+
+class RegistryConfig(AppConfig):
+    name = "registry"
+    verbose_name = "Registry outbox"
+
+    def ready(self):
+        from odal.metrics import register
+        from registry.metrics import RegistryCollector
+
+        register(RegistryCollector())

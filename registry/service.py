@@ -1,0 +1,308 @@
+"""People's writes on registrations (abandon, record a handle), what publishing and suspending
+owe the registry, and the counts. The API, the admin and the `odal` command all call these, so
+they cannot disagree about what is refused and why."""
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count
+from django.utils import timezone
+
+from odal.errors import Refused
+from odal.models import AuditEntry, Passport
+from odal.reasons import clean_reason
+from outbox.events import emit
+from outbox.kick import kick_on_commit
+from registry import adapters
+from registry.models import Registration
+
+MAX_HANDLE_LENGTH = 200
+
+
+def kick_drain_on_commit() -> None:
+    kick_on_commit("registry.tasks.drain", "registry drain (kicked)")
+
+
+def registration_for(dpp_id) -> Registration:
+    reg = Registration.objects.select_related("passport").filter(passport_id=dpp_id).first()
+    if reg is None:
+        if not Passport.objects.filter(pk=dpp_id).exists():
+            raise Refused(f"No passport {dpp_id}.", code="not_found", status=404)
+        raise Refused(
+            f"Passport {dpp_id} has no registration: it has never been published on this node.",
+            code="no_registration",
+            status=404,
+        )
+    return reg
+
+
+# -- the lifecycle's side ---------------------------------------------------------------------------
+
+
+def on_publish(passport: Passport) -> str:
+    """Publishing owes the registry a registration: a new row is pending and due now; a rejected,
+    abandoned, suspended or deactivated one is queued afresh; a deactivation not yet attempted
+    is cancelled; pending, submitted and registered rows are left alone. Returns what it did."""
+    if settings.ODAL_REGISTRY_ADAPTER == "none":
+        return "no registry queues on this node"
+    now = timezone.now()
+    reg, created = Registration.objects.get_or_create(passport=passport, defaults={"next_attempt_at": now})
+    rows = Registration.objects.filter(pk=reg.pk)
+    if created:
+        outcome = "registration queued"
+    elif rows.requeue(now=now):
+        outcome = f"registration queued afresh (it was {reg.status})"
+    elif rows.cancel_deactivation():
+        outcome = "owed deactivation cancelled; the registration stands"
+    else:
+        return f"registration left as it is ({reg.status})"
+    kick_drain_on_commit()
+    return outcome
+
+
+def on_suspend(passport: Passport) -> str:
+    """Suspending: a pending register no attempt holds becomes suspended; a registered one owes
+    a deactivation. A row the registry is checking is left to the drain, which queues the
+    deactivation if the registry grants it."""
+    now = timezone.now()
+    rows = Registration.objects.filter(passport=passport)
+    if rows.withdraw_unsent(now=now):
+        return "pending registration withdrawn (suspended)"
+    if rows.queue_deactivation(now=now):
+        kick_drain_on_commit()
+        return "deactivation queued"
+    reg = rows.first()
+    return f"registration left as it is ({reg.status})" if reg else "no registration"
+
+
+# -- abandon ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class AbandonResult:
+    registration: Registration
+    already_abandoned: bool
+    attempts: int
+    detail: str
+
+    def as_json(self) -> dict:
+        passport = self.registration.passport
+        return {
+            "dppId": str(passport.pk),
+            "status": Registration.Status.ABANDONED.value,
+            "alreadyAbandoned": self.already_abandoned,
+            "attempts": self.attempts,
+            "passportStatus": passport.status,
+            "detail": self.detail,
+        }
+
+
+def check_abandonable(reg: Registration, now=None) -> None:
+    """The 409s of the abandon table, decided from the row alone (the registry is not asked)."""
+    now = now or timezone.now()
+    if reg.status != Registration.Status.PENDING:
+        raise Refused(
+            f"The registration is {reg.status}: only a pending registration the registry never accepted "
+            "can be abandoned.",
+            code="not_pending",
+        )
+    if reg.operation != Registration.Operation.REGISTER:
+        raise Refused(
+            "The registration owes a deactivation, not a registration: the registry holds it, so it "
+            "cannot be abandoned.",
+            code="owes_deactivation",
+        )
+    if reg.attempts < 1:
+        raise Refused(
+            "The registration has never been attempted: wait for the first attempt to fail, then abandon it.",
+            code="never_attempted",
+        )
+    if reg.claim_token is not None and reg.next_attempt_at > now:
+        raise Refused(
+            "An attempt is in flight right now: wait for it to report, then try again.",
+            code="attempt_in_flight",
+        )
+    if reg.next_attempt_at <= now:
+        raise Refused(
+            "An attempt is due now: wait for the drain to make it (it may succeed), then try again.",
+            code="due_now",
+        )
+
+
+def ask_registry(reg: Registration, adapter=None):
+    """find_submission, with its answers that are not proof of absence turned into refusals.
+    Returns None when the registry shows, exhaustively, that it holds nothing for the UPI."""
+    if settings.ODAL_REGISTRY_ADAPTER == "none" and adapter is None:
+        raise Refused(
+            "This node has no registry queues (ODAL_REGISTRY_ADAPTER=none).", code="no_registry", status=501
+        )
+    own = adapter is None
+    adapter = adapter or adapters.get_adapter()
+    try:
+        answer = adapter.find_submission(reg.passport.upi)
+    except adapters.RegistryUnreadable as exc:
+        raise Refused(
+            f"The registry's task list could not be read ({exc}); nothing was changed. Safe to retry.",
+            code="registry_unreadable",
+            status=502,
+            exit_code=3,
+        ) from None
+    except adapters.NoRegistry:
+        raise Refused("This node has no registry queues.", code="no_registry", status=501) from None
+    finally:
+        if own:
+            adapter.close()
+    if isinstance(answer, adapters.Found):
+        raise Refused(
+            f"The registry holds a submission for this passport (correlation id {answer.correlation_id}); "
+            "it may still be granted, so the registration cannot be abandoned.",
+            code="registry_holds_submission",
+            correlationId=answer.correlation_id,
+        )
+    if isinstance(answer, adapters.Ambiguous):
+        raise Refused(
+            f"The registry holds {len(answer.candidates)} submissions for this passport's UPI "
+            f"({', '.join(answer.candidates)}); the registration cannot be abandoned.",
+            code="registry_holds_submissions",
+            candidates=answer.candidates,
+        )
+    if isinstance(answer, adapters.Unsupported):
+        raise Refused(
+            f"The registry cannot be searched ({answer.why}), so it cannot be shown not to hold this "
+            "passport; nothing was changed.",
+            code="registry_unsearchable",
+            status=422,
+        )
+    if not answer.exhaustive:
+        raise Refused(
+            f"The registry could not be shown not to hold this passport ({answer.why}); nothing was changed. "
+            "Try again later.",
+            code="absence_not_proven",
+            status=422,
+        )
+    return None
+
+
+def abandon(dpp_id, *, actor: str, reason, adapter=None) -> AbandonResult:
+    """DESIGN.md's abandon table, in its order: 404, already abandoned (200, nothing asked or
+    written), the 409s of the row, 422 reason, 501, then the registry (502/409/422), then the
+    conditional update (409 if it takes nothing)."""
+    reg = registration_for(dpp_id)
+    if reg.status == Registration.Status.ABANDONED:
+        return AbandonResult(reg, True, reg.attempts, "Already abandoned; nothing was asked or written.")
+    check_abandonable(reg)
+    reason = clean_reason(reason)
+    ask_registry(reg, adapter)
+    now = timezone.now()
+    with transaction.atomic():
+        if not Registration.objects.filter(pk=reg.pk).abandon(actor=actor, reason=reason, now=now):
+            raise Refused(
+                "The registration changed while the registry was asked (an attempt started or finished); "
+                "nothing was written. Look again and retry.",
+                code="registration_changed",
+            )
+        AuditEntry.objects.record(
+            actor=actor,
+            action="registry_abandoned",
+            obj=reg,
+            reason=reason,
+            details={
+                "dppId": str(reg.passport_id),
+                "upi": reg.passport.upi,
+                "attempts": reg.attempts,
+                "lastError": reg.last_error,
+            },
+        )
+        emit("passport.registration_abandoned", {"dppId": str(reg.passport_id), "upi": reg.passport.upi})
+    reg.refresh_from_db()
+    return AbandonResult(
+        reg,
+        False,
+        reg.attempts,
+        "Abandoned: the registry holds no submission for this passport. The passport stays "
+        f"{reg.passport.status}; publishing it again queues a fresh registration.",
+    )
+
+
+# -- record a handle -------------------------------------------------------------------------------
+
+
+def clean_handle(value) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise Refused(
+            "A handle (the registry's registrationId) is required.", code="invalid_handle", status=422
+        )
+    handle = value.strip()
+    if len(handle) > MAX_HANDLE_LENGTH or any(
+        ord(ch) < 32 or ord(ch) == 127 or ch.isspace() for ch in handle
+    ):
+        raise Refused(
+            f"A handle is at most {MAX_HANDLE_LENGTH} printable characters without spaces.",
+            code="invalid_handle",
+            status=422,
+        )
+    return handle
+
+
+def record_handle(dpp_id, *, handle, actor: str, reason) -> Registration:
+    reg = registration_for(dpp_id)
+    if reg.status == Registration.Status.ABANDONED:
+        raise Refused(
+            "The registration was abandoned: the registry never accepted it, so it has no handle to record. "
+            "Publish the passport again to queue a fresh registration.",
+            code="registration_abandoned",
+        )
+    if reg.status != Registration.Status.SUBMITTED:
+        raise Refused(
+            f"The registration is {reg.status}: a handle can only be recorded while the registry is checking "
+            "a submission (submitted).",
+            code="not_submitted",
+        )
+    handle = clean_handle(handle)
+    reason = clean_reason(reason)
+    with transaction.atomic():
+        if not Registration.objects.filter(pk=reg.pk).record_handle(
+            handle=handle, actor=actor, reason=reason, now=timezone.now()
+        ):
+            raise Refused(
+                "The registration changed meanwhile (the drain settled it); nothing was written.",
+                code="registration_changed",
+            )
+        AuditEntry.objects.record(
+            actor=actor,
+            action="registry_handle_recorded",
+            obj=reg,
+            reason=reason,
+            details={"dppId": str(reg.passport_id), "handle": handle, "correlationId": reg.correlation_id},
+        )
+        emit(
+            "passport.registered",
+            {"dppId": str(reg.passport_id), "upi": reg.passport.upi, "registrationId": handle},
+        )
+    reg.refresh_from_db()
+    return reg
+
+
+# -- counts ----------------------------------------------------------------------------------------
+
+
+def registry_counts() -> dict:
+    counts = dict.fromkeys(Registration.Status.values, 0)
+    for row in Registration.objects.values("status").annotate(n=Count("pk")).order_by():
+        counts[row["status"]] = row["n"]
+    counts["stalled"] = Registration.objects.stalled().count()
+    return counts
+
+
+def registration_json(reg: Registration) -> dict:
+    return {
+        "status": reg.status,
+        "operation": reg.operation,
+        "attempts": reg.attempts,
+        "nextAttemptAt": reg.next_attempt_at if reg.status in ("pending", "submitted") else None,
+        "lastError": reg.last_error,
+        "correlationId": reg.correlation_id or None,
+        "handle": reg.handle or None,
+        "note": reg.note,
+    }

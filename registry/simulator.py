@@ -1,0 +1,223 @@
+"""A registry simulator speaking CONTRACT.md's wire protocol, with fault injection, for demos
+and tests (`odal registry simulate --port 8100`).
+
+Faults are switched on at start (`--fault name=value`) or at run time with
+`POST /_faults {"name": value, ...}` (`GET /_faults` shows them, `POST /_reset` forgets
+everything). The faults:
+
+- latency (seconds): every answer waits this long first;
+- register_5xx (count): the next N register calls answer 503 and keep nothing;
+- lost_reply (count): the next N register calls keep the request but answer 503, as if the
+  reply was lost on the way back;
+- refuse_upi_containing (text): register calls for such UPIs always answer 503 and keep nothing
+  (a registry that keeps refusing: the case for abandon);
+- reject_upi_containing (text): register calls for such UPIs answer 422;
+- checks_until_registered (count): a request is registered on this check (default 1);
+- partial_task_list (bool): the task list also shows a task still `received` (upi unknown);
+- unsearchable (bool): the task list answers 404;
+- task_list_5xx (bool): the task list's second page answers 503;
+- page_size (count): the task list's largest page (default 50);
+- honour_idempotency_key (bool): a repeated Idempotency-Key answers 202 with the request it
+  made before (off by default, so a retry after a lost reply meets DUPLICATE_UPI).
+Duplicates need no switch: a second request for a UPI the registry holds answers 409
+DUPLICATE_UPI with the held requestId.
+"""
+
+import json
+import re
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+DEFAULT_FAULTS = {
+    "latency": 0.0,
+    "register_5xx": 0,
+    "lost_reply": 0,
+    "refuse_upi_containing": "",
+    "reject_upi_containing": "",
+    "checks_until_registered": 1,
+    "partial_task_list": False,
+    "unsearchable": False,
+    "task_list_5xx": False,
+    "page_size": 50,
+    "honour_idempotency_key": False,
+}
+
+
+class RegistryState:
+    def __init__(self, token: str, faults: dict | None = None):
+        self.token = token
+        self.lock = threading.Lock()
+        self.faults = {**DEFAULT_FAULTS, **(faults or {})}
+        self.requests: dict[str, dict] = {}  # requestId -> request
+        self.by_key: dict[str, str] = {}  # Idempotency-Key -> requestId
+        self.registrations: dict[str, dict] = {}  # registrationId -> {"requestId", "active"}
+        self.calls: list[tuple[str, str]] = []
+
+    def reset(self) -> None:
+        with self.lock:
+            self.faults = dict(DEFAULT_FAULTS)
+            self.requests.clear()
+            self.by_key.clear()
+            self.registrations.clear()
+            self.calls.clear()
+
+    def _take(self, name: str) -> bool:
+        if self.faults.get(name, 0) > 0:
+            self.faults[name] -= 1
+            return True
+        return False
+
+    def register(self, body: dict, key: str | None) -> tuple[int, dict]:
+        upi = body.get("upi")
+        if not isinstance(upi, str) or not upi or not body.get("operatorId"):
+            return 422, {
+                "code": "INVALID_REQUEST",
+                "errors": [{"message": "upi and operatorId are required"}],
+            }
+        with self.lock:
+            honour = self.faults["honour_idempotency_key"]
+            if honour and key in self.by_key and self.requests[self.by_key[key]]["status"] != "rejected":
+                held = self.requests[self.by_key[key]]
+                if held["upi"] == upi:
+                    return 202, {"requestId": held["requestId"], "status": held["status"]}
+            refuse = self.faults["refuse_upi_containing"]
+            if (refuse and refuse in upi) or self._take("register_5xx"):
+                return 503, {"code": "UNAVAILABLE"}
+            reject = self.faults["reject_upi_containing"]
+            if reject and reject in upi:
+                return 422, {
+                    "code": "VALIDATION_FAILED",
+                    "errors": [{"message": f"upi {upi} fails validation"}],
+                }
+            for held in self.requests.values():
+                if held["upi"] == upi and held["status"] != "rejected":
+                    return 409, {"code": "DUPLICATE_UPI", "requestId": held["requestId"]}
+            request_id = f"req-{uuid.uuid4().hex[:12]}"
+            self.requests[request_id] = {
+                "requestId": request_id, "upi": upi, "status": "checking", "checks": 0, "registrationId": None,
+            }  # fmt: skip
+            if key:
+                self.by_key[key] = request_id
+            if self._take("lost_reply"):
+                return 503, {"code": "UNAVAILABLE"}
+            return 202, {"requestId": request_id, "status": "checking"}
+
+    def check(self, request_id: str) -> tuple[int, dict]:
+        with self.lock:
+            held = self.requests.get(request_id)
+            if held is None:
+                return 404, {"code": "NOT_FOUND"}
+            if held["status"] == "checking":
+                held["checks"] += 1
+                if held["checks"] >= self.faults["checks_until_registered"]:
+                    held["status"] = "registered"
+                    held["registrationId"] = f"reg-{uuid.uuid4().hex[:12]}"
+                    self.registrations[held["registrationId"]] = {"requestId": request_id, "active": True}
+            answer = {k: held[k] for k in ("requestId", "upi", "status")}
+            if held["registrationId"]:
+                answer["registrationId"] = held["registrationId"]
+            return 200, answer
+
+    def task_list(self, cursor: str | None, limit: int) -> tuple[int, dict]:
+        with self.lock:
+            if self.faults["unsearchable"]:
+                return 404, {"code": "NOT_SUPPORTED"}
+            items = [
+                {"requestId": r["requestId"], "upi": r["upi"], "status": r["status"]}
+                for r in self.requests.values()
+            ]
+            if self.faults["partial_task_list"]:
+                items.append({"requestId": "req-unread", "upi": None, "status": "received"})
+            start = int(cursor) if cursor and cursor.isdigit() else 0
+            if start and self.faults["task_list_5xx"]:
+                return 503, {"code": "UNAVAILABLE"}
+            size = max(1, min(limit, int(self.faults["page_size"])))
+            page = items[start : start + size]
+            next_cursor = str(start + size) if start + size < len(items) else None
+            return 200, {"items": page, "nextCursor": next_cursor}
+
+    def deactivate(self, registration_id: str) -> tuple[int, dict]:
+        with self.lock:
+            held = self.registrations.get(registration_id)
+            if held is None or not held["active"]:
+                return 404, {"code": "NOT_FOUND"}
+            held["active"] = False
+            return 204, {}
+
+
+def make_server(host: str = "127.0.0.1", port: int = 8100, *, token: str, faults: dict | None = None):
+    state = RegistryState(token, faults)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _answer(self, status: int, body: dict) -> None:
+            data = json.dumps(body).encode() if status != 204 else b""
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> dict | None:
+            raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+            try:
+                body = json.loads(raw or b"{}")
+            except ValueError:
+                return None
+            return body if isinstance(body, dict) else None
+
+        def _route(self, method: str) -> None:
+            url = urlparse(self.path)
+            path = url.path.rstrip("/")
+            if path == "/_faults" and method == "GET":
+                return self._answer(200, state.faults)
+            if path == "/_faults" and method == "POST":
+                body = self._body() or {}
+                unknown = sorted(set(body) - set(DEFAULT_FAULTS))
+                if unknown:
+                    return self._answer(422, {"code": "UNKNOWN_FAULT", "errors": unknown})
+                with state.lock:
+                    state.faults.update(body)
+                return self._answer(200, state.faults)
+            if path == "/_reset" and method == "POST":
+                state.reset()
+                return self._answer(200, state.faults)
+            if self.headers.get("Authorization") != f"Bearer {state.token}":
+                return self._answer(401, {"code": "UNAUTHORIZED"})
+            if state.faults["latency"]:
+                time.sleep(float(state.faults["latency"]))
+            state.calls.append((method, path))
+            if path == "/dpp-registration-requests" and method == "POST":
+                body = self._body()
+                if body is None:
+                    return self._answer(
+                        422, {"code": "INVALID_JSON", "errors": ["body is not a JSON object"]}
+                    )
+                return self._answer(*state.register(body, self.headers.get("Idempotency-Key")))
+            if path == "/dpp-registration-requests" and method == "GET":
+                query = parse_qs(url.query)
+                limit = int(query.get("limit", ["50"])[0]) if query.get("limit", ["50"])[0].isdigit() else 50
+                return self._answer(*state.task_list(query.get("cursor", [None])[0], limit))
+            if (match := re.fullmatch(r"/dpp-registration-requests/([\w-]+)", path)) and method == "GET":
+                return self._answer(*state.check(match.group(1)))
+            if (match := re.fullmatch(r"/registrations/([\w-]+)/deactivate", path)) and method == "POST":
+                return self._answer(*state.deactivate(match.group(1)))
+            return self._answer(404, {"code": "NOT_FOUND"})
+
+        def do_GET(self):
+            self._route("GET")
+
+        def do_POST(self):
+            self._route("POST")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    server.state = state
+    return server

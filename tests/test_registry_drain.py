@@ -1,0 +1,343 @@
+"""The drain against the registry simulator over real HTTP, and its guarded writes against
+PostgreSQL: nothing it writes can touch an abandoned row."""
+
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from odal import lifecycle
+from odal.models import Passport
+from outbox.models import Event
+from registry import service
+from registry.drain import drain_once
+from registry.models import Registration, RegistrationAttempt
+from tests.factories import PassportFactory, RegistrationFactory, backed_off_registration
+
+pytestmark = pytest.mark.django_db
+
+
+def published(**fields) -> Passport:
+    passport = PassportFactory(**fields)
+    lifecycle.publish(passport.pk, actor="test")
+    return passport
+
+
+def reg_of(passport) -> Registration:
+    return Registration.objects.get(passport=passport)
+
+
+def test_publish_registers_through_the_simulator(registry_sim):
+    passport = published()
+    assert reg_of(passport).status == "pending"
+
+    assert drain_once().submitted == 1
+    reg = reg_of(passport)
+    assert reg.status == "submitted" and reg.correlation_id.startswith("req-")
+    assert drain_once().registered == 1
+    reg = reg_of(passport)
+    assert reg.status == "registered" and reg.handle.startswith("reg-")
+    assert list(reg.attempt_log.values_list("operation", "outcome", "late")) == [
+        ("register", "submitted", False),
+        ("check", "registered", False),
+    ]
+    assert Event.objects.filter(type="passport.registered", payload__registrationId=reg.handle).exists()
+    register_call = [c for c in registry_sim.calls if c[0] == "POST"]
+    assert register_call == [("POST", "/dpp-registration-requests")]
+
+
+def test_still_checking_asks_again_later(registry_sim, settings):
+    registry_sim.faults["checks_until_registered"] = 3
+    passport = published()
+    drain_once()
+    drain_once()
+    reg = reg_of(passport)
+    assert reg.status == "submitted" and reg.claim_token is None
+    assert reg.attempt_log.last().outcome == "checking"
+
+
+def test_a_5xx_fails_the_attempt_and_backs_off(registry_sim, settings):
+    settings.ODAL_BACKOFF_BASE_SECONDS = 30
+    registry_sim.faults["register_5xx"] = 1
+    passport = published()
+    report = drain_once()
+    assert report.failed == 1
+    reg = reg_of(passport)
+    assert (reg.status, reg.attempts) == ("pending", 1)
+    assert reg.last_error.startswith("registry answered HTTP 503")
+    assert reg.next_attempt_at > timezone.now() + timedelta(seconds=10)
+    assert drain_once().claimed == 0
+
+
+def test_a_422_rejects(registry_sim):
+    registry_sim.faults["reject_upi_containing"] = "BAD"
+    passport = published(upi="https://id.example.eu/01/1/21/BAD-1")
+    assert drain_once().rejected == 1
+    reg = reg_of(passport)
+    assert reg.status == "rejected" and "VALIDATION_FAILED" in reg.last_error
+    assert Event.objects.filter(type="passport.registration_rejected").count() == 1
+
+
+def test_a_lost_reply_is_healed_by_duplicate_upi_on_the_next_attempt(registry_sim):
+    registry_sim.faults["lost_reply"] = 1
+    passport = published()
+    assert drain_once().failed == 1  # the registry kept it, but we heard 503
+    [held] = registry_sim.requests
+    assert drain_once().submitted == 1  # register again: 409 DUPLICATE_UPI
+    reg = reg_of(passport)
+    assert reg.status == "submitted" and reg.correlation_id == held
+    assert "DUPLICATE_UPI" in reg.note and held in reg.note
+    assert drain_once().registered == 1
+    assert len(registry_sim.requests) == 1
+
+
+def test_a_slow_registry_times_out(registry_sim, settings):
+    settings.ODAL_REGISTRY_TIMEOUT_SECONDS = 1
+    registry_sim.faults["latency"] = 1.5
+    passport = published()
+    drain_once()
+    assert reg_of(passport).last_error == "registry timed out after 1s"
+
+
+def test_an_unreachable_registry_fails_the_attempt(registry_sim, settings):
+    settings.ODAL_REGISTRY_URL = "http://127.0.0.1:9"
+    passport = published()
+    drain_once()
+    assert reg_of(passport).last_error.startswith("registry unreachable: ConnectError")
+
+
+def test_suspend_deactivates_a_registered_passport(registry_sim):
+    passport = published()
+    drain_once()
+    drain_once()
+    handle = reg_of(passport).handle
+    lifecycle.suspend(passport.pk, actor="test")
+    reg = reg_of(passport)
+    assert (reg.status, reg.operation) == ("pending", "deactivate")
+    assert drain_once().deactivated == 1
+    assert reg_of(passport).status == "deactivated"
+    assert registry_sim.registrations[handle]["active"] is False
+
+
+def test_suspend_before_any_attempt_withdraws_and_republish_queues_afresh(registry_sim):
+    passport = published()
+    lifecycle.suspend(passport.pk, actor="test")
+    assert reg_of(passport).status == "suspended"
+    assert drain_once().claimed == 0
+    lifecycle.publish(passport.pk, actor="test")
+    reg = reg_of(passport)
+    assert (reg.status, reg.attempts) == ("pending", 0)
+    assert drain_once().submitted == 1
+
+
+def test_the_drain_withdraws_a_register_whose_passport_was_suspended(registry_sim):
+    reg = RegistrationFactory(passport__status="suspended")
+    drain_once()
+    reg.refresh_from_db()
+    assert reg.status == "suspended"
+    assert registry_sim.calls == []  # the registry was never asked
+
+
+def test_suspended_while_checking_deactivates_once_registered(registry_sim):
+    passport = published()
+    drain_once()
+    lifecycle.suspend(passport.pk, actor="test")
+    assert reg_of(passport).status == "submitted"  # left to the drain
+    drain_once()  # check: registered, and a deactivation is owed at once
+    reg = reg_of(passport)
+    assert (reg.status, reg.operation) == ("pending", "deactivate")
+    drain_once()
+    assert reg_of(passport).status == "deactivated"
+
+
+def test_republish_cancels_an_unattempted_deactivation(registry_sim):
+    passport = published()
+    drain_once()
+    drain_once()
+    lifecycle.suspend(passport.pk, actor="test")
+    lifecycle.publish(passport.pk, actor="test")
+    reg = reg_of(passport)
+    assert (reg.status, reg.operation) == ("registered", "register")
+
+
+def test_none_adapter_queues_nothing(settings):
+    settings.ODAL_REGISTRY_ADAPTER = "none"
+    passport = PassportFactory()
+    lifecycle.publish(passport.pk, actor="test")
+    assert not Registration.objects.exists()
+
+
+# -- the guarded writes on an abandoned row --------------------------------------------------------
+
+DRAIN_WRITES = {
+    "mark_submitted": lambda rows, t: rows.mark_submitted(
+        token=t, correlation_id="req-x", next_check_at=timezone.now()
+    ),
+    "mark_submitted_noting": lambda rows, t: rows.mark_submitted_noting(
+        token=t, correlation_id="req-x", note="dup", next_check_at=timezone.now()
+    ),
+    "mark_registered": lambda rows, t: rows.mark_registered(token=t, handle="reg-x"),
+    "mark_rejected": lambda rows, t: rows.mark_rejected(token=t, errors="no"),
+    "mark_deactivated": lambda rows, t: rows.mark_deactivated(token=t),
+    "mark_withdrawn": lambda rows, t: rows.mark_withdrawn(token=t),
+    "mark_checked": lambda rows, t: rows.mark_checked(token=t, next_check_at=timezone.now()),
+    "mark_attempt_failed": lambda rows, t: rows.mark_attempt_failed(
+        token=t, error="x", retry_at=timezone.now()
+    ),
+}
+
+
+@pytest.mark.parametrize("operation", ["register", "deactivate"])
+@pytest.mark.parametrize("write", list(DRAIN_WRITES))
+def test_every_drain_write_bounces_off_an_abandoned_row(write, operation):
+    token = uuid.uuid4()
+    reg = RegistrationFactory(
+        status="abandoned", operation=operation, claim_token=token, attempts=3, note="abandoned by x: y"
+    )
+    assert DRAIN_WRITES[write](Registration.objects.filter(pk=reg.pk), token) is False
+    reg.refresh_from_db()
+    assert (reg.status, reg.note, reg.correlation_id, reg.handle) == (
+        "abandoned",
+        "abandoned by x: y",
+        "",
+        "",
+    )
+
+
+@pytest.mark.parametrize("write", list(DRAIN_WRITES))
+def test_no_drain_write_takes_a_row_held_by_another_claim(write):
+    reg = RegistrationFactory(status="submitted" if write in ("mark_registered", "mark_checked") else "pending",
+                              operation="deactivate" if write == "mark_deactivated" else "register",
+                              claim_token=uuid.uuid4())  # fmt: skip
+    assert DRAIN_WRITES[write](Registration.objects.filter(pk=reg.pk), uuid.uuid4()) is False
+    assert DRAIN_WRITES[write](Registration.objects.filter(pk=reg.pk), reg.claim_token) is True
+
+
+def test_a_drain_pass_that_read_the_row_before_it_was_abandoned_changes_nothing(registry_sim):
+    """A claims the row and stalls past its hold; B claims it and fails; a person abandons it
+    (the registry holds nothing); then A's register call finally runs. Its answer bounces off."""
+    registry_sim.faults["register_5xx"] = 1
+    passport = published()
+    slow = Registration.objects.claim(limit=1, hold_seconds=1, select_related=("passport",))
+    time.sleep(1.1)
+    assert drain_once().failed == 1  # B
+    Registration.objects.filter(passport=passport).update(
+        next_attempt_at=timezone.now() + timedelta(minutes=5)
+    )
+    service.abandon(passport.pk, actor="user:ops", reason="registry refuses it")
+
+    from registry.drain import Attempt, DrainReport, run_register
+
+    report = DrainReport()
+    run_register(Attempt(slow.rows[0], slow.token, report), adapter=_adapter())  # A, late
+
+    assert report.late == 1 and report.submitted == 0
+    reg = reg_of(passport)
+    assert reg.status == "abandoned" and reg.correlation_id == ""
+    late = RegistrationAttempt.objects.get(late=True)
+    assert (late.number, late.outcome) == (1, "submitted")
+
+
+def _adapter():
+    from registry.adapters import get_adapter
+
+    return get_adapter()
+
+
+# -- abandon's conditional update ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fields, takes",
+    [
+        ({}, True),
+        ({"attempts": 0}, False),
+        ({"next_attempt_at": "now"}, False),
+        ({"claim_token": "live"}, False),
+        ({"status": "submitted"}, False),
+        ({"operation": "deactivate"}, False),
+    ],
+    ids=["backed-off", "never-tried", "due-now", "live-claim", "submitted", "owes-deactivation"],
+)
+def test_abandon_takes_a_row_only_while_pending_tried_and_backed_off(fields, takes):
+    now = timezone.now()
+    if fields.get("next_attempt_at") == "now":
+        fields["next_attempt_at"] = now - timedelta(seconds=1)
+    if fields.get("claim_token") == "live":
+        fields["claim_token"] = uuid.uuid4()
+    reg = backed_off_registration(**fields)
+    took = Registration.objects.filter(pk=reg.pk).abandon(actor="user:x", reason="why", now=now)
+    assert took is takes
+    reg.refresh_from_db()
+    assert (reg.status == "abandoned") is takes
+
+
+def test_abandoned_is_counted_and_not_stalled(settings):
+    settings.ODAL_REGISTRY_STALL_ATTEMPTS = 5
+    backed_off_registration(status="abandoned", attempts=40)
+    backed_off_registration(attempts=6)  # stalled: many attempts
+    backed_off_registration(attempts=1, queued_at=timezone.now() - timedelta(days=2))  # stalled: old
+    backed_off_registration(attempts=1)
+    counts = service.registry_counts()
+    assert (counts["abandoned"], counts["pending"], counts["stalled"]) == (1, 3, 2)
+
+
+def test_republish_queues_an_abandoned_registration_afresh():
+    reg = backed_off_registration(status="abandoned", note="abandoned by x: y")
+    result = lifecycle.publish(reg.passport_id, actor="user:ops")
+    assert result.changed and "queued afresh" in result.detail
+    reg.refresh_from_db()
+    assert (reg.status, reg.attempts, reg.operation) == ("pending", 0, "register")
+    assert reg.next_attempt_at <= timezone.now()
+
+
+@pytest.mark.parametrize("status", ["pending", "submitted", "registered"])
+def test_republish_leaves_live_registrations_alone(status):
+    reg = backed_off_registration(status=status, correlation_id="req-1")
+    lifecycle.publish(reg.passport_id, actor="user:ops")
+    reg.refresh_from_db()
+    assert (reg.status, reg.attempts, reg.correlation_id) == (status, 2, "req-1")
+
+
+class ChangesTheRowWhileAsked:
+    """An adapter whose find_submission lets a drain claim the row while the registry is being
+    asked (the row becomes due and is claimed), then answers 'holds nothing'."""
+
+    def __init__(self, reg):
+        self.reg = reg
+
+    def find_submission(self, upi):
+        from registry.adapters import NotFound
+
+        Registration.objects.filter(pk=self.reg.pk).update(next_attempt_at=timezone.now())
+        assert len(Registration.objects.claim(limit=1).rows) == 1
+        return NotFound(exhaustive=True)
+
+    def close(self):
+        pass
+
+
+def test_abandon_writes_nothing_when_the_row_changed_while_the_registry_was_asked():
+    from odal.errors import Refused
+    from odal.models import AuditEntry
+
+    reg = backed_off_registration()
+    with pytest.raises(Refused) as refused:
+        service.abandon(reg.passport_id, actor="user:x", reason="why", adapter=ChangesTheRowWhileAsked(reg))
+    assert refused.value.code == "registration_changed" and refused.value.status == 409
+    reg.refresh_from_db()
+    assert reg.status == "pending" and reg.claim_token is not None
+    assert not AuditEntry.objects.exists()
+    assert not Event.objects.filter(type="passport.registration_abandoned").exists()
+
+
+@pytest.mark.parametrize("status", ["pending", "registered", "abandoned", "rejected"])
+def test_record_handle_takes_only_a_submitted_row(status):
+    reg = backed_off_registration(status=status)
+    took = Registration.objects.filter(pk=reg.pk).record_handle(
+        handle="h", actor="x", reason="y", now=timezone.now()
+    )
+    assert took is False
+    assert Registration.objects.get(pk=reg.pk).status == status

@@ -47,8 +47,10 @@ def admin_api(api_as):
 
 @pytest.fixture(autouse=True)
 def _no_kicks(settings):
-    """Tests sweep and drain by hand; the django-q2 tests switch kicks back on."""
+    """Tests sweep and drain by hand; the django-q2 tests switch kicks back on. The registry is
+    nowhere (a closed port) unless a test starts the simulator (registry_sim)."""
     settings.ODAL_KICK_SWEEP = False
+    settings.ODAL_REGISTRY_URL = "http://127.0.0.1:9"
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from django_q.models import Schedule
 
 from odal import lifecycle
 from outbox.models import Delivery
+from registry.models import Registration
 from tests.factories import PassportFactory, WebhookConsumerFactory
 from tests.webhook_server import WebhookServer
 
@@ -54,9 +55,18 @@ def database_url() -> str:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_real_cluster_delivers_a_published_passports_event(settings):
+def test_a_real_cluster_delivers_the_event_and_registers_the_passport(settings, registry_sim):
+    """One publish: the kicked sweep delivers passport.published to a local webhook server and
+    the kicked drain registers the passport with the simulator, both in the cluster's process."""
     settings.ODAL_KICK_SWEEP = True
-    env = {**os.environ, "DATABASE_URL": database_url(), "ODAL_Q_WORKERS": "1"}
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "ODAL_Q_WORKERS": "2",
+        "ODAL_REGISTRY_URL": settings.ODAL_REGISTRY_URL,
+        "ODAL_REGISTRY_TOKEN": settings.ODAL_REGISTRY_TOKEN,
+        "ODAL_REGISTRY_CHECK_SECONDS": "0",
+    }
     with WebhookServer() as server:
         WebhookConsumerFactory(url=server.url, event_types=["passport.*"])
         cluster = subprocess.Popen(
@@ -70,7 +80,15 @@ def test_a_real_cluster_delivers_a_published_passports_event(settings):
             passport = PassportFactory()
             lifecycle.publish(passport.pk, actor="test")  # commits: the kick enqueues a sweep
             deadline = time.monotonic() + 45
-            while not server.received and time.monotonic() < deadline and cluster.poll() is None:
+
+            def registered():
+                return Registration.objects.filter(passport=passport, status="registered").exists()
+
+            while (
+                not (server.received and registered())
+                and time.monotonic() < deadline
+                and cluster.poll() is None
+            ):
                 time.sleep(0.2)
         finally:
             cluster.send_signal(signal.SIGTERM)  # the sentinel stops its own workers
@@ -80,8 +98,12 @@ def test_a_real_cluster_delivers_a_published_passports_event(settings):
                 os.killpg(cluster.pid, signal.SIGKILL)
                 output = cluster.communicate()[0].decode(errors="replace")
     assert server.received, f"no webhook arrived; the cluster said:\n{output[-3000:]}"
-    assert server.received[0].headers["webhook-id"] == str(Delivery.objects.get().pk)
+    reg = Registration.objects.get(passport=passport)
+    assert reg.status == "registered", f"registration is {reg.status}; the cluster said:\n{output[-3000:]}"
+    assert reg.handle in registry_sim.registrations
+    published = Delivery.objects.get(event__type="passport.published")
+    assert server.received[0].headers["webhook-id"] == str(published.pk)
     deadline = time.monotonic() + 10
-    while Delivery.objects.get().status != "delivered" and time.monotonic() < deadline:
+    while Delivery.objects.get(pk=published.pk).status != "delivered" and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert Delivery.objects.get().status == "delivered"
+    assert Delivery.objects.get(pk=published.pk).status == "delivered"

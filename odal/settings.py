@@ -191,6 +191,8 @@ Q_CLUSTER = {
     "catch_up": False,
     "label": "Background tasks",
     "poll": 0.2,
+    # django-q2 logs every enqueue at INFO, which would litter `odal passport publish` output.
+    "log_level": env_choice("ODAL_Q_LOG_LEVEL", "WARNING", ("DEBUG", "INFO", "WARNING", "ERROR")),
 }
 if ODAL_BROKER_URL:
     if not ODAL_BROKER_URL.startswith(("redis://", "rediss://")):

@@ -1,10 +1,14 @@
+from django import forms
 from django.contrib import admin, messages
 from django.db import models
-from django.utils.html import format_html
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
 
 from odal import lifecycle
+from odal.admin_actions import reason_action
 from odal.errors import Refused
 from odal.models import ApiToken, AuditEntry, Passport
+from odal.reasons import MAX_REASON_LENGTH, clean_reason
 
 admin.site.site_header = "odal back office"
 admin.site.site_title = "odal"
@@ -19,18 +23,129 @@ def actor_of(request) -> str:
     return f"user:{request.user.get_username()}"
 
 
+class OptionalReasonForm(forms.Form):
+    reason = forms.CharField(
+        max_length=MAX_REASON_LENGTH,
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2, "cols": 80}),
+        help_text="Optional. Kept in the audit trail with your name.",
+    )
+
+    def clean_reason(self):
+        value = self.cleaned_data.get("reason", "")
+        if not value.strip():
+            return ""
+        try:
+            return clean_reason(value)
+        except Refused as exc:
+            raise forms.ValidationError(exc.detail) from None
+
+
 @admin.register(Passport)
 class PassportAdmin(admin.ModelAdmin):
     formfield_overrides = URL_FORMFIELDS
-    list_display = ["upi", "operator_id", "status", "created_at", "published_at"]
-    list_filter = ["status"]
+    list_display = ["upi", "operator_id", "status", "registration_status", "created_at", "published_at"]
+    list_filter = ["status", "registration__status"]
     search_fields = ["=id", "upi", "operator_id", "facility_id"]
-    readonly_fields = ["id", "status", "created_at", "updated_at", "published_at", "suspended_at"]
+    list_select_related = ["registration"]
+    readonly_fields = [
+        "id", "status", "created_at", "updated_at", "published_at", "suspended_at", "registration_panel",
+        "events_panel",
+    ]  # fmt: skip
     actions = ["publish_selected", "suspend_selected"]
 
     def get_readonly_fields(self, request, obj=None):
         # The upi is what the registry knows the passport by: fixed once created.
-        return [*self.readonly_fields, "upi"] if obj else self.readonly_fields
+        if obj is None:
+            return ["id", "status", "created_at", "updated_at", "published_at", "suspended_at"]
+        return [*self.readonly_fields, "upi"]
+
+    def get_fields(self, request, obj=None):
+        fields = ["upi", "operator_id", "facility_id", "commodity_code", "data"]
+        if obj is None:
+            return fields
+        return ["id", "status", *fields, "created_at", "published_at", "suspended_at", "registration_panel",
+                "events_panel"]  # fmt: skip
+
+    @admin.display(description="registration", ordering="registration__status")
+    def registration_status(self, passport):
+        reg = getattr(passport, "registration", None)
+        return reg.status if reg else "—"
+
+    @admin.display(description="registration")
+    def registration_panel(self, passport):
+        from registry.models import Registration
+
+        reg = Registration.objects.filter(passport=passport).first()
+        if reg is None:
+            return "None: the passport has not been published on this node."
+        facts = [
+            ("status", reg.get_status_display()),
+            ("operation owed", reg.operation if reg.status == "pending" else "—"),
+            ("attempts", reg.attempts),
+            ("next attempt", reg.next_attempt_at if reg.status in ("pending", "submitted") else "—"),
+            ("correlation id", reg.correlation_id or "—"),
+            ("handle", reg.handle or "—"),
+            ("last error", reg.last_error or "—"),
+            ("note", reg.note or "—"),
+        ]
+        rows = format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", facts)
+        answers = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    a.finished_at.strftime("%Y-%m-%d %H:%M:%S"),
+                    a.operation,
+                    a.outcome,
+                    a.answer,
+                    "late: not written" if a.late else "",
+                )  # fmt: skip
+                for a in reg.attempt_log.order_by("-started_at")[:20]
+            ),
+        )
+        link = reverse("admin:registry_registration_change", args=[reg.pk])
+        return format_html(
+            "<table>{}</table><p><b>The registry's answers</b> (newest first)</p>"
+            "<table><tr><th>when</th><th>asked</th><th>outcome</th><th>answer</th><th></th></tr>{}</table>"
+            '<p><a href="{}">Open the registration</a> (to abandon it or record a handle)</p>',
+            rows,
+            answers or format_html("<tr><td colspan=5>{}</td></tr>", "No attempt yet."),
+            link,
+        )
+
+    @admin.display(description="events and deliveries")
+    def events_panel(self, passport):
+        from outbox.models import Delivery
+
+        deliveries = (
+            Delivery.objects.filter(event__payload__dppId=str(passport.pk))
+            .select_related("event", "consumer")
+            .order_by("-event__created_at")[:50]
+        )
+        rows = format_html_join(
+            "",
+            '<tr><td>{}</td><td>{}</td><td>{}</td><td><a href="{}">{}</a></td><td>{}</td><td>{}</td></tr>',
+            (
+                (
+                    d.event.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                    d.event.type,
+                    d.consumer.name,
+                    reverse("admin:outbox_delivery_change", args=[d.pk]),
+                    d.status,
+                    d.attempts,
+                    d.last_error[:80],
+                )
+                for d in deliveries
+            ),  # fmt: skip
+        )
+        if not rows:
+            return "No events yet."
+        return format_html(
+            "<table><tr><th>event at</th><th>type</th><th>consumer</th><th>delivery</th><th>attempts</th>"
+            "<th>last error</th></tr>{}</table>",
+            rows,
+        )
 
     def has_publish_permission(self, request):
         return request.user.has_perm("odal.publish_passport")
@@ -38,34 +153,46 @@ class PassportAdmin(admin.ModelAdmin):
     def has_suspend_permission(self, request):
         return request.user.has_perm("odal.suspend_passport")
 
-    def _run(self, request, queryset, step, verb):
-        changed, unchanged, refused = 0, 0, []
-        for passport in queryset:
-            try:
-                result = step(passport.pk, actor=actor_of(request))
-            except Refused as exc:
-                refused.append(f"{passport.upi}: {exc.detail}")
-                continue
-            if result.changed:
-                changed += 1
-            else:
-                unchanged += 1
-        total = changed + unchanged + len(refused)
-        self.message_user(
-            request,
-            f"{verb} {changed} of {total} selected; {unchanged} already were.",
-            messages.SUCCESS if changed else messages.WARNING,
-        )
-        for line in refused:
-            self.message_user(request, line, messages.ERROR)
+    def _lifecycle_action(self, request, queryset, step, verb, title, intro):
+        selected = list(queryset)
 
-    @admin.action(description="Publish selected passports", permissions=["publish"])
+        def perform(data):
+            changed, unchanged, refused = 0, 0, []
+            for passport in selected:
+                try:
+                    result = step(passport.pk, actor=actor_of(request), reason=data["reason"])
+                except Refused as exc:
+                    refused.append(f"{passport.upi}: {exc.detail}")
+                    continue
+                changed += result.changed
+                unchanged += not result.changed
+            note = f"; {unchanged} needed no change" if unchanged else ""
+            note += f"; {len(refused)} refused" if refused else ""
+            self.message_user(request, f"{verb} {changed} of {len(selected)} selected{note}.",
+                              messages.SUCCESS if changed else messages.WARNING)  # fmt: skip
+            for line in refused:
+                self.message_user(request, line, messages.ERROR)
+
+        return reason_action(
+            self, request, queryset, title=title, intro=intro, perform=perform, form_class=OptionalReasonForm,
+            rows=[f"{p.upi} ({p.status})" for p in selected],
+        )  # fmt: skip
+
+    @admin.action(description="Publish… (queues registration and events)", permissions=["publish"])
     def publish_selected(self, request, queryset):
-        self._run(request, queryset, lifecycle.publish, "Published")
+        return self._lifecycle_action(
+            request, queryset, lifecycle.publish, "Published", "Publish passports",
+            "Publishing makes each passport public, emits passport.published and owes the registry a "
+            "registration (a rejected or abandoned one is queued afresh).",
+        )  # fmt: skip
 
-    @admin.action(description="Suspend selected passports", permissions=["suspend"])
+    @admin.action(description="Suspend… (withdraws; deactivates registrations)", permissions=["suspend"])
     def suspend_selected(self, request, queryset):
-        self._run(request, queryset, lifecycle.suspend, "Suspended")
+        return self._lifecycle_action(
+            request, queryset, lifecycle.suspend, "Suspended", "Suspend passports",
+            "Suspending withdraws each passport, emits passport.suspended, and withdraws its pending "
+            "registration or owes the registry a deactivation.",
+        )  # fmt: skip
 
 
 @admin.register(AuditEntry)

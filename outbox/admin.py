@@ -8,7 +8,7 @@ from odal.errors import Refused
 from odal.models import AuditEntry
 from outbox.consumers import check_python_target, check_webhook_url
 from outbox.events import check_event_pattern
-from outbox.models import Consumer, Delivery, DeliveryAttempt, Event
+from outbox.models import Consumer, DeadLetter, Delivery, DeliveryAttempt, Event
 
 
 class ConsumerForm(forms.ModelForm):
@@ -100,7 +100,14 @@ class DeliveryAdmin(admin.ModelAdmin):
         "short_error",
     ]
     list_filter = ["status", "consumer", "event__type"]
-    search_fields = ["=id", "=event__id", "consumer__name", "event__type"]
+    search_fields = [
+        "=id",
+        "=event__id",
+        "consumer__name",
+        "event__type",
+        "event__payload__dppId",
+        "event__payload__upi",
+    ]
     list_select_related = ["event", "consumer"]
     readonly_fields = [
         "id", "event", "consumer", "status", "attempts", "max_attempts", "next_attempt_at", "claim_token",
@@ -181,3 +188,40 @@ class EventAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+class ErrorKindFilter(admin.SimpleListFilter):
+    title = "error kind"
+    parameter_name = "error_kind"
+    KINDS = {
+        "http_4xx": ("HTTP 4xx", {"last_error__startswith": "HTTP 4"}),
+        "http_5xx": ("HTTP 5xx", {"last_error__startswith": "HTTP 5"}),
+        "timeout": ("timed out", {"last_error__startswith": "timed out"}),
+        "connection": ("connection error", {"last_error__startswith": "connection error"}),
+        "never_reported": ("never reported", {"last_error__contains": "never reported"}),
+    }
+
+    def lookups(self, request, model_admin):
+        return [(key, label) for key, (label, _) in self.KINDS.items()] + [("other", "raised / other")]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value in self.KINDS:
+            return queryset.filter(**self.KINDS[value][1])
+        if value == "other":
+            for _, lookup in self.KINDS.values():
+                queryset = queryset.exclude(**lookup)
+            return queryset
+        return queryset
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(DeliveryAdmin):
+    """The dead-letter list: dead deliveries, by consumer and kind of error, replayable."""
+
+    list_display = ["id", "event_type", "consumer", "attempts", "dead_at", "short_error"]
+    list_filter = ["consumer", ErrorKindFilter, "event__type"]
+    ordering = ["-dead_at"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(status=Delivery.Status.DEAD)

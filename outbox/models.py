@@ -231,6 +231,15 @@ class Delivery(models.Model):
         return f"{self.event.type} → {self.consumer.name} ({self.status})"
 
 
+class DeadLetter(Delivery):
+    """Dead deliveries, as their own list in the admin (the dead-letter list)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dead letter"
+        verbose_name_plural = "dead letters"
+
+
 class DeliveryAttempt(models.Model):
     """One line of a delivery's attempt log, late writes included. Never changed once written."""
 

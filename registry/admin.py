@@ -5,7 +5,7 @@ from odal.admin import actor_of
 from odal.admin_actions import ReasonForm, reason_action
 from odal.errors import Refused
 from registry import service
-from registry.models import Registration, RegistrationAttempt
+from registry.models import Registration, RegistrationAttempt, StalledRegistration
 
 
 class HandleForm(ReasonForm):
@@ -147,3 +147,16 @@ class RegistrationAdmin(admin.ModelAdmin):
             perform=perform,
             form_class=HandleForm,
         )
+
+
+@admin.register(StalledRegistration)
+class StalledRegistrationAdmin(RegistrationAdmin):
+    """Pending registrations that need a person: many attempts, or owed for over a day."""
+
+    list_display = ["passport", "operation", "attempts", "queued_at", "next_attempt_at", "short_error"]
+    list_filter = ["operation"]
+    ordering = ["-attempts"]
+    actions = ["abandon_selected"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).stalled()

@@ -296,3 +296,12 @@ class RegistrationAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.operation} #{self.number}: {self.outcome}{' (late)' if self.late else ''}"
+
+
+class StalledRegistration(Registration):
+    """Pending registrations that need a person, as their own list in the admin."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "stalled registration"
+        verbose_name_plural = "stalled registrations"

@@ -26,7 +26,17 @@ class ReasonForm(forms.Form):
 
 
 def reason_action(
-    modeladmin, request, queryset, *, title, perform, intro="", rows=None, extra=None, form_class=ReasonForm
+    modeladmin,
+    request,
+    queryset,
+    *,
+    title,
+    perform,
+    intro="",
+    rows=None,
+    headers=None,
+    extra=None,
+    form_class=ReasonForm,
 ):
     """Run `perform(cleaned_data)` on the second pass once the form (a reason, and whatever else
     `form_class` asks) is valid, and return None so the admin goes back to the list; otherwise
@@ -42,6 +52,7 @@ def reason_action(
         "form": form,
         "queryset": queryset,
         "rows": rows if rows is not None else [str(obj) for obj in queryset],
+        "headers": headers,
         "extra": extra or {},
         "opts": modeladmin.model._meta,
         "action": request.POST.get("action", ""),

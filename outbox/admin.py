@@ -168,7 +168,11 @@ class DeliveryAdmin(admin.ModelAdmin):
                 "pending, due now, "
                 "with a fresh attempt budget. The others are left as they are."
             ),
-            rows=[f"{d} — {d.last_error[:120]}" for d in queryset.select_related("event", "consumer")[:50]],
+            headers=["event", "consumer", "status", "attempts", "last error"],
+            rows=[
+                (d.event.type, d.consumer.name, d.status, d.attempts, d.last_error[:120] or "—")
+                for d in queryset.select_related("event", "consumer")[:50]
+            ],
             perform=perform,
         )
 

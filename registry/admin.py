@@ -101,7 +101,11 @@ class RegistrationAdmin(admin.ModelAdmin):
                 "The registry was asked about each one just now. Only a registration it provably never "
                 "accepted is abandoned; it is asked again when you confirm. The passports stay published."
             ),
-            rows=[f"{reg.passport.upi} — {self.registry_answer(reg)}" for reg in selected],
+            headers=["passport (upi)", "status", "attempts", "last error", "what the registry answered"],
+            rows=[
+                (reg.passport.upi, reg.status, reg.attempts, reg.last_error or "—", self.registry_answer(reg))
+                for reg in selected
+            ],
             perform=perform,
         )
 

@@ -58,6 +58,12 @@ def excerpt(text: str) -> str:
 
 
 def call_webhook(consumer, delivery_id, event, client: httpx.Client) -> Outcome:
+    if not settings.ODAL_ALLOW_PRIVATE_WEBHOOKS:
+        # Checked again at delivery time: a name may resolve inside now (DNS rebinding).
+        try:
+            check_webhook_url(consumer.url)
+        except Refused as exc:
+            return Outcome(False, f"not called: {exc.detail}")
     body = webhook_body(event)
     headers = webhook_headers(consumer, delivery_id, body)
     started = time.monotonic()

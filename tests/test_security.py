@@ -1,0 +1,264 @@
+"""The security pass: every API route needs credentials and its scope; tokens are hashed and
+compared in constant time; webhook targets are checked; secrets are never shown or logged
+again; a rolled-back write leaves nothing behind; big bodies get 413."""
+
+import hmac
+import logging
+import uuid
+
+import pytest
+from django.contrib.admin import helpers
+from django.contrib.auth.models import Group
+
+from odal.api import api
+from odal.models import ApiToken
+from outbox.events import emit
+from outbox.sweep import sweep_once
+from tests.factories import (
+    DeadDeliveryFactory,
+    PassportFactory,
+    UserFactory,
+    WebhookConsumerFactory,
+    backed_off_registration,
+)
+from tests.webhook_server import WebhookServer
+
+pytestmark = pytest.mark.django_db
+
+# Every operation of the API and the scope it needs. A route missing here fails the test, so a
+# new route cannot ship without deciding who may call it.
+SCOPES = {
+    ("POST", "/vault/api/v1/dpp"): "write",
+    ("GET", "/vault/api/v1/dpp/{dppId}"): "read",
+    ("POST", "/vault/api/v1/dpp/{dppId}/publish"): "write",
+    ("POST", "/vault/api/v1/dpp/{dppId}/suspend"): "write",
+    ("GET", "/vault/api/v1/dpp/{dppId}/registry"): "read",
+    ("POST", "/vault/api/v1/dpp/{dppId}/registry/abandon"): "admin",
+    ("POST", "/vault/api/v1/dpp/{dppId}/registry/handle"): "admin",
+    ("GET", "/vault/api/v1/registry"): "read",
+    ("POST", "/vault/api/v1/events"): "write",
+    ("POST", "/vault/api/v1/outbox/consumers"): "admin",
+    ("GET", "/vault/api/v1/outbox"): "read",
+    ("GET", "/vault/api/v1/outbox/deliveries"): "read",
+    ("GET", "/vault/api/v1/outbox/deliveries/{deliveryId}"): "read",
+    ("POST", "/vault/api/v1/outbox/deliveries/{deliveryId}/replay"): "admin",
+    ("POST", "/vault/api/v1/outbox/replay"): "admin",
+}
+LOWER = {"read": None, "write": "read", "admin": "write"}
+
+
+def operations():
+    schema = api.get_openapi_schema()
+    for path, methods in schema["paths"].items():
+        for method in methods:
+            yield method.upper(), path
+
+
+def test_the_scope_table_covers_every_operation():
+    assert set(operations()) == set(SCOPES)
+
+
+def concrete(path: str) -> str:
+    return path.replace("{dppId}", str(uuid.uuid4())).replace("{deliveryId}", str(uuid.uuid4()))
+
+
+def call(client, method, path, token=None):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if method == "GET":
+        return client.get(concrete(path), headers=headers)
+    return client.post(concrete(path), {}, content_type="application/json", headers=headers)
+
+
+@pytest.mark.parametrize("method, path", sorted(SCOPES))
+def test_every_route_refuses_without_credentials(client, method, path):
+    response = call(client, method, path)
+    assert response.status_code == 401, f"{method} {path} answered {response.status_code} without credentials"
+    assert response.json()["code"] == "unauthenticated"
+
+
+@pytest.mark.parametrize("method, path", sorted(SCOPES))
+def test_every_route_refuses_a_revoked_token(client, method, path):
+    token, plaintext = ApiToken.objects.issue(name="old", scope="admin")
+    ApiToken.objects.filter(pk=token.pk).revoke()
+    assert call(client, method, path, plaintext).status_code == 401
+
+
+@pytest.mark.parametrize("method, path", sorted(k for k, v in SCOPES.items() if LOWER[v]))
+def test_every_route_refuses_a_token_without_its_scope(client, method, path):
+    _, plaintext = ApiToken.objects.issue(name="weak", scope=LOWER[SCOPES[(method, path)]])
+    response = call(client, method, path, plaintext)
+    assert response.status_code == 403, f"{method} {path} answered {response.status_code} to a weaker scope"
+    assert response.json()["requiredScope"] == SCOPES[(method, path)]
+
+
+@pytest.mark.parametrize("method, path", sorted(SCOPES))
+def test_every_route_accepts_its_scope(client, method, path):
+    _, plaintext = ApiToken.objects.issue(name="right", scope=SCOPES[(method, path)])
+    assert call(client, method, path, plaintext).status_code not in (401, 403)
+
+
+def test_tokens_are_compared_in_constant_time(monkeypatch):
+    calls = []
+    real = hmac.compare_digest
+
+    def spy(a, b):
+        calls.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", spy)
+    token, plaintext = ApiToken.objects.issue(name="t", scope="read")
+    assert ApiToken.objects.authenticate(plaintext) == token
+    assert ApiToken.objects.authenticate(plaintext[:-2] + "xx") is None
+    assert len(calls) == 2 and all(a == token.secret_hash for a, _ in calls)
+
+
+# -- admin actions: who may do what ------------------------------------------------------------------
+
+MATRIX = [
+    # (list, action, row kind) -> Operators may, Viewers and plain staff may not
+    ("/admin/outbox/deadletter/", "replay_selected", "dead"),
+    ("/admin/registry/registration/", "abandon_selected", "registration"),
+    ("/admin/registry/registration/", "record_handle_selected", "submitted"),
+    ("/admin/odal/passport/", "suspend_selected", "passport"),
+]
+
+
+def a_row(kind):
+    if kind == "dead":
+        return DeadDeliveryFactory()
+    if kind == "registration":
+        return backed_off_registration()
+    if kind == "submitted":
+        return backed_off_registration(status="submitted")
+    return PassportFactory(status="published")
+
+
+def state_of(row):
+    row.refresh_from_db()
+    return row.status
+
+
+@pytest.mark.parametrize("url, action, kind", MATRIX)
+@pytest.mark.parametrize("who", ["Viewers", "plain staff"])
+def test_admin_actions_refuse_viewers_and_plain_staff(client, registry_sim, url, action, kind, who):
+    user = UserFactory()
+    if who != "plain staff":
+        user.groups.add(Group.objects.get(name=who))
+    client.force_login(user)
+    row = a_row(kind)
+    before = state_of(row)
+    client.post(url, {"action": action, "post": "yes", "reason": "x", "handle": "h-1",
+                      helpers.ACTION_CHECKBOX_NAME: [str(row.pk)]})  # fmt: skip
+    assert state_of(row) == before
+
+
+@pytest.mark.parametrize("url, action, kind", MATRIX[:3])
+def test_operators_may_replay_abandon_and_record_handles(client, registry_sim, url, action, kind):
+    user = UserFactory()
+    user.groups.add(Group.objects.get(name="Operators"))
+    client.force_login(user)
+    row = a_row(kind)
+    before = state_of(row)
+    client.post(url, {"action": action, "post": "yes", "reason": "x", "handle": "h-1",
+                      helpers.ACTION_CHECKBOX_NAME: [str(row.pk)]})  # fmt: skip
+    assert state_of(row) != before
+
+
+def test_operators_may_not_suspend_passports(client):
+    user = UserFactory()
+    user.groups.add(Group.objects.get(name="Operators"))
+    client.force_login(user)
+    passport = PassportFactory(status="published")
+    client.post("/admin/odal/passport/", {"action": "suspend_selected", "post": "yes",
+                                          helpers.ACTION_CHECKBOX_NAME: [str(passport.pk)]})  # fmt: skip
+    assert state_of(passport) == "published"
+
+
+# -- secrets -----------------------------------------------------------------------------------------
+
+
+def test_consumer_secrets_are_never_logged_or_shown_again(api_as, admin_client, caplog):
+    caplog.set_level(logging.DEBUG)
+    created = (
+        api_as("admin")
+        .post("outbox/consumers", {"name": "hooks", "kind": "webhook", "url": "http://127.0.0.1:9/h"})
+        .json()
+    )
+    secret = created["secret"]
+    with WebhookServer(script=[500]) as server:
+        consumer = WebhookConsumerFactory(url=server.url)
+        emit("passport.published", {})
+        sweep_once()
+    shown = [
+        api_as("admin").get("outbox").content,
+        api_as("admin").get("outbox/deliveries").content,
+        admin_client.get(f"/admin/outbox/consumer/{created['id']}/change/").content,
+        admin_client.get("/admin/outbox/consumer/").content,
+    ]
+    for body in shown:
+        assert secret.encode() not in body and consumer.secret.encode() not in body
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert secret not in logged and consumer.secret not in logged
+
+
+def test_an_api_token_is_not_stored_or_shown_in_the_admin(admin_client):
+    token, plaintext = ApiToken.objects.issue(name="ci", scope="admin")
+    secret_part = plaintext.split("_", 2)[2]
+    page = admin_client.get("/admin/odal/apitoken/").content.decode()
+    assert secret_part not in page and token.prefix in page
+
+
+# -- webhook targets ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url", ["file:///etc/passwd", "gopher://x.example.eu/", "javascript:alert(1)", "//x.example.eu"]
+)
+def test_webhook_urls_must_be_http(api_as, url):
+    response = api_as("admin").post("outbox/consumers", {"name": "x", "kind": "webhook", "url": url})
+    assert response.status_code == 422
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1/", "http://[::1]/", "http://10.0.0.8/", "http://192.168.1.1/", "http://172.16.0.1/",
+     "http://169.254.169.254/", "http://localhost:8000/"],
+)  # fmt: skip
+def test_internal_webhook_targets_are_refused_in_production_unless_allowed(api_as, settings, url):
+    settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = False
+    response = api_as("admin").post("outbox/consumers", {"name": "x", "kind": "webhook", "url": url})
+    assert response.status_code == 422 and response.json()["code"] == "private_webhook_target"
+    settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = True
+    assert (
+        api_as("admin").post("outbox/consumers", {"name": "x", "kind": "webhook", "url": url}).status_code
+        == 201
+    )
+
+
+def test_a_webhook_that_now_resolves_inside_is_not_called_in_production(settings):
+    """Checked again at delivery time: a name that resolved outside when it was configured may
+    point inside later (DNS rebinding)."""
+    with WebhookServer() as server:
+        WebhookConsumerFactory(url=server.url)
+        emit("passport.published", {})
+        settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = False
+        sweep_once()
+    assert server.received == []
+    from outbox.models import Delivery
+
+    assert "internal address" in Delivery.objects.get().last_error
+
+
+def test_production_mode_refuses_private_webhooks_by_default():
+    import subprocess
+    import sys
+
+    code = "import django; django.setup(); from django.conf import settings; print(settings.ODAL_ALLOW_PRIVATE_WEBHOOKS)"
+    env = {
+        "ODAL_ENV": "production",
+        "SECRET_KEY": "k" * 50,
+        "PATH": "/usr/bin:/bin",
+        "DJANGO_SETTINGS_MODULE": "odal.settings",
+    }
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stderr

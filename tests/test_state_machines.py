@@ -1,0 +1,348 @@
+"""Property-based state machines (hypothesis) of the Delivery and Registration lifecycles against
+PostgreSQL: random interleavings of claims, hold expiry, current and late terminal writes,
+replay, publish, suspend, abandon and record-handle, with the invariants checked after every
+step. The clock is simulated (timezone.now is the machine's clock) so holds expire on demand;
+the real-time races are in test_outbox_claims.py and test_outbox_sweep.py."""
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from unittest import mock
+
+import pytest
+from django.utils import timezone
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from odal import lifecycle
+from odal.errors import Refused
+from odal.models import AuditEntry, Passport
+from outbox.models import Consumer, Delivery, Event
+from registry import adapters, service
+from registry.models import Registration
+from tests.factories import ConsumerFactory, DeliveryFactory, PassportFactory
+
+pytestmark = pytest.mark.django_db
+
+HOLD = 300
+MAX_ATTEMPTS = 3
+MACHINE_SETTINGS = settings(
+    max_examples=25,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+
+class Clock:
+    def __init__(self):
+        self.now = timezone.now().replace(microsecond=0)
+        self.patch = mock.patch("django.utils.timezone.now", lambda: self.now)
+        self.patch.start()
+
+    def advance(self, seconds: int):
+        self.now += timedelta(seconds=seconds)
+
+    def stop(self):
+        self.patch.stop()
+
+
+# -- deliveries ------------------------------------------------------------------------------------
+
+
+@dataclass
+class DeliveryModel:
+    status: str = "pending"
+    attempts: int = 0
+    token: uuid.UUID | None = None
+    next_attempt_at: object = None
+    stale: list = field(default_factory=list)
+
+
+class DeliveryMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        Delivery.objects.all().delete()
+        Event.objects.all().delete()
+        Consumer.objects.all().delete()
+        self.clock = Clock()
+        consumer = ConsumerFactory(max_attempts=MAX_ATTEMPTS)
+        self.rows = [DeliveryFactory(consumer=consumer, next_attempt_at=self.clock.now) for _ in range(2)]
+        self.model = {row.pk: DeliveryModel(next_attempt_at=self.clock.now) for row in self.rows}
+        self.audit_base = AuditEntry.objects.filter(action="delivery_replayed").count()
+        self.replays = 0
+        self.late_refused = 0
+
+    def teardown(self):
+        self.clock.stop()
+
+    def due(self, m: DeliveryModel) -> bool:
+        return m.status == "pending" and m.next_attempt_at <= self.clock.now
+
+    @rule(seconds=st.sampled_from([0, 1, 30, HOLD + 1, 2 * HOLD]))
+    def time_passes(self, seconds):
+        self.clock.advance(seconds)
+
+    @rule()
+    def claim(self):
+        expected = {pk for pk, m in self.model.items() if self.due(m) and m.attempts < MAX_ATTEMPTS}
+        claim = Delivery.objects.claim(limit=10, hold_seconds=HOLD)
+        assert {row.pk for row in claim.rows} == expected
+        for row in claim.rows:
+            m = self.model[row.pk]
+            if m.token:
+                m.stale.append(m.token)
+            m.token, m.attempts = claim.token, m.attempts + 1
+            m.next_attempt_at = self.clock.now + timedelta(seconds=HOLD)
+            assert row.attempts == m.attempts
+
+    @rule(i=st.integers(0, 1), ok=st.booleans(), late=st.booleans(), backoff=st.sampled_from([0, 10, 600]))
+    def attempt_reports(self, i, ok, late, backoff):
+        pk = self.rows[i].pk
+        m = self.model[pk]
+        token = (m.stale[-1] if m.stale else uuid.uuid4()) if late or not m.token else m.token
+        rows = Delivery.objects.filter(pk=pk)
+        retry_at = self.clock.now + timedelta(seconds=backoff)
+        took = (
+            rows.mark_delivered(token=token, at=self.clock.now)
+            if ok
+            else rows.mark_attempt_failed(token=token, error="boom", retry_at=retry_at, at=self.clock.now)
+        )
+        assert took == (m.status == "pending" and token == m.token)
+        if not took:
+            self.late_refused += 1
+            return
+        m.stale.append(m.token)
+        m.token = None
+        if ok:
+            m.status = "delivered"
+        else:
+            m.status = "dead" if m.attempts >= MAX_ATTEMPTS else "pending"
+            m.next_attempt_at = retry_at
+
+    @rule()
+    def sweep_dead_letters(self):
+        expected = [pk for pk, m in self.model.items() if self.due(m) and m.attempts >= MAX_ATTEMPTS]
+        assert Delivery.objects.dead_letter_exhausted(now=self.clock.now) == len(expected)
+        for pk in expected:
+            m = self.model[pk]
+            m.status, m.token = "dead", None
+
+    @rule(i=st.integers(0, 1))
+    def person_replays(self, i):
+        pk = self.rows[i].pk
+        m = self.model[pk]
+        taken = Delivery.objects.filter(pk=pk).replay(actor="user:ops", reason="consumer fixed")
+        assert taken == (1 if m.status == "dead" else 0)
+        if taken:
+            self.replays += 1
+            m.status, m.attempts, m.token, m.next_attempt_at = "pending", 0, None, self.clock.now
+
+    @invariant()
+    def database_matches_the_model(self):
+        for row in Delivery.objects.filter(pk__in=self.model):
+            m = self.model[row.pk]
+            assert (row.status, row.attempts, row.claim_token) == (m.status, m.attempts, m.token)
+            assert row.attempts <= MAX_ATTEMPTS
+            if row.status == "delivered":
+                assert row.delivered_at is not None and row.claim_token is None
+
+    @invariant()
+    def one_audit_entry_per_replay(self):
+        assert AuditEntry.objects.filter(action="delivery_replayed").count() == self.audit_base + self.replays
+
+
+def test_delivery_lifecycle_state_machine():
+    run_state_machine_as_test(DeliveryMachine, settings=MACHINE_SETTINGS)
+
+
+# -- registrations ---------------------------------------------------------------------------------
+
+
+class HoldsNothing:
+    """A registry whose task list, read in full, holds nothing for the UPI."""
+
+    def find_submission(self, upi):
+        return adapters.NotFound(exhaustive=True)
+
+    def close(self):
+        pass
+
+
+DRAIN_WRITES = [
+    "mark_submitted", "mark_submitted_noting", "mark_registered", "mark_rejected", "mark_deactivated",
+    "mark_withdrawn", "mark_checked", "mark_attempt_failed",
+]  # fmt: skip
+
+
+class RegistrationMachine(RuleBasedStateMachine):
+    def __init__(self, settings_override=None):
+        super().__init__()
+        Registration.objects.all().delete()
+        self.clock = Clock()
+        self.passport = PassportFactory()
+        self.tokens: list[uuid.UUID] = []  # every claim token ever handed out, newest last
+        self.abandons = 0
+        self.handles = 0
+        self.audit_base = AuditEntry.objects.filter(
+            action__in=["registry_abandoned", "registry_handle_recorded"]
+        ).count()
+        self.was_abandoned = False
+        self.published_since = False
+
+    def teardown(self):
+        self.clock.stop()
+
+    @initialize()
+    def published(self):
+        lifecycle.publish(self.passport.pk, actor="user:ops")
+
+    def reg(self) -> Registration | None:
+        return Registration.objects.filter(passport=self.passport).first()
+
+    @rule(seconds=st.sampled_from([0, 1, 30, HOLD + 1]))
+    def time_passes(self, seconds):
+        self.clock.advance(seconds)
+
+    @rule()
+    def publish(self):
+        lifecycle.publish(self.passport.pk, actor="user:ops")
+        self.published_since = True
+
+    @rule()
+    def suspend(self):
+        try:
+            lifecycle.suspend(self.passport.pk, actor="user:ops")
+        except Refused as exc:
+            assert exc.code == "passport_is_draft"
+
+    @rule()
+    def drain_claims(self):
+        claim = Registration.objects.claim(limit=5, hold_seconds=HOLD)
+        if claim.rows:
+            self.tokens.append(claim.token)
+
+    @rule(write=st.sampled_from(DRAIN_WRITES), backoff=st.sampled_from([0, 60]))
+    def drain_attempt(self, write, backoff):
+        """A whole drain attempt: claim if due, then report with this claim's token."""
+        self.drain_claims()
+        if self.tokens:
+            self.drain_reports(write, late=False, backoff=backoff)
+
+    @precondition(lambda self: self.tokens)
+    @rule(write=st.sampled_from(DRAIN_WRITES), late=st.booleans(), backoff=st.sampled_from([0, 60]))
+    def drain_reports(self, write, late, backoff):
+        reg = self.reg()
+        if reg is None:
+            return
+        token = self.tokens[0] if late else self.tokens[-1]
+        before = Registration.objects.filter(pk=reg.pk).values().get()
+        rows = Registration.objects.filter(pk=reg.pk)
+        now = self.clock.now
+        took = {
+            "mark_submitted": lambda: rows.mark_submitted(
+                token=token, correlation_id="req-1", next_check_at=now
+            ),
+            "mark_submitted_noting": lambda: rows.mark_submitted_noting(
+                token=token, correlation_id="req-1", note="dup", next_check_at=now
+            ),
+            "mark_registered": lambda: rows.mark_registered(token=token, handle="reg-1"),
+            "mark_rejected": lambda: rows.mark_rejected(token=token, errors="no"),
+            "mark_deactivated": lambda: rows.mark_deactivated(token=token),
+            "mark_withdrawn": lambda: rows.mark_withdrawn(token=token),
+            "mark_checked": lambda: rows.mark_checked(token=token, next_check_at=now + timedelta(seconds=5)),
+            "mark_attempt_failed": lambda: rows.mark_attempt_failed(
+                token=token, error="503", retry_at=now + timedelta(seconds=backoff)
+            ),
+        }[write]()
+        if before["claim_token"] != token or before["status"] in ("abandoned", "registered", "rejected",
+                                                                   "suspended", "deactivated"):  # fmt: skip
+            assert not took, f"{write} took a row it does not hold: {before}"
+        if not took:
+            assert Registration.objects.filter(pk=reg.pk).values().get() == before
+
+    @rule()
+    def person_abandons(self):
+        reg = self.reg()
+        if reg is None:
+            return
+        before = Registration.objects.filter(pk=reg.pk).values().get()
+        try:
+            result = service.abandon(
+                self.passport.pk, actor="user:ops", reason="gone", adapter=HoldsNothing()
+            )
+        except Refused:
+            assert Registration.objects.filter(pk=reg.pk).values().get() == before
+            return
+        if not result.already_abandoned:
+            self.abandons += 1
+            assert before["status"] == "pending" and before["operation"] == "register"
+            assert before["attempts"] >= 1 and before["claim_token"] is None
+            assert before["next_attempt_at"] > self.clock.now
+            self.was_abandoned, self.published_since = True, False
+
+    @rule()
+    def abandon_update_races_the_drain(self):
+        """The conditional update alone, as it lands when the row changed after abandon's checks:
+        it must take the row only if every condition still holds."""
+        reg = self.reg()
+        if reg is None:
+            return
+        b = Registration.objects.filter(pk=reg.pk).values().get()
+        took = Registration.objects.filter(pk=reg.pk).abandon(
+            actor="user:ops", reason="gone", now=self.clock.now
+        )
+        allowed = (
+            b["status"] == "pending" and b["operation"] == "register" and b["attempts"] >= 1
+            and b["next_attempt_at"] > self.clock.now and b["claim_token"] is None
+        )  # fmt: skip
+        assert took == allowed, f"abandon's update took={took} on {b}"
+        if took:
+            self.was_abandoned, self.published_since = True, False
+
+    @rule()
+    def person_records_handle(self):
+        try:
+            service.record_handle(self.passport.pk, handle="reg-9", actor="user:ops", reason="portal")
+        except Refused:
+            return
+        self.handles += 1
+
+    @invariant()
+    def abandoned_stays_abandoned_until_published_again(self):
+        reg = self.reg()
+        if self.was_abandoned and not self.published_since:
+            assert reg.status == "abandoned"
+
+    @invariant()
+    def audit_only_for_writes_that_took(self):
+        trail = AuditEntry.objects.filter(
+            action__in=["registry_abandoned", "registry_handle_recorded"]
+        ).count()
+        assert trail == self.audit_base + self.abandons + self.handles
+
+    @invariant()
+    def passport_and_registration_agree(self):
+        reg = self.reg()
+        if reg is None:
+            return
+        passport = Passport.objects.get(pk=self.passport.pk)
+        assert reg.status in Registration.Status.values
+        if reg.status == "abandoned":
+            assert passport.status in ("published", "suspended") and reg.note.startswith(
+                "abandoned by user:ops"
+            )
+
+
+def test_registration_lifecycle_state_machine():
+    run_state_machine_as_test(
+        RegistrationMachine, settings=settings(MACHINE_SETTINGS, max_examples=40, stateful_step_count=40)
+    )

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test lint format openapi clean mutations
+.PHONY: run test lint format openapi clean mutations fuzz torture
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,3 +42,9 @@ clean:
 
 mutations: $(VENV)/.installed-test
 	$(BIN)/python tests/pg.py -- $(BIN)/python tests/mutations.py
+
+fuzz: $(VENV)/.installed-test
+	ODAL_FUZZ_EXAMPLES=100 ODAL_TEST_DATABASE=test_odal_fuzz $(BIN)/python tests/pg.py -- $(BIN)/pytest -q tests/test_fuzz.py
+
+torture: $(VENV)/.installed-test
+	$(BIN)/python tests/pg.py -- $(BIN)/python tests/torture.py --seconds 90 --registry-seconds 60 --json var/torture.json

@@ -15,7 +15,7 @@ from odal.auth import READ, WRITE
 from odal.errors import Refused
 from odal.middleware import body_too_large
 from odal.models import AuditEntry, Passport
-from odal.schemas import Error, check_text, check_upi
+from odal.schemas import check_text, check_upi, responses
 from outbox.api import router as outbox_router
 from registry.api import router as registry_router
 from registry.models import Registration
@@ -75,7 +75,11 @@ def on_not_found(request, exc):
 
 @api.exception_handler(HttpError)
 def on_http_error(request, exc: HttpError):
-    return api.create_response(request, {"detail": str(exc), "code": "http_error"}, status=exc.status_code)
+    if exc.status_code == 400:  # django-ninja's "Cannot parse request body"
+        body = {"detail": "The request body is not valid JSON.", "code": "malformed_body"}
+    else:
+        body = {"detail": str(exc), "code": "http_error"}
+    return api.create_response(request, body, status=exc.status_code)
 
 
 @api.exception_handler(RequestDataTooBig)
@@ -158,7 +162,7 @@ def registration_summary(passport: Passport) -> dict | None:
     return registration_json(reg) if reg else None
 
 
-@passports.post("dpp", auth=WRITE, response={201: PassportOut, 409: Error, 422: Error})
+@passports.post("dpp", auth=WRITE, response=responses({201: PassportOut}, 409, body=True))
 def create_passport(request, payload: PassportIn):
     """Create a draft passport."""
     if Passport.objects.filter(upi=payload.upi).exists():
@@ -178,7 +182,7 @@ def create_passport(request, payload: PassportIn):
     return Status(201, passport_json(passport))
 
 
-@passports.get("dpp/{dppId}", auth=READ, response={200: PassportOut, 404: Error, 422: Error})
+@passports.get("dpp/{dppId}", auth=READ, response=responses({200: PassportOut}, 404))
 def get_passport(request, dppId: uuid.UUID):
     """A passport with its registration summary."""
     passport = Passport.objects.filter(pk=dppId).first()
@@ -187,14 +191,18 @@ def get_passport(request, dppId: uuid.UUID):
     return passport_json(passport)
 
 
-@passports.post("dpp/{dppId}/publish", auth=WRITE, response={200: LifecycleOut, 404: Error})
+@passports.post(
+    "dpp/{dppId}/publish", auth=WRITE, response=responses({200: LifecycleOut}, 404, 409, body=True)
+)
 def publish_passport(request, dppId: uuid.UUID):
     """Publish a draft or suspended passport. Publishing a published one changes nothing."""
     result = lifecycle.publish(dppId, actor=request.auth.actor)
     return {**passport_json(result.passport), "changed": result.changed, "detail": result.detail}
 
 
-@passports.post("dpp/{dppId}/suspend", auth=WRITE, response={200: LifecycleOut, 404: Error, 409: Error})
+@passports.post(
+    "dpp/{dppId}/suspend", auth=WRITE, response=responses({200: LifecycleOut}, 404, 409, body=True)
+)
 def suspend_passport(request, dppId: uuid.UUID):
     """Suspend (withdraw) a published passport."""
     result = lifecycle.suspend(dppId, actor=request.auth.actor)

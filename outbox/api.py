@@ -14,7 +14,7 @@ from pydantic import field_validator
 from odal.auth import ADMIN, READ, WRITE
 from odal.errors import Refused
 from odal.models import AuditEntry
-from odal.schemas import Error
+from odal.schemas import responses
 from outbox.consumers import check_python_target, check_webhook_url
 from outbox.events import check_event_pattern, emit
 from outbox.models import Consumer, Delivery
@@ -261,14 +261,14 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
 # -- routes ------------------------------------------------------------------------------------------
 
 
-@router.post("events", auth=WRITE, response={201: EventOut, 422: Error})
+@router.post("events", auth=WRITE, response=responses({201: EventOut}, body=True))
 def post_event(request, payload: EventIn):
     """Emit an event: one delivery per active consumer that subscribes to its type."""
     event, deliveries = emit(payload.type, payload.payload)
     return Status(201, {"id": event.pk, "type": event.type, "deliveries": deliveries})
 
 
-@router.post("outbox/consumers", auth=ADMIN, response={201: ConsumerOut, 409: Error, 422: Error})
+@router.post("outbox/consumers", auth=ADMIN, response=responses({201: ConsumerOut}, 409, body=True))
 def post_consumer(request, payload: ConsumerIn):
     """Add a consumer. The response carries its signing secret, shown this once."""
     consumer = create_consumer(
@@ -298,13 +298,13 @@ def post_consumer(request, payload: ConsumerIn):
     )
 
 
-@router.get("outbox", auth=READ, response=OutboxCountsOut)
+@router.get("outbox", auth=READ, response=responses({200: OutboxCountsOut}))
 def get_outbox(request):
     """Deliveries per status, overall and per consumer."""
     return outbox_counts()
 
 
-@router.get("outbox/deliveries", auth=READ, response={200: DeliveryPage, 422: Error})
+@router.get("outbox/deliveries", auth=READ, response=responses({200: DeliveryPage}))
 def list_deliveries(
     request,
     status: str | None = None,
@@ -346,7 +346,7 @@ def get_delivery_or_404(delivery_id) -> Delivery:
     return delivery
 
 
-@router.get("outbox/deliveries/{deliveryId}", auth=READ, response={200: DeliveryDetailOut, 404: Error})
+@router.get("outbox/deliveries/{deliveryId}", auth=READ, response=responses({200: DeliveryDetailOut}, 404))
 def get_delivery(request, deliveryId: uuid.UUID):
     """One delivery with its attempt log (late attempts included)."""
     return delivery_detail_json(get_delivery_or_404(deliveryId))
@@ -355,7 +355,7 @@ def get_delivery(request, deliveryId: uuid.UUID):
 @router.post(
     "outbox/deliveries/{deliveryId}/replay",
     auth=ADMIN,
-    response={200: DeliveryDetailOut, 404: Error, 409: Error},
+    response=responses({200: DeliveryDetailOut}, 404, 409, body=True),
 )
 def replay_delivery(request, deliveryId: uuid.UUID, payload: ReasonIn):
     """Replay a dead delivery: pending, due now, with a fresh attempt budget. Reason required."""
@@ -369,7 +369,7 @@ def replay_delivery(request, deliveryId: uuid.UUID, payload: ReasonIn):
     return delivery_detail_json(get_delivery_or_404(deliveryId))
 
 
-@router.post("outbox/replay", auth=ADMIN, response={200: BulkReplayOut, 422: Error})
+@router.post("outbox/replay", auth=ADMIN, response=responses({200: BulkReplayOut}, 409, body=True))
 def replay_by_filter(request, payload: BulkReplayIn):
     """Replay every dead delivery matching the filter, with one reason. `dryRun` only counts."""
     rows = deliveries_matching(

@@ -6,7 +6,7 @@ from datetime import datetime
 from ninja import Router, Schema
 
 from odal.auth import ADMIN, READ
-from odal.schemas import Error
+from odal.schemas import Error, responses
 from registry import service
 from registry.models import RegistrationAttempt
 
@@ -88,7 +88,7 @@ def with_log(reg) -> dict:
     }
 
 
-@router.get("dpp/{dppId}/registry", auth=READ, response={200: RegistrationOut, 404: Error, 422: Error})
+@router.get("dpp/{dppId}/registry", auth=READ, response=responses({200: RegistrationOut}, 404))
 def get_registration(request, dppId: uuid.UUID):
     """The passport's registration and the registry's answers so far."""
     return with_log(service.registration_for(dppId))
@@ -97,7 +97,7 @@ def get_registration(request, dppId: uuid.UUID):
 @router.post(
     "dpp/{dppId}/registry/abandon",
     auth=ADMIN,
-    response={200: AbandonOut, 404: Error, 409: AbandonRefusal, 422: Error, 501: Error, 502: Error},
+    response={**responses({200: AbandonOut}, 404, 501, 502, body=True), 409: AbandonRefusal},
 )
 def abandon_registration(request, dppId: uuid.UUID, payload: AbandonIn):
     """Give up a registration the registry provably never accepted. Checked in this order:
@@ -113,7 +113,7 @@ def abandon_registration(request, dppId: uuid.UUID, payload: AbandonIn):
 @router.post(
     "dpp/{dppId}/registry/handle",
     auth=ADMIN,
-    response={200: RegistrationOut, 404: Error, 409: Error, 422: Error},
+    response=responses({200: RegistrationOut}, 404, 409, body=True),
 )
 def record_handle(request, dppId: uuid.UUID, payload: HandleIn):
     """Record by hand the registry handle of a submitted registration (-> registered)."""
@@ -121,7 +121,7 @@ def record_handle(request, dppId: uuid.UUID, payload: HandleIn):
     return with_log(reg)
 
 
-@router.get("registry", auth=READ, response=RegistryCountsOut)
+@router.get("registry", auth=READ, response=responses({200: RegistryCountsOut}))
 def get_registry_counts(request):
     """Registrations per status; `stalled` counts pending rows that need a person (abandoned rows
     are counted apart, never as stalled)."""

@@ -25,6 +25,7 @@ DUPLICATE_UPI with the held requestId.
 
 import json
 import re
+import sys
 import threading
 import time
 import uuid
@@ -217,7 +218,13 @@ def make_server(host: str = "127.0.0.1", port: int = 8100, *, token: str, faults
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+
+        def handle_error(self, request, client_address):
+            if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that hung up is no news
+                super().handle_error(request, client_address)
+
+    server = Server((host, port), Handler)
     server.state = state
     return server

@@ -72,3 +72,11 @@ def registry_sim(settings):
     yield server.state
     server.shutdown()
     server.server_close()
+
+
+def pytest_terminal_summary(terminalreporter):
+    import sys
+
+    fuzz = sys.modules.get("tests.test_fuzz")
+    for line in fuzz.fuzz_summary() if fuzz else []:
+        terminalreporter.write_line(line)

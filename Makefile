@@ -47,4 +47,4 @@ fuzz: $(VENV)/.installed-test
 	ODAL_FUZZ_EXAMPLES=100 ODAL_TEST_DATABASE=test_odal_fuzz $(BIN)/python tests/pg.py -- $(BIN)/pytest -q tests/test_fuzz.py
 
 torture: $(VENV)/.installed-test
-	$(BIN)/python tests/pg.py -- $(BIN)/python tests/torture.py --seconds 90 --registry-seconds 60 --json var/torture.json
+	$(BIN)/python tests/pg.py -- $(BIN)/python tests/torture.py --events 700 --seconds 120 --registry-seconds 60 --json var/torture.json

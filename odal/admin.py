@@ -19,6 +19,35 @@ admin.site.index_title = "Passports, registry and event outbox"
 URL_FORMFIELDS = {models.URLField: {"assume_scheme": "https"}}
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """History and outbox rows: viewable, changed only through their actions (if any)."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class ReadOnlyInline(admin.TabularInline):
+    """An attempt log under its row: every field shown, nothing added, changed or deleted."""
+
+    extra = 0
+    can_delete = False
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
 def actor_of(request) -> str:
     return f"user:{request.user.get_username()}"
 
@@ -196,7 +225,7 @@ class PassportAdmin(admin.ModelAdmin):
 
 
 @admin.register(AuditEntry)
-class AuditEntryAdmin(admin.ModelAdmin):
+class AuditEntryAdmin(ReadOnlyAdmin):
     list_display = ["at", "actor", "action", "object_link", "reason"]
     list_filter = ["action", "actor"]
     search_fields = ["=object_id", "actor", "reason"]
@@ -218,15 +247,6 @@ class AuditEntryAdmin(admin.ModelAdmin):
                 entry.object_id,
             )
         return f"{entry.object_type} {entry.object_id}".strip()
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(ApiToken)

@@ -1,5 +1,6 @@
 """Small helpers shared by odal's management commands."""
 
+import signal
 import uuid
 
 from django.core.management.base import CommandError
@@ -16,6 +17,19 @@ def subcommands(parser, dest: str = "action"):
 def refused(exc: Refused) -> CommandError:
     """A refusal as the command's error: its sentence on stderr, its exit code (1, or 3 to retry)."""
     return CommandError(exc.detail, returncode=exc.exit_code)
+
+
+def run_until_signalled(forever, **options):
+    """Run a worker loop (`forever(should_stop=…, **options)`) until SIGINT or SIGTERM; the
+    current pass finishes first. Returns what the loop returns."""
+    stop = {"now": False}
+
+    def on_signal(signum, frame):
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return forever(should_stop=lambda: stop["now"], **options)
 
 
 def parse_uuid(value: str, what: str = "passport id") -> uuid.UUID:

@@ -2,7 +2,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
 
-from odal.admin import URL_FORMFIELDS, actor_of
+from odal.admin import URL_FORMFIELDS, ReadOnlyAdmin, ReadOnlyInline, actor_of
 from odal.admin_actions import reason_action
 from odal.errors import Refused
 from odal.models import AuditEntry
@@ -72,23 +72,14 @@ class ConsumerAdmin(admin.ModelAdmin):
             )
 
 
-class AttemptInline(admin.TabularInline):
+class AttemptInline(ReadOnlyInline):
     model = DeliveryAttempt
     fields = ["number", "started_at", "finished_at", "outcome", "http_status", "duration_ms", "late", "error"]
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
     ordering = ["started_at", "id"]
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(Delivery)
-class DeliveryAdmin(admin.ModelAdmin):
+class DeliveryAdmin(ReadOnlyAdmin):
     list_display = [
         "id",
         "event_type",
@@ -129,16 +120,6 @@ class DeliveryAdmin(admin.ModelAdmin):
     def payload(self, delivery):
         return delivery.event.payload
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        # Viewable by anyone with view permission; changed only through the actions.
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
     def has_replay_permission(self, request):
         return request.user.has_perm("outbox.replay_delivery")
 
@@ -178,20 +159,11 @@ class DeliveryAdmin(admin.ModelAdmin):
 
 
 @admin.register(Event)
-class EventAdmin(admin.ModelAdmin):
+class EventAdmin(ReadOnlyAdmin):
     list_display = ["id", "type", "created_at"]
     list_filter = ["type"]
     search_fields = ["=id", "type"]
     readonly_fields = ["id", "type", "payload", "created_at"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 class ErrorKindFilter(admin.SimpleListFilter):

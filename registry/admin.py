@@ -1,7 +1,7 @@
 from django import forms
 from django.contrib import admin, messages
 
-from odal.admin import actor_of
+from odal.admin import ReadOnlyAdmin, ReadOnlyInline, actor_of
 from odal.admin_actions import ReasonForm, reason_action
 from odal.errors import Refused
 from registry import service
@@ -22,23 +22,14 @@ class HandleForm(ReasonForm):
             raise forms.ValidationError(exc.detail) from None
 
 
-class AttemptInline(admin.TabularInline):
+class AttemptInline(ReadOnlyInline):
     model = RegistrationAttempt
     fields = ["number", "operation", "started_at", "finished_at", "outcome", "answer", "late"]
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
     verbose_name_plural = "the registry's answers (attempt log)"
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(Registration)
-class RegistrationAdmin(admin.ModelAdmin):
+class RegistrationAdmin(ReadOnlyAdmin):
     list_display = ["passport", "status", "operation", "attempts", "next_attempt_at", "short_error", "note"]
     list_filter = ["status", "operation"]
     search_fields = ["=passport__id", "passport__upi", "correlation_id", "handle"]
@@ -54,15 +45,6 @@ class RegistrationAdmin(admin.ModelAdmin):
     @admin.display(description="last error")
     def short_error(self, reg):
         return reg.last_error[:80]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False  # read-only except through the actions
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def has_abandon_permission(self, request):
         return request.user.has_perm("registry.abandon_registration")

@@ -1,5 +1,4 @@
 import json
-import signal
 import uuid
 from datetime import UTC, datetime
 
@@ -7,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
-from odal.cli import refused, subcommands
+from odal.cli import refused, run_until_signalled, subcommands
 from odal.errors import Refused
 from outbox.api import create_consumer, deliveries_matching, outbox_counts
 from outbox.models import Delivery
@@ -67,15 +66,8 @@ class Command(BaseCommand):
             report = sweep_until_idle(batch=batch, max_seconds=0)
             self.stdout.write(f"Swept once: {report.summary()}.")
             return
-        stop = {"now": False}
-
-        def on_signal(signum, frame):
-            stop["now"] = True
-
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGTERM, on_signal)
         self.stdout.write("Sweeping until interrupted (Ctrl-C stops after the current pass)…")
-        report = sweep_forever(batch=batch, should_stop=lambda: stop["now"])
+        report = run_until_signalled(sweep_forever, batch=batch)
         self.stdout.write(f"Stopped after {report.passes} passes: {report.summary()}.")
 
     # -- status --------------------------------------------------------------------------------

@@ -1,11 +1,10 @@
 import json
-import signal
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.core.serializers.json import DjangoJSONEncoder
 
-from odal.cli import parse_uuid, refused, subcommands
+from odal.cli import parse_uuid, refused, run_until_signalled, subcommands
 from odal.errors import Refused
 from registry import service
 from registry.drain import drain_forever, drain_until_idle
@@ -57,15 +56,8 @@ class Command(BaseCommand):
             report = drain_until_idle(batch=batch, max_seconds=0, linger_seconds=0)
             self.stdout.write(f"Drained once: {report.summary()}.")
             return
-        stop = {"now": False}
-
-        def on_signal(signum, frame):
-            stop["now"] = True
-
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGTERM, on_signal)
-        self.stdout.write("Draining until interrupted…")
-        report = drain_forever(batch=batch, should_stop=lambda: stop["now"])
+        self.stdout.write("Draining until interrupted (Ctrl-C stops after the current pass)…")
+        report = run_until_signalled(drain_forever, batch=batch)
         self.stdout.write(f"Stopped after {report.passes} passes: {report.summary()}.")
 
     def do_status(self, *, json: bool, **_):

@@ -23,7 +23,7 @@ class RegistrationQuerySet(ClaimQuerySet):
         rows = self.filter(claim_token=token, status__in=statuses)
         return rows.filter(operation=operation) if operation else rows
 
-    def mark_submitted(self, *, token, correlation_id: str, next_check_at: datetime) -> bool:
+    def mark_submitted(self, *, token, correlation_id: str, next_check_at: datetime, **noting) -> bool:
         """register answered 202: the registry is checking our request."""
         return (
             self._held(token, Registration.Status.PENDING, operation=Registration.Operation.REGISTER).update(
@@ -34,6 +34,7 @@ class RegistrationQuerySet(ClaimQuerySet):
                 claim_token=None,
                 last_error="",
                 submitted_at=timezone.now(),
+                **noting,
             )
             == 1
         )
@@ -42,19 +43,9 @@ class RegistrationQuerySet(ClaimQuerySet):
         self, *, token, correlation_id: str, note: str, next_check_at: datetime
     ) -> bool:
         """register answered DUPLICATE_UPI: the registry already holds a request for this UPI
-        (typically our own, whose reply was lost). Adopt its id and say so."""
-        return (
-            self._held(token, Registration.Status.PENDING, operation=Registration.Operation.REGISTER).update(
-                status=Registration.Status.SUBMITTED,
-                correlation_id=correlation_id,
-                note=note,
-                attempts=0,
-                next_attempt_at=next_check_at,
-                claim_token=None,
-                last_error="",
-                submitted_at=timezone.now(),
-            )
-            == 1
+        (typically our own, whose reply was lost). Adopt its id and say so in the note."""
+        return self.mark_submitted(
+            token=token, correlation_id=correlation_id, next_check_at=next_check_at, note=note
         )
 
     def mark_registered(self, *, token, handle: str) -> bool:

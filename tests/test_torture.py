@@ -2,19 +2,13 @@
 processes killed at random, people replaying and abandoning, then every invariant checked."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.skipif(
-    not os.environ.get("DATABASE_URL", "").startswith("postgres"), reason="needs DATABASE_URL"
-)
 def test_short_torture_run_finds_no_violation(tmp_path):
     figures_file = tmp_path / "torture.json"
     result = subprocess.run(

@@ -91,22 +91,39 @@ class DeliveryQuerySet(ClaimQuerySet):
         # A due row whose attempts are spent is dead-lettered by the sweep, never claimed again.
         return self.due(now).filter(attempts__lt=F("max_attempts"))
 
+    def _held(self, token: uuid.UUID):
+        """The guard of every terminal write: the row is still pending and still held by the
+        caller's claim. A late writer (its claim superseded, or the row settled) matches nothing."""
+        return self.filter(status=Delivery.Status.PENDING, claim_token=token)
+
     def mark_delivered(self, *, token: uuid.UUID, at: datetime) -> bool:
         """End the current attempt as delivered. Takes the row only while it is pending and
         still held by `token`; a late writer takes nothing."""
         return (
-            self.filter(status=Delivery.Status.PENDING, claim_token=token).update(
+            self._held(token).update(
                 status=Delivery.Status.DELIVERED, delivered_at=at, claim_token=None, last_error=""
             )
             == 1
         )
+
+    def mark_delivered_each(self, *, token: uuid.UUID, at: datetime) -> set:
+        """The bulk form the sweep uses: mark_delivered for every row of this queryset, in one
+        UPDATE, each row under the same guard. Returns the ids it took (the others were late):
+        the rows are locked first, so the ids read are exactly the rows the UPDATE takes."""
+        with transaction.atomic():
+            taken = set(self._held(token).select_for_update().values_list("pk", flat=True))
+            if taken:
+                Delivery.objects.filter(pk__in=taken)._held(token).update(
+                    status=Delivery.Status.DELIVERED, delivered_at=at, claim_token=None, last_error=""
+                )
+        return taken
 
     def mark_attempt_failed(self, *, token: uuid.UUID, error: str, retry_at: datetime, at: datetime) -> bool:
         """End the current attempt as failed: due again at `retry_at`, or dead once the attempts
         counted at claim time reach max_attempts. Same guard as mark_delivered."""
         spent = When(attempts__gte=F("max_attempts"), then=Value(Delivery.Status.DEAD))
         return (
-            self.filter(status=Delivery.Status.PENDING, claim_token=token).update(
+            self._held(token).update(
                 status=Case(spent, default=Value(Delivery.Status.PENDING)),
                 dead_at=Case(
                     When(attempts__gte=F("max_attempts"), then=Value(at)),

@@ -41,40 +41,64 @@ class SweepReport:
         )
 
 
-def finish_attempt(delivery: Delivery, token, outcome: consumers.Outcome, started_at) -> bool:
-    """End one attempt: the guarded terminal write and its line in the attempt log, together.
-    Returns whether the write took the row; if not, the outcome is logged as late and nothing
-    else changes."""
-    finished_at = timezone.now()
+FLUSH_ROWS = 200  # outcomes written together, in one transaction
+FLUSH_SECONDS = 1.0  # ...or sooner, so a slow consumer does not hold finished outcomes back
+
+
+@dataclass
+class Finished:
+    delivery: Delivery
+    outcome: consumers.Outcome
+    started_at: object
+    finished_at: object
+
+
+def finish_attempts(token, finished: list[Finished]) -> set:
+    """End a run of attempts of one claim, in one transaction: successes in one guarded UPDATE
+    (mark_delivered_each), failures one guarded UPDATE each (their errors and backoff differ),
+    and one attempt-log line per attempt. Returns the ids whose write took; the others are
+    logged as late and nothing else about them changes."""
+    if not finished:
+        return set()
+    now = timezone.now()
     with transaction.atomic():
-        rows = Delivery.objects.filter(pk=delivery.pk)
-        if outcome.ok:
-            took = rows.mark_delivered(token=token, at=finished_at)
-        else:
-            retry_at = finished_at + backoff_delay(delivery.attempts)
-            took = rows.mark_attempt_failed(
-                token=token, error=outcome.error, retry_at=retry_at, at=finished_at
+        delivered = [f.delivery.pk for f in finished if f.outcome.ok]
+        taken = (
+            Delivery.objects.filter(pk__in=delivered).mark_delivered_each(token=token, at=now)
+            if delivered
+            else set()
+        )
+        for f in finished:
+            if not f.outcome.ok:
+                retry_at = f.finished_at + backoff_delay(f.delivery.attempts)
+                if Delivery.objects.filter(pk=f.delivery.pk).mark_attempt_failed(
+                    token=token, error=f.outcome.error, retry_at=retry_at, at=f.finished_at
+                ):
+                    taken.add(f.delivery.pk)
+        DeliveryAttempt.objects.bulk_create(
+            DeliveryAttempt(
+                delivery_id=f.delivery.pk,
+                number=f.delivery.attempts,
+                claim_token=token,
+                started_at=f.started_at,
+                finished_at=f.finished_at,
+                outcome=DeliveryAttempt.Outcome.DELIVERED if f.outcome.ok else DeliveryAttempt.Outcome.FAILED,
+                error=f.outcome.error[:2000],
+                http_status=f.outcome.http_status,
+                duration_ms=f.outcome.duration_ms,
+                late=f.delivery.pk not in taken,
             )
-        DeliveryAttempt.objects.create(
-            delivery_id=delivery.pk,
-            number=delivery.attempts,
-            claim_token=token,
-            started_at=started_at,
-            finished_at=finished_at,
-            outcome=DeliveryAttempt.Outcome.DELIVERED if outcome.ok else DeliveryAttempt.Outcome.FAILED,
-            error=outcome.error[:2000],
-            http_status=outcome.http_status,
-            duration_ms=outcome.duration_ms,
-            late=not took,
+            for f in finished
         )
-    if not took:
-        log.warning(
-            "late %s of delivery %s attempt %s: its claim was superseded; nothing written",
-            "success" if outcome.ok else "failure",
-            delivery.pk,
-            delivery.attempts,
-        )
-    return took
+    for f in finished:
+        if f.delivery.pk not in taken:
+            log.warning(
+                "late %s of delivery %s attempt %s: its claim was superseded; nothing written",
+                "success" if f.outcome.ok else "failure",
+                f.delivery.pk,
+                f.delivery.attempts,
+            )
+    return taken
 
 
 def sweep_once(*, batch: int = 100, client: httpx.Client | None = None) -> SweepReport:
@@ -86,6 +110,20 @@ def sweep_once(*, batch: int = 100, client: httpx.Client | None = None) -> Sweep
     report.claimed = len(claim.rows)
     own_client = client is None
     client = client or httpx.Client(follow_redirects=False)
+    pending: list[Finished] = []
+    last_flush = time.monotonic()
+
+    def flush():
+        taken = finish_attempts(claim.token, pending)
+        for f in pending:
+            if f.delivery.pk not in taken:
+                report.late += 1
+            elif f.outcome.ok:
+                report.delivered += 1
+            else:
+                report.failed += 1
+        pending.clear()
+
     try:
         for delivery in claim.rows:
             started_at = timezone.now()
@@ -94,13 +132,11 @@ def sweep_once(*, batch: int = 100, client: httpx.Client | None = None) -> Sweep
             except Exception as exc:  # a bug of ours must fail the attempt, not kill the sweep
                 log.exception("calling consumer %s failed", delivery.consumer.name)
                 outcome = consumers.Outcome(False, f"{type(exc).__name__}: {exc}"[:500])
-            took = finish_attempt(delivery, claim.token, outcome, started_at)
-            if not took:
-                report.late += 1
-            elif outcome.ok:
-                report.delivered += 1
-            else:
-                report.failed += 1
+            pending.append(Finished(delivery, outcome, started_at, timezone.now()))
+            if len(pending) >= FLUSH_ROWS or time.monotonic() - last_flush >= FLUSH_SECONDS:
+                flush()
+                last_flush = time.monotonic()
+        flush()
     finally:
         if own_client:
             client.close()

@@ -3,6 +3,7 @@ a hold that really expires, and a late writer holding an old token."""
 
 import threading
 import time
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -109,6 +110,25 @@ def test_a_superseded_claim_cannot_end_the_current_attempt():
     delivery.refresh_from_db()
     assert (delivery.status, delivery.claim_token, delivery.last_error) == ("pending", current_token, "")
     assert rows(delivery).mark_delivered(token=current_token, at=timezone.now())
+
+
+def test_the_bulk_delivered_write_takes_exactly_the_rows_still_held():
+    consumer = ConsumerFactory()
+    held = [DeliveryFactory(consumer=consumer) for _ in range(3)]
+    stale = DeliveryFactory(consumer=consumer)
+    token = Delivery.objects.claim(limit=10, hold_seconds=300).token
+    Delivery.objects.filter(pk=stale.pk).update(claim_token=uuid.uuid4())  # another claim holds it now
+    Delivery.objects.filter(pk=held[0].pk).update(status="dead")  # settled meanwhile
+    ids = [d.pk for d in [*held, stale]]
+    taken = Delivery.objects.filter(pk__in=ids).mark_delivered_each(token=token, at=timezone.now())
+    assert taken == {held[1].pk, held[2].pk}
+    statuses = dict(Delivery.objects.filter(pk__in=ids).values_list("pk", "status"))
+    assert statuses == {
+        held[0].pk: "dead",
+        held[1].pk: "delivered",
+        held[2].pk: "delivered",
+        stale.pk: "pending",
+    }
 
 
 def test_a_spent_row_in_flight_is_not_dead_lettered_before_its_hold_expires():

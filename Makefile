@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test lint format openapi clean mutations fuzz torture
+.PHONY: run test lint format openapi clean mutations fuzz torture bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,3 +48,6 @@ fuzz: $(VENV)/.installed-test
 
 torture: $(VENV)/.installed-test
 	$(BIN)/python tests/pg.py -- $(BIN)/python tests/torture.py --events 700 --seconds 120 --registry-seconds 60 --json var/torture.json
+
+bench: $(VENV)/.installed-test
+	$(BIN)/python tests/pg.py -- $(BIN)/python bench/run.py

@@ -117,6 +117,7 @@ class Workers:
 def webhook_server(rng: random.Random, stall: float):
     lock = threading.Lock()
     seen = Counter()
+    first_attempts: set[str] = set()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -125,11 +126,15 @@ def webhook_server(rng: random.Random, stall: float):
             self.rfile.read(int(self.headers.get("content-length") or 0))
             with lock:
                 roll = rng.random()
-            if roll < 0.06:
-                seen["stalled"] += 1
+                first = self.headers.get("webhook-id") not in first_attempts
+                first_attempts.add(self.headers.get("webhook-id"))
+            # Only a first attempt stalls: its hold runs out, another sweep delivers the row, and
+            # the stalled attempt then reports late (retries do not stall again).
+            if first and roll < 0.10:
+                seen["stalled past the hold"] += 1
                 time.sleep(stall)
                 status = 204
-            elif roll < 0.36:
+            elif roll < 0.40:
                 seen["failed"] += 1
                 status = 500
             else:
@@ -157,7 +162,7 @@ def phase_deliveries(args, env, rng, figures):
     from outbox.events import emit
     from outbox.models import Consumer, Delivery
 
-    server, seen = webhook_server(rng, stall=HOLD + 0.8)
+    server, seen = webhook_server(rng, stall=HOLD + 2.0)
     url = f"http://127.0.0.1:{server.server_address[1]}/hooks"
     for name in ("site-builder", "billing", "deployer"):
         Consumer.objects.create(name=name, url=url, max_attempts=MAX_ATTEMPTS, timeout_seconds=10)
@@ -183,9 +188,14 @@ def phase_deliveries(args, env, rng, figures):
                 )
             next_replay = now + rng.uniform(1.0, 3.0)
         time.sleep(0.1)
-    # Let the survivors settle what is due, then stop them.
+    # Let the survivors settle what is due (still replaying dead rows, no more kills), then stop.
     settle = time.monotonic() + args.settle
-    while time.monotonic() < settle and Delivery.objects.filter(status="pending").exists():
+    while time.monotonic() < settle and Delivery.objects.filter(status__in=["pending", "dead"]).exists():
+        dead = list(Delivery.objects.filter(status="dead").values_list("pk", flat=True)[:15])
+        if dead:
+            replayed += Delivery.objects.filter(pk__in=dead).replay(
+                actor="torture:driver", reason="torture replay"
+            )
         time.sleep(0.5)
     sweeps.stop()
     server.shutdown()

@@ -27,6 +27,7 @@ def start(**env) -> subprocess.CompletedProcess:
         ("ODAL_ENV", "staging"),
         ("DATABASE_URL", "mysql://root@localhost/odal"),
         ("DEBUG", "maybe"),
+        ("ODAL_DB_CONN_MAX_AGE", "forever"),
     ],
 )
 def test_bad_value_stops_start_up_naming_the_variable(name, value):

@@ -47,7 +47,7 @@ fuzz: $(VENV)/.installed-test
 	ODAL_FUZZ_EXAMPLES=100 ODAL_TEST_DATABASE=test_odal_fuzz $(BIN)/python tests/pg.py -- $(BIN)/pytest -q tests/test_fuzz.py
 
 torture: $(VENV)/.installed-test
-	$(BIN)/python tests/pg.py -- $(BIN)/python tests/torture.py --events 700 --seconds 120 --registry-seconds 60 --json var/torture.json
+	$(BIN)/python tests/pg.py -- $(BIN)/python tests/torture.py --events 500 --sweeps 8 --seconds 120 --registry-seconds 60 --json var/torture.json
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python tests/pg.py -- $(BIN)/python bench/run.py

@@ -65,6 +65,14 @@ class RegistryState:
             self.registrations.clear()
             self.calls.clear()
 
+    def hold(self, upi: str, request_id: str, status: str = "checking") -> None:
+        """Make the registry hold a request for `upi` (as if someone had submitted it), for tests
+        and demos of abandon's answers."""
+        with self.lock:
+            self.requests[request_id] = {
+                "requestId": request_id, "upi": upi, "status": status, "checks": 0, "registrationId": None,
+            }  # fmt: skip
+
     def _take(self, name: str) -> bool:
         if self.faults.get(name, 0) > 0:
             self.faults[name] -= 1

@@ -13,37 +13,32 @@ def adapter(registry_sim):
     registry.close()
 
 
-def hold(sim, upi, request_id, status="checking"):
-    sim.requests[request_id] = {"requestId": request_id, "upi": upi, "status": status, "checks": 0,
-                                "registrationId": None}  # fmt: skip
-
-
 UPI = "https://id.example.eu/01/1/21/X"
 
 
 def fill(sim, n):
     for i in range(n):
-        hold(sim, f"https://other.example.eu/{i}", f"req-{i}", status="registered")
+        sim.hold(f"https://other.example.eu/{i}", f"req-{i}", status="registered")
 
 
 def test_every_page_is_read_before_saying_not_found(registry_sim, adapter):
     registry_sim.faults["page_size"] = 2
     fill(registry_sim, 5)
     assert adapter.find_submission(UPI) == adapters.NotFound(exhaustive=True)
-    hold(registry_sim, UPI, "req-last")  # on the last page
+    registry_sim.hold(UPI, "req-last")  # on the last page
     assert adapter.find_submission(UPI) == adapters.Found("req-last")
     pages = [c for c in registry_sim.calls if c == ("GET", "/dpp-registration-requests")]
     assert len(pages) == 3 + 3
 
 
 def test_rejected_requests_do_not_count(registry_sim, adapter):
-    hold(registry_sim, UPI, "req-r", status="rejected")
+    registry_sim.hold(UPI, "req-r", status="rejected")
     assert adapter.find_submission(UPI) == adapters.NotFound(exhaustive=True)
 
 
 def test_two_held_requests_are_ambiguous(registry_sim, adapter):
-    hold(registry_sim, UPI, "req-a")
-    hold(registry_sim, UPI, "req-b", status="registered")
+    registry_sim.hold(UPI, "req-a")
+    registry_sim.hold(UPI, "req-b", status="registered")
     assert adapter.find_submission(UPI) == adapters.Ambiguous(["req-a", "req-b"])
 
 

@@ -26,8 +26,7 @@ def act(client, action, regs, **extra):
 def test_abandon_shows_the_registry_answer_then_needs_a_reason(client, registry_sim):
     user = login_with(client, "abandon_registration")
     reg = backed_off_registration()
-    registry_sim.requests["req-held"] = {"requestId": "req-held", "upi": "https://other.example.eu/x",
-                                         "status": "checking", "checks": 0, "registrationId": None}  # fmt: skip
+    registry_sim.hold("https://other.example.eu/x", "req-held")
     held = backed_off_registration(passport__upi="https://other.example.eu/x")
 
     page = act(client, "abandon_selected", [reg, held])

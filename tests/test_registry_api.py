@@ -131,8 +131,7 @@ def test_no_registry_queues_is_501(admin_api, settings):
 def test_unreadable_registry_is_502(admin_api, registry_sim):
     registry_sim.faults.update(task_list_5xx=True, page_size=1)
     for i in range(2):
-        registry_sim.requests[f"req-{i}"] = {"requestId": f"req-{i}", "upi": f"https://other.example.eu/{i}",
-                                             "status": "registered", "checks": 1, "registrationId": None}  # fmt: skip
+        registry_sim.hold(f"https://other.example.eu/{i}", f"req-{i}", status="registered")
     reg = backed_off_registration()
     before = snapshot(reg)
     response = abandon(admin_api, reg)
@@ -147,14 +146,9 @@ def test_unreachable_registry_is_502(admin_api, registry_sim, settings):
     assert abandon(admin_api, reg).status_code == 502
 
 
-def hold(sim, upi, request_id, status="checking"):
-    sim.requests[request_id] = {"requestId": request_id, "upi": upi, "status": status, "checks": 0,
-                                "registrationId": None}  # fmt: skip
-
-
 def test_found_is_409_naming_the_correlation_id(admin_api, registry_sim):
     reg = backed_off_registration()
-    hold(registry_sim, reg.passport.upi, "req-lost-reply")
+    registry_sim.hold(reg.passport.upi, "req-lost-reply")
     before = snapshot(reg)
     response = abandon(admin_api, reg)
     assert response.status_code == 409
@@ -166,8 +160,8 @@ def test_found_is_409_naming_the_correlation_id(admin_api, registry_sim):
 
 def test_ambiguous_is_409_naming_the_candidates(admin_api, registry_sim):
     reg = backed_off_registration()
-    hold(registry_sim, reg.passport.upi, "req-a")
-    hold(registry_sim, reg.passport.upi, "req-b", status="registered")
+    registry_sim.hold(reg.passport.upi, "req-a")
+    registry_sim.hold(reg.passport.upi, "req-b", status="registered")
     before = snapshot(reg)
     response = abandon(admin_api, reg)
     assert response.status_code == 409
@@ -177,7 +171,7 @@ def test_ambiguous_is_409_naming_the_candidates(admin_api, registry_sim):
 
 def test_a_rejected_request_does_not_count_as_held(admin_api, registry_sim):
     reg = backed_off_registration()
-    hold(registry_sim, reg.passport.upi, "req-old", status="rejected")
+    registry_sim.hold(reg.passport.upi, "req-old", status="rejected")
     assert abandon(admin_api, reg).status_code == 200
 
 

@@ -116,6 +116,8 @@ ODAL_REGISTRY_STALL_ATTEMPTS = env_int("ODAL_REGISTRY_STALL_ATTEMPTS", 5, minimu
 ODAL_BROKER_URL = os.environ.get("ODAL_BROKER_URL", "").strip()
 # Webhook consumers on loopback/private addresses are refused in production unless allowed.
 ODAL_ALLOW_PRIVATE_WEBHOOKS = env_bool("ODAL_ALLOW_PRIVATE_WEBHOOKS", not PRODUCTION)
+# How many requests a sweep process has in flight at once to any one webhook consumer.
+ODAL_WEBHOOK_CONCURRENCY = env_int("ODAL_WEBHOOK_CONCURRENCY", 8, minimum=1, maximum=64)
 # Kick an immediate sweep when a commit creates deliveries (off in most unit tests).
 ODAL_KICK_SWEEP = env_bool("ODAL_KICK_SWEEP", True)
 # The biggest request body the API reads; larger ones get 413.

@@ -73,8 +73,9 @@ class ClaimQuerySet(models.QuerySet):
             self.model._default_manager.filter(pk__in=ids).claimable(now).update(
                 claim_token=claim.token, next_attempt_at=now + hold, attempts=F("attempts") + 1
             )
+        # By primary key: claim_token has no index, and a claim must not read the whole table.
         claim.rows = list(
-            self.model._default_manager.filter(claim_token=claim.token)
+            self.model._default_manager.filter(pk__in=ids, claim_token=claim.token)
             .select_related(*select_related)
             .order_by("next_attempt_at", "pk")
         )

@@ -110,7 +110,7 @@ class DeliveryQuerySet(ClaimQuerySet):
         """The bulk form the sweep uses: mark_delivered for every row of this queryset, in one
         UPDATE, each row under the same guard. Returns the ids it took (the others were late):
         the rows are locked first, so the ids read are exactly the rows the UPDATE takes."""
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):
             taken = set(self._held(token).select_for_update().values_list("pk", flat=True))
             if taken:
                 Delivery.objects.filter(pk__in=taken)._held(token).update(
@@ -211,8 +211,12 @@ class Delivery(models.Model):
         DEAD = "dead"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    event = models.ForeignKey(Event, on_delete=models.CASCADE, related_name="deliveries")
-    consumer = models.ForeignKey(Consumer, on_delete=models.PROTECT, related_name="deliveries")
+    # No index of their own: the unique (event, consumer) and the (consumer, status) indexes serve
+    # them, and every index is one more entry to write each time the sweep updates a row.
+    event = models.ForeignKey(Event, on_delete=models.CASCADE, related_name="deliveries", db_index=False)
+    consumer = models.ForeignKey(
+        Consumer, on_delete=models.PROTECT, related_name="deliveries", db_index=False
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveIntegerField(default=0, help_text="Counted when an attempt is claimed.")
     max_attempts = models.PositiveIntegerField(default=default_max_attempts)
@@ -237,9 +241,16 @@ class Delivery(models.Model):
             models.Index(
                 fields=["next_attempt_at"], condition=models.Q(status="pending"), name="delivery_due_idx"
             ),
+            # Serves dead_letter_exhausted: the few pending rows whose attempts are spent (their last
+            # attempt in flight). Without it, each sweep pass would walk the whole due backlog.
+            models.Index(
+                fields=["next_attempt_at"],
+                condition=models.Q(status="pending", attempts__gte=F("max_attempts")),
+                name="delivery_spent_idx",
+            ),
             # Serves the dead-letter list: status='dead' ordered by dead_at.
             models.Index(fields=["dead_at"], condition=models.Q(status="dead"), name="delivery_dead_idx"),
-            models.Index(fields=["status", "consumer"], name="delivery_status_consumer_idx"),
+            models.Index(fields=["consumer", "status"], name="delivery_consumer_status_idx"),
             models.Index(fields=["-created_at", "-id"], name="delivery_listing_idx"),
         ]
         permissions = [("replay_delivery", "Can replay dead deliveries")]
@@ -264,7 +275,9 @@ class DeliveryAttempt(models.Model):
         DELIVERED = "delivered"
         FAILED = "failed"
 
-    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="attempt_log")
+    delivery = models.ForeignKey(
+        Delivery, on_delete=models.CASCADE, related_name="attempt_log", db_index=False
+    )  # attempt_by_delivery_idx serves it
     number = models.PositiveIntegerField()
     claim_token = models.UUIDField()
     started_at = models.DateTimeField()

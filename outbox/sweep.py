@@ -7,15 +7,19 @@ owns which row, and the terminal writes refuse whoever no longer owns it.
 
 import logging
 import time
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import httpx
-from django.db import close_old_connections, transaction
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
 from outbox import consumers
 from outbox.claims import backoff_delay
-from outbox.models import Delivery, DeliveryAttempt
+from outbox.models import Consumer, Delivery, DeliveryAttempt
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,7 @@ class SweepReport:
 
 FLUSH_ROWS = 200  # outcomes written together, in one transaction
 FLUSH_SECONDS = 1.0  # ...or sooner, so a slow consumer does not hold finished outcomes back
+SWEEP_THREADS = 32  # webhook requests in flight per sweep process, all consumers together
 
 
 @dataclass
@@ -51,6 +56,34 @@ class Finished:
     outcome: consumers.Outcome
     started_at: object
     finished_at: object
+
+
+ATTEMPT_COLUMNS = (
+    "delivery_id", "number", "claim_token", "started_at", "finished_at", "outcome", "error",
+    "http_status", "duration_ms", "late",
+)  # fmt: skip
+ATTEMPT_TYPES = ("uuid", "integer", "uuid", "timestamptz", "timestamptz", "text", "text", "integer",
+                 "integer", "boolean")  # fmt: skip
+
+
+def log_attempts(lines: list[tuple]) -> None:
+    """Append attempt-log lines (tuples in ATTEMPT_COLUMNS order). On PostgreSQL one INSERT …
+    SELECT FROM unnest(…) of one array per column, whatever the number of lines: the log costs
+    one statement per flush, not one model object per attempt."""
+    if not lines:
+        return
+    if connection.vendor != "postgresql":
+        DeliveryAttempt.objects.bulk_create(
+            DeliveryAttempt(**dict(zip(ATTEMPT_COLUMNS, line, strict=True))) for line in lines
+        )
+        return
+    arrays = ", ".join(f"%s::{t}[]" for t in ATTEMPT_TYPES)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {DeliveryAttempt._meta.db_table} ({', '.join(ATTEMPT_COLUMNS)}) "
+            f"SELECT * FROM unnest({arrays})",
+            [list(column) for column in zip(*lines, strict=True)],
+        )
 
 
 def finish_attempts(token, finished: list[Finished]) -> set:
@@ -75,20 +108,22 @@ def finish_attempts(token, finished: list[Finished]) -> set:
                     token=token, error=f.outcome.error, retry_at=retry_at, at=f.finished_at
                 ):
                     taken.add(f.delivery.pk)
-        DeliveryAttempt.objects.bulk_create(
-            DeliveryAttempt(
-                delivery_id=f.delivery.pk,
-                number=f.delivery.attempts,
-                claim_token=token,
-                started_at=f.started_at,
-                finished_at=f.finished_at,
-                outcome=DeliveryAttempt.Outcome.DELIVERED if f.outcome.ok else DeliveryAttempt.Outcome.FAILED,
-                error=f.outcome.error[:2000],
-                http_status=f.outcome.http_status,
-                duration_ms=f.outcome.duration_ms,
-                late=f.delivery.pk not in taken,
-            )
-            for f in finished
+        log_attempts(
+            [
+                (
+                    f.delivery.pk,
+                    f.delivery.attempts,
+                    token,
+                    f.started_at,
+                    f.finished_at,
+                    DeliveryAttempt.Outcome.DELIVERED if f.outcome.ok else DeliveryAttempt.Outcome.FAILED,
+                    f.outcome.error[:2000],
+                    f.outcome.http_status,
+                    f.outcome.duration_ms,
+                    f.delivery.pk not in taken,
+                )
+                for f in finished
+            ]
         )
     for f in finished:
         if f.delivery.pk not in taken:
@@ -101,55 +136,120 @@ def finish_attempts(token, finished: list[Finished]) -> set:
     return taken
 
 
-def sweep_once(*, batch: int = 100, client: httpx.Client | None = None) -> SweepReport:
+def attempt(consumer, delivery: Delivery, client: httpx.Client) -> Finished:
+    """Call the consumer for one delivery. Touches no database, so it may run on a pool thread."""
+    started_at = timezone.now()
+    try:
+        outcome = consumers.call(consumer, delivery.pk, delivery.event, client)
+    except Exception as exc:  # a bug of ours must fail the attempt, not kill the sweep
+        log.exception("calling consumer %s failed", consumer.name)
+        outcome = consumers.Outcome(False, f"{type(exc).__name__}: {exc}"[:500])
+    return Finished(delivery, outcome, started_at, timezone.now())
+
+
+class Pass:
+    """The work of one claim. Python consumers run one after another on this thread (they may use
+    the database). Webhooks run on the pool, at most ODAL_WEBHOOK_CONCURRENCY at once per
+    consumer; only this thread writes, every FLUSH_ROWS outcomes or FLUSH_SECONDS."""
+
+    def __init__(self, claim, report: SweepReport, client: httpx.Client, pool: ThreadPoolExecutor):
+        self.claim, self.report, self.client, self.pool = claim, report, client, pool
+        self.pending: list[Finished] = []
+        self.last_flush = time.monotonic()
+
+    def flush(self) -> None:
+        taken = finish_attempts(self.claim.token, self.pending)
+        for f in self.pending:
+            if f.delivery.pk not in taken:
+                self.report.late += 1
+            elif f.outcome.ok:
+                self.report.delivered += 1
+            else:
+                self.report.failed += 1
+        self.pending.clear()
+        self.last_flush = time.monotonic()
+
+    def finished(self, f: Finished) -> None:
+        self.pending.append(f)
+        if len(self.pending) >= FLUSH_ROWS or time.monotonic() - self.last_flush >= FLUSH_SECONDS:
+            self.flush()
+
+    def run(self) -> None:
+        by_id = Consumer.objects.in_bulk({d.consumer_id for d in self.claim.rows})
+        waiting: dict[int, deque] = {}
+        for d in self.claim.rows:
+            if by_id[d.consumer_id].kind == Consumer.Kind.WEBHOOK:
+                waiting.setdefault(d.consumer_id, deque()).append(d)
+        in_flight: dict = {}
+        running: dict[int, int] = dict.fromkeys(waiting, 0)
+        bound = settings.ODAL_WEBHOOK_CONCURRENCY
+
+        def start(consumer_id: int) -> None:
+            queue = waiting[consumer_id]
+            while queue and running[consumer_id] < bound:
+                future = self.pool.submit(attempt, by_id[consumer_id], queue.popleft(), self.client)
+                in_flight[future] = consumer_id
+                running[consumer_id] += 1
+
+        try:
+            for consumer_id in waiting:
+                start(consumer_id)
+            for d in self.claim.rows:
+                if by_id[d.consumer_id].kind != Consumer.Kind.WEBHOOK:
+                    self.finished(attempt(by_id[d.consumer_id], d, self.client))
+            while in_flight:
+                done, _ = wait(in_flight, timeout=FLUSH_SECONDS, return_when=FIRST_COMPLETED)
+                for future in done:
+                    consumer_id = in_flight.pop(future)
+                    running[consumer_id] -= 1
+                    start(consumer_id)
+                    self.finished(future.result())
+                if not done and self.pending:
+                    self.flush()
+        finally:
+            # Whatever stopped the pass, outcomes already known are written, not thrown away.
+            for future in in_flight:
+                future.cancel()
+            self.flush()
+
+
+def sweep_once(
+    *, batch: int = 100, client: httpx.Client | None = None, pool: ThreadPoolExecutor | None = None
+) -> SweepReport:
     """One pass: dead-letter spent rows, claim up to `batch` due deliveries, run them."""
     report = SweepReport(passes=1)
     now = timezone.now()
     report.dead_lettered = Delivery.objects.dead_letter_exhausted(now=now)
-    claim = Delivery.objects.claim(limit=batch, now=now, select_related=("event", "consumer"))
+    claim = Delivery.objects.claim(limit=batch, now=now, select_related=("event",))
     report.claimed = len(claim.rows)
-    own_client = client is None
-    client = client or httpx.Client(follow_redirects=False)
-    pending: list[Finished] = []
-    last_flush = time.monotonic()
-
-    def flush():
-        taken = finish_attempts(claim.token, pending)
-        for f in pending:
-            if f.delivery.pk not in taken:
-                report.late += 1
-            elif f.outcome.ok:
-                report.delivered += 1
-            else:
-                report.failed += 1
-        pending.clear()
-
-    try:
-        for delivery in claim.rows:
-            started_at = timezone.now()
-            try:
-                outcome = consumers.call(delivery.consumer, delivery.pk, delivery.event, client)
-            except Exception as exc:  # a bug of ours must fail the attempt, not kill the sweep
-                log.exception("calling consumer %s failed", delivery.consumer.name)
-                outcome = consumers.Outcome(False, f"{type(exc).__name__}: {exc}"[:500])
-            pending.append(Finished(delivery, outcome, started_at, timezone.now()))
-            if len(pending) >= FLUSH_ROWS or time.monotonic() - last_flush >= FLUSH_SECONDS:
-                flush()
-                last_flush = time.monotonic()
-        flush()
-    finally:
-        if own_client:
-            client.close()
+    if not claim.rows:
+        return report
+    with ExitStack() as stack:
+        if client is None:
+            client = stack.enter_context(httpx.Client(follow_redirects=False))
+        if pool is None:
+            pool = stack.enter_context(ThreadPoolExecutor(SWEEP_THREADS, thread_name_prefix="odal-webhook"))
+        Pass(claim, report, client, pool).run()
     return report
+
+
+@contextmanager
+def sweeper():
+    """The HTTP client and webhook thread pool that a run of passes shares."""
+    with (
+        httpx.Client(follow_redirects=False, limits=httpx.Limits(max_connections=SWEEP_THREADS)) as client,
+        ThreadPoolExecutor(SWEEP_THREADS, thread_name_prefix="odal-webhook") as pool,
+    ):
+        yield {"client": client, "pool": pool}
 
 
 def sweep_until_idle(*, batch: int = 100, max_seconds: float = 50.0) -> SweepReport:
     """Passes until a pass claims nothing or `max_seconds` have gone by."""
     report = SweepReport()
     deadline = time.monotonic() + max_seconds
-    with httpx.Client(follow_redirects=False) as client:
+    with sweeper() as shared:
         while True:
-            one = sweep_once(batch=batch, client=client)
+            one = sweep_once(batch=batch, **shared)
             report.add(one)
             if one.claimed == 0 or time.monotonic() >= deadline:
                 return report
@@ -158,10 +258,10 @@ def sweep_until_idle(*, batch: int = 100, max_seconds: float = 50.0) -> SweepRep
 def sweep_forever(*, batch: int = 100, idle_sleep: float = 1.0, should_stop=lambda: False) -> SweepReport:
     """What `odal outbox sweep` runs: passes until told to stop, resting when idle."""
     report = SweepReport()
-    with httpx.Client(follow_redirects=False) as client:
+    with sweeper() as shared:
         while not should_stop():
             close_old_connections()
-            one = sweep_once(batch=batch, client=client)
+            one = sweep_once(batch=batch, **shared)
             report.add(one)
             if one.claimed == 0 and not should_stop():
                 time.sleep(idle_sleep)

@@ -111,9 +111,16 @@ GUARDS = [
     Guard(
         "sweep: a write that took nothing is logged as late",
         "outbox/sweep.py",
-        "                late=f.delivery.pk not in taken,\n",
-        "                late=False,\n",
+        "                    f.delivery.pk not in taken,\n",
+        "                    False,\n",
         "tests/test_outbox_sweep.py::test_a_slow_sweep_cannot_undo_what_a_faster_one_settled",
+    ),
+    Guard(
+        "sweep: at most ODAL_WEBHOOK_CONCURRENCY requests in flight per consumer",
+        "outbox/sweep.py",
+        "            while queue and running[consumer_id] < bound:\n",
+        "            while queue:\n",
+        "tests/test_outbox_sweep.py -k concurrently",
     ),
     Guard(
         "audit trail: the database refuses UPDATE and DELETE",

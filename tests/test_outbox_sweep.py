@@ -180,3 +180,23 @@ def test_webhook_body_is_the_exact_json_the_signature_covers():
     body = server.received[0].body
     assert json.loads(body)["data"] == {"a": [1, "é"], "b": 2}
     assert server.received[0].headers["content-type"] == "application/json"
+
+
+def test_webhooks_are_called_concurrently_but_at_most_the_bound_at_once_per_consumer(settings):
+    """A sweep keeps several requests in flight, never more than ODAL_WEBHOOK_CONCURRENCY to one
+    consumer; each consumer has its own bound."""
+    settings.ODAL_WEBHOOK_CONCURRENCY = 3
+    with (
+        WebhookServer(script=[("stall", 0.2, 204)]) as one,
+        WebhookServer(script=[("stall", 0.2, 204)]) as two,
+    ):
+        WebhookConsumerFactory(name="one", url=one.url)
+        WebhookConsumerFactory(name="two", url=two.url)
+        for n in range(12):
+            emit("passport.published", {"n": n})
+        report = sweep_once(batch=100)
+    assert report.claimed == 24 and report.delivered == 24
+    assert one.max_in_flight == 3 and two.max_in_flight == 3
+    assert len(one.received) == len(two.received) == 12
+    assert set(Delivery.objects.values_list("status", flat=True)) == {"delivered"}
+    assert DeliveryAttempt.objects.filter(outcome="delivered", late=False, http_status=204).count() == 24

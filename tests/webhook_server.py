@@ -21,6 +21,8 @@ class WebhookServer:
         self.script = list(script)
         self.received: list[Received] = []
         self.lock = threading.Lock()
+        self.in_flight = 0
+        self.max_in_flight = 0  # the most requests it was answering at once
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -31,9 +33,13 @@ class WebhookServer:
                 with server.lock:
                     server.received.append(Received({k.lower(): v for k, v in self.headers.items()}, body))
                     behaviour = server.script.pop(0) if len(server.script) > 1 else server.script[0]
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
                 if isinstance(behaviour, tuple):
                     _, seconds, behaviour = behaviour
                     time.sleep(seconds)
+                with server.lock:
+                    server.in_flight -= 1
                 payload = b"" if behaviour < 300 else b"upstream exploded"
                 self.send_response(behaviour)
                 self.send_header("content-length", str(len(payload)))

@@ -1,5 +1,6 @@
 """Kick an immediate django-q2 task when a commit creates due work, so the work does not wait
-for the schedule (whose resolution is a minute). The registry drain uses it too."""
+for the schedule (whose resolution is a minute). The registry drain uses it too. The outbox
+first NOTIFYs the listening sweep and enqueues a task only when none listens (outbox.wake)."""
 
 import logging
 
@@ -9,11 +10,11 @@ from django.db import transaction
 log = logging.getLogger(__name__)
 
 
-def kick(func: str, name: str) -> None:
+def kick(func: str, name: str, **kwargs) -> None:
     try:
         from django_q.tasks import async_task
 
-        async_task(func, task_name=name, q_options={"save": False})
+        async_task(func, task_name=name, q_options={"save": False}, **kwargs)
     except Exception:  # the schedule will pick the rows up; a kick is an optimisation
         log.warning("could not enqueue %s", func, exc_info=True)
 
@@ -23,5 +24,15 @@ def kick_on_commit(func: str, name: str) -> None:
         transaction.on_commit(lambda: kick(func, name))
 
 
+def wake_sweep() -> None:
+    """NOTIFY the listening sweep; only when no sweep is listening, enqueue one."""
+    from outbox.wake import notify_sweep
+
+    if not notify_sweep():
+        kick("outbox.tasks.sweep", "outbox sweep (kicked)")
+
+
 def kick_sweep_on_commit() -> None:
-    kick_on_commit("outbox.tasks.sweep", "outbox sweep (kicked)")
+    """When the commit lands, wake the sweep (see outbox.wake)."""
+    if settings.ODAL_KICK_SWEEP:
+        transaction.on_commit(wake_sweep)

@@ -20,6 +20,7 @@ from django.utils import timezone
 from outbox import consumers
 from outbox.claims import backoff_delay
 from outbox.models import Consumer, Delivery, DeliveryAttempt
+from outbox.wake import POLL_SECONDS, Listener
 
 log = logging.getLogger(__name__)
 
@@ -255,14 +256,48 @@ def sweep_until_idle(*, batch: int = 100, max_seconds: float = 50.0) -> SweepRep
                 return report
 
 
-def sweep_forever(*, batch: int = 100, idle_sleep: float = 1.0, should_stop=lambda: False) -> SweepReport:
-    """What `odal outbox sweep` runs: passes until told to stop, resting when idle."""
+def sweep_listening(
+    listener: Listener | None,
+    *,
+    batch: int = 100,
+    seconds: float | None = None,
+    poll_seconds: float = POLL_SECONDS,
+    should_stop=lambda: False,
+) -> SweepReport:
+    """Passes back to back while they find work; when a pass finds none, wait for a NOTIFY (a
+    commit created deliveries) or `poll_seconds` (a retry may have fallen due), whichever comes
+    first. Without a listener (not PostgreSQL) it just sleeps between passes. Runs for
+    `seconds`, or until `should_stop()`."""
     report = SweepReport()
+    deadline = None if seconds is None else time.monotonic() + seconds
     with sweeper() as shared:
         while not should_stop():
-            close_old_connections()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            if not connection.in_atomic_block:  # (a caller's transaction, e.g. a test's, stays open)
+                close_old_connections()  # a long-lived sweep drops a connection past its age or broken
             one = sweep_once(batch=batch, **shared)
             report.add(one)
             if one.claimed == 0 and not should_stop():
-                time.sleep(idle_sleep)
+                pause = poll_seconds if remaining is None else min(poll_seconds, remaining)
+                if listener is not None:
+                    listener.wait(pause)
+                else:
+                    time.sleep(pause)
     return report
+
+
+def sweep_forever(
+    *, batch: int = 100, idle_sleep: float = POLL_SECONDS, should_stop=lambda: False
+) -> SweepReport:
+    """What `odal outbox sweep` runs: passes until told to stop, woken by commits when idle. It
+    takes the listener lock when free, so commits need not enqueue django-q2 sweeps meanwhile."""
+    listener = Listener.open()
+    try:
+        if listener is not None:
+            listener.try_lead()
+        return sweep_listening(listener, batch=batch, poll_seconds=idle_sleep, should_stop=should_stop)
+    finally:
+        if listener is not None:
+            listener.close()

@@ -123,6 +123,41 @@ GUARDS = [
         "tests/test_outbox_sweep.py -k concurrently",
     ),
     Guard(
+        "wake: a commit NOTIFYs the listening sweep",
+        "outbox/wake.py",
+        """                "SELECT pg_notify(%s, ''), pg_try_advisory_xact_lock_shared(%s)", [CHANNEL, LISTENER_LOCK]""",
+        """                "SELECT length(%s), pg_try_advisory_xact_lock_shared(%s)", [CHANNEL, LISTENER_LOCK]""",
+        "tests/test_outbox_wake.py::test_a_commit_wakes_the_listening_sweep_and_enqueues_no_task",
+    ),
+    Guard(
+        "wake: no django-q2 task is enqueued while a sweep listens",
+        "outbox/kick.py",
+        "    if not notify_sweep():\n",
+        "    if notify_sweep() or True:\n",
+        "tests/test_outbox_wake.py -k enqueues",
+    ),
+    Guard(
+        "wake: an idle listener looks again after poll_seconds (a retry falls due without a NOTIFY)",
+        "outbox/sweep.py",
+        "                pause = poll_seconds if remaining is None else min(poll_seconds, remaining)\n",
+        "                pause = poll_seconds if remaining is None else remaining\n",
+        "tests/test_outbox_wake.py::test_a_retry_falling_due_is_swept_by_the_poll_without_a_notification",
+    ),
+    Guard(
+        "wake: one sweep leads at a time",
+        "outbox/wake.py",
+        """        self.leading = self.conn.execute("SELECT pg_try_advisory_lock(%s)", [LISTENER_LOCK]).fetchone()[0]""",
+        """        self.leading = self.conn.execute("SELECT pg_try_advisory_lock(%s) OR true", [LISTENER_LOCK]).fetchone()[0]""",
+        "tests/test_outbox_wake.py -k lead",
+    ),
+    Guard(
+        "wake: a leading turn relays while deliveries are pending",
+        "outbox/tasks.py",
+        """(report.claimed or Delivery.objects.filter(status="pending").exists())""",
+        """(report.claimed)""",
+        "tests/test_outbox_wake.py -k relay",
+    ),
+    Guard(
         "audit trail: the database refuses UPDATE and DELETE",
         "odal/migrations/0002_audit_append_only.py",
         "    BEFORE UPDATE OR DELETE ON odal_auditentry",
@@ -285,8 +320,11 @@ def run_tests(tests: str) -> bool:
 
 
 def main() -> int:
+    """`python tests/mutations.py [words…]`: only the guards whose name contains one of the words."""
+    words = sys.argv[1:]
+    guards = [g for g in GUARDS if not words or any(w in g.name for w in words)]
     survivors = []
-    for guard in GUARDS:
+    for guard in guards:
         path = ROOT / guard.path
         source = path.read_text()
         if source.count(guard.original) != 1:
@@ -310,7 +348,7 @@ def main() -> int:
         )
         if not caught:
             survivors.append(guard)
-    print(f"\n{len(GUARDS) - len(survivors)} of {len(GUARDS)} guards caught by a failing test.")
+    print(f"\n{len(guards) - len(survivors)} of {len(guards)} guards caught by a failing test.")
     return 1 if survivors else 0
 
 

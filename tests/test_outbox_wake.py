@@ -1,0 +1,139 @@
+"""Waking the sweep: a commit NOTIFYs the listening sweep (and enqueues nothing while one
+listens), a retry falling due is swept by the listener's poll without any notification, one
+sweep leads at a time, and a leading task relays to a successor while work is pending.
+
+These run real PostgreSQL LISTEN/NOTIFY and advisory locks; the listener runs on its own thread
+with its own connections, as in a django-q2 worker."""
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connections, transaction
+from django.test import TestCase
+from django.utils import timezone
+from django_q.models import OrmQ
+
+from outbox import tasks
+from outbox.events import emit
+from outbox.models import Delivery
+from outbox.sweep import sweep_listening
+from outbox.wake import Listener
+from tests.factories import ConsumerFactory, DeliveryFactory
+
+
+class ListeningSweep(threading.Thread):
+    """A listener that leads, sweeping for `seconds`; a notification or `poll_seconds` wakes it."""
+
+    def __init__(self, *, seconds: float, poll_seconds: float):
+        super().__init__(daemon=True)
+        self.seconds, self.poll_seconds = seconds, poll_seconds
+        self.ready = threading.Event()
+        self.report = None
+
+    def run(self):
+        try:
+            with Listener.open() as listener:
+                assert listener.try_lead()
+                self.ready.set()
+                self.report = sweep_listening(listener, seconds=self.seconds, poll_seconds=self.poll_seconds)
+        finally:
+            connections.close_all()
+
+
+def wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_commit_wakes_the_listening_sweep_and_enqueues_no_task(settings):
+    settings.ODAL_KICK_SWEEP = True
+    ConsumerFactory()
+    sweep = ListeningSweep(seconds=4, poll_seconds=60)  # only a notification can wake it in time
+    sweep.start()
+    assert sweep.ready.wait(5)
+    time.sleep(0.3)  # its first pass found nothing; it is waiting
+    with transaction.atomic():
+        emit("passport.published", {"n": 1})
+    assert wait_for(lambda: Delivery.objects.filter(status="delivered").exists(), 3.5)
+    sweep.join()
+    assert sweep.report.delivered == 1
+    assert not OrmQ.objects.exists()  # a sweep was listening: nothing went through django-q2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_falling_due_is_swept_by_the_poll_without_a_notification():
+    ConsumerFactory()
+    delivery = DeliveryFactory(next_attempt_at=timezone.now() + timedelta(seconds=1))  # no commit hook
+    sweep = ListeningSweep(seconds=4, poll_seconds=0.2)
+    sweep.start()
+    assert wait_for(lambda: Delivery.objects.get(pk=delivery.pk).status == "delivered", 3.5)
+    sweep.join()
+    attempt = Delivery.objects.get(pk=delivery.pk).attempt_log.get()
+    assert attempt.started_at >= delivery.next_attempt_at
+
+
+def test_with_no_sweep_listening_a_commit_enqueues_one(db, settings):
+    settings.ODAL_KICK_SWEEP = True
+    ConsumerFactory()
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        emit("passport.published", {})
+    assert OrmQ.objects.count() == 1
+
+
+def test_while_a_sweep_listens_a_commit_enqueues_nothing(db, settings):
+    settings.ODAL_KICK_SWEEP = True
+    ConsumerFactory()
+    with Listener.open() as listener:
+        assert listener.try_lead()
+        with TestCase.captureOnCommitCallbacks(execute=True):
+            emit("passport.published", {})  # (the NOTIFY itself only lands with a real commit)
+    assert not OrmQ.objects.exists()
+
+
+def test_one_sweep_leads_at_a_time_and_a_closed_leader_frees_the_lock(db):
+    first, second = Listener.open(), Listener.open()
+    try:
+        assert first.try_lead()
+        assert not second.try_lead()
+        assert not second.wait_to_lead(0.2)
+        first.close()  # a leader that dies loses its connection, and the lock with it
+        assert second.wait_to_lead(2)
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_leading_turn_relays_to_a_successor_while_work_is_pending(db, settings):
+    settings.ODAL_KICK_SWEEP = True
+    DeliveryFactory(consumer=ConsumerFactory(), next_attempt_at=timezone.now() + timedelta(hours=1))
+    with Listener.open() as listener:
+        assert listener.try_lead()
+        tasks.listen_one_turn(listener, turn_seconds=0.1)
+    (queued,) = OrmQ.objects.all()
+    assert queued.task["func"] == "outbox.tasks.sweep" and queued.task["kwargs"] == {"relay": True}
+
+
+def test_a_leading_turn_with_nothing_pending_ends_without_a_successor(db, settings):
+    settings.ODAL_KICK_SWEEP = True
+    with Listener.open() as listener:
+        assert listener.try_lead()
+        tasks.listen_one_turn(listener, turn_seconds=0.1)
+    assert not OrmQ.objects.exists()
+
+
+def test_a_sweep_task_that_cannot_lead_sweeps_what_is_due_and_returns(db, monkeypatch):
+    ConsumerFactory()
+    emit("passport.published", {})
+    monkeypatch.setattr(tasks, "listen_one_turn", lambda listener: pytest.fail("it must not listen"))
+    with Listener.open() as leader:
+        assert leader.try_lead()
+        summary = tasks.sweep()
+    assert summary.startswith("1 claimed, 1 delivered")
+    assert Delivery.objects.get().status == "delivered"

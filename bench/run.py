@@ -1,25 +1,35 @@
-"""odal's benchmark (`make bench`): measures, in one run against PostgreSQL, odal's sweep next to
-the same machine's reference figures, and writes docs/performance.md.
+"""odal's benchmark (`make bench`): measures, in one run against PostgreSQL, odal's sweep and drain
+next to the same machine's reference figures, checks issue 7's targets, and writes
+docs/performance.md (and docs/performance.svg).
 
-- the one-commit-per-row ceiling: a guarded single-row UPDATE with its own commit, psycopg loop,
-  1 and 2 clients;
-- django-q2: no-op tasks/s through its ORM broker with 2 workers;
-- odal: deliveries/s with a no-op Python consumer for 1, 2 and 4 `odal outbox sweep` processes
-  over a backlog (attempt log included), and SQL statements per delivery.
+- the one-commit-per-row ceiling: a guarded single-row UPDATE with its own commit (a plain
+  psycopg loop), 1 and 2 clients;
+- django-q2: no-op tasks/s through its ORM broker, 2 workers, enqueue to drained;
+- odal: deliveries/s of 1, 2 and 4 `odal outbox sweep` processes over a backlog (attempt log
+  included), with a no-op Python consumer and with a webhook consumer on a local HTTP server;
+- the registry drain against the simulator (register, then check, per registration);
+- latency from an event's commit to its webhook request arriving, at a steady rate, with
+  `odal qcluster` on the default configuration; and how late retries falling due are attempted;
+- claim time and a sweep process's peak RSS on a 10,000-row and a 1,000,000-row table, with the
+  claim's query plan;
+- SQL statements and transactions per delivery.
 
-Usage: python bench/run.py [--backlog 100000] [--processes 1,2,4] [--tasks 3000] [--seconds 5]
-(DATABASE_URL must name a PostgreSQL server; `make bench` finds one.)
+Usage: python bench/run.py [--backlog 100000] [--processes 1,2,4] [--quick]
+(DATABASE_URL must name a PostgreSQL server; `make bench` finds one.) Exits 1 when a target is
+missed.
 """
 
 import argparse
+import json
 import os
 import platform
+import random
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,33 +38,47 @@ sys.path.insert(0, str(ROOT))
 from tests.torture import database_url, drop_database, recreate_database  # noqa: E402
 
 DATABASE = "odal_bench"
+QUIET = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+
+
+def spawn(argv: list[str], env: dict, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *argv], env=env, cwd=ROOT, **{**QUIET, **kwargs})
+
+
+def stop(procs: list[subprocess.Popen], sig: int = 15) -> None:
+    for proc in procs:
+        proc.send_signal(sig)
+    for proc in procs:
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- reference figures ---------------------------------------------------------------------------
 
 
 def ceiling(url: str, clients: int, seconds: float) -> float:
     """Guarded single-row UPDATEs, each its own transaction: what one commit per row allows."""
     import psycopg
 
-    rows = 200_000
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS bench_ceiling")
         conn.execute("CREATE TABLE bench_ceiling (id int PRIMARY KEY, status text NOT NULL, token uuid)")
-        conn.execute(
-            "INSERT INTO bench_ceiling SELECT g, 'pending', NULL FROM generate_series(1, %s) g", (rows,)
-        )
+        conn.execute("INSERT INTO bench_ceiling SELECT g, 'pending', NULL FROM generate_series(1, 400000) g")
     done = [0] * clients
-    stop = time.monotonic() + seconds
+    stop_at = time.monotonic() + seconds
 
     def client(i: int) -> None:
         with psycopg.connect(url, autocommit=True) as conn:
-            n = 0
-            row = 1 + i
-            while time.monotonic() < stop:
+            n, row = 0, 1 + i
+            while time.monotonic() < stop_at:
                 conn.execute(
                     "UPDATE bench_ceiling SET status = 'done', token = %s WHERE id = %s AND status = 'pending'",
                     (uuid.uuid4(), row),
                 )
-                n += 1
-                row += clients
+                n, row = n + 1, row + clients
             done[i] = n
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
@@ -71,8 +95,7 @@ def django_q_rate(env: dict, tasks: int) -> float:
     from django_q.models import OrmQ
     from django_q.tasks import async_task
 
-    cluster = subprocess.Popen([sys.executable, "-m", "odal", "qcluster"], env={**env, "ODAL_Q_WORKERS": "2"},
-                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    cluster = spawn(["-m", "odal", "qcluster"], {**env, "ODAL_Q_WORKERS": "2"})
     try:
         time.sleep(3)  # let the cluster start
         started = time.monotonic()
@@ -82,88 +105,299 @@ def django_q_rate(env: dict, tasks: int) -> float:
             time.sleep(0.05)
         return tasks / (time.monotonic() - started)
     finally:
-        cluster.send_signal(2)
-        try:
-            cluster.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            cluster.kill()
+        stop([cluster], 2)
 
 
-def fill_backlog(backlog: int) -> None:
-    from django.db import connection
+# -- the outbox ----------------------------------------------------------------------------------
 
+
+def consumer(kind: str, url: str = ""):
+    """The one active consumer of a measurement (the others are switched off)."""
     from outbox.models import Consumer
 
-    consumer, _ = Consumer.objects.get_or_create(
-        name="noop", defaults={"kind": "python", "target": "bench.noop.consume", "max_attempts": 3}
-    )
+    Consumer.objects.update(active=False)
+    if kind == "python":
+        c, _ = Consumer.objects.update_or_create(
+            name="bench-noop", defaults={"kind": "python", "target": "bench.noop.consume", "active": True}
+        )
+    else:
+        c, _ = Consumer.objects.update_or_create(
+            name="bench-webhook",
+            defaults={"kind": "webhook", "url": url, "active": True, "timeout_seconds": 10},
+        )
+    return c
+
+
+def fill_backlog(backlog: int, consumer_id: int, *, due_in_seconds: float = 0.0, attempts: int = 0) -> None:
+    """`backlog` events with one pending delivery each, due now (or later), by plain SQL."""
+    from django.db import connection
+
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE outbox_deliveryattempt, outbox_delivery, outbox_event")
         cursor.execute(
-            "INSERT INTO outbox_event (id, type, payload, created_at) "
-            "SELECT gen_random_uuid(), 'bench.noop', jsonb_build_object('n', g), now() FROM generate_series(1, %s) g",
+            "INSERT INTO outbox_event (id, type, payload, created_at) SELECT gen_random_uuid(), 'bench.noop', "
+            "jsonb_build_object('n', g), now() FROM generate_series(1, %s) g",
             [backlog],
         )
         cursor.execute(
             "INSERT INTO outbox_delivery (id, event_id, consumer_id, status, attempts, max_attempts, next_attempt_at, "
-            "last_error, created_at) SELECT gen_random_uuid(), id, %s, 'pending', 0, 3, now(), '', now() "
-            "FROM outbox_event",
-            [consumer.pk],
+            "last_error, created_at) SELECT gen_random_uuid(), id, %s, 'pending', %s, 8, "
+            "now() + make_interval(secs => %s), '', now() FROM outbox_event",
+            [consumer_id, attempts, due_in_seconds],
         )
-        cursor.execute("ANALYZE outbox_delivery")
+        cursor.execute("VACUUM ANALYZE outbox_delivery")
 
 
-def sweep_rate(env: dict, processes: int, backlog: int) -> float:
-    """Deliveries/s of `processes` sweep processes draining a backlog of no-op deliveries."""
+def sweep_rate(env: dict, processes: int, backlog: int, consumer_id: int) -> float:
+    """Deliveries/s of `processes` `odal outbox sweep` processes draining the backlog."""
     from outbox.models import Delivery
 
-    fill_backlog(backlog)
+    fill_backlog(backlog, consumer_id)
     started = time.monotonic()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "odal", "outbox", "sweep", "--batch", "500"],
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        for _ in range(processes)
-    ]
+    procs = [spawn(["-m", "odal", "outbox", "sweep", "--batch", "500"], env) for _ in range(processes)]
     try:
         while Delivery.objects.filter(status="pending").exists():
+            if any(p.poll() is not None for p in procs):
+                raise SystemExit("benchmark broken: a sweep process exited")
             time.sleep(0.1)
         elapsed = time.monotonic() - started
     finally:
-        for proc in procs:
-            proc.send_signal(15)
-        for proc in procs:
-            proc.wait(timeout=30)
+        stop(procs)
     delivered = Delivery.objects.filter(status="delivered").count()
     if delivered != backlog:
         raise SystemExit(f"benchmark broken: {delivered} of {backlog} delivered")
     return backlog / elapsed
 
 
-def statements_per_delivery(sample: int) -> float:
+def commits() -> int:
+    """The database's count of committed transactions (pg_stat_database.xact_commit)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        return cursor.fetchone()[0]
+
+
+def statements_per_delivery(sample: int, consumer_id: int) -> tuple[float, float]:
+    """SQL statements (a query counter on the sweep's connection) and committed transactions (the
+    database's own counter, pg_stat_database.xact_commit) per delivery, sweeping `sample` no-op
+    deliveries in batches of 500."""
     from django.db import connection
 
     from outbox.sweep import sweep_until_idle
 
-    fill_backlog(sample)
+    fill_backlog(sample, consumer_id)
     count = [0]
 
     def counter(execute, sql, params, many, context):
         count[0] += 1
         return execute(sql, params, many, context)
 
+    time.sleep(1.5)  # backends report their counters at most every 500 ms (and when idle)
+    before = commits()
     with connection.execute_wrapper(counter):
-        sweep_until_idle(batch=500, max_seconds=600)
-    return count[0] / sample
+        report = sweep_until_idle(batch=500, max_seconds=600)
+    time.sleep(1.5)
+    after = commits()
+    if report.delivered != sample:
+        raise SystemExit(f"benchmark broken: {report.delivered} of {sample} delivered")
+    return count[0] / sample, (after - before - 2) / sample  # (less the two counter reads)
+
+
+def start_receiver() -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "receiver.py")], stdout=subprocess.PIPE, text=True
+    )
+    port = int(proc.stdout.readline().split()[-1])
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def receiver_stats(base: str, reset: bool = False) -> dict:
+    import httpx
+
+    if reset:
+        httpx.post(f"{base}/reset")
+        return {}
+    return httpx.get(f"{base}/stats", timeout=30).json()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def latency(env: dict, base: str, consumer_id: int, rate: float, seconds: float) -> dict:
+    """`odal qcluster` as `make run` starts it (default configuration); events committed at a
+    steady `rate`; the receiver notes when each webhook arrives. Then retries: rows already tried
+    once, falling due over the next 12 s with no commit to wake anyone, and how late each is
+    attempted after its next_attempt_at."""
+    from django.db import connection, transaction
+
+    from outbox.events import emit
+    from outbox.models import Delivery, DeliveryAttempt
+
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE outbox_deliveryattempt, outbox_delivery, outbox_event")
+    receiver_stats(base, reset=True)
+    cluster_env = {key: value for key, value in env.items() if key != "ODAL_KICK_SWEEP"}
+    cluster = spawn(["-m", "odal", "qcluster"], cluster_env)
+    os.environ["ODAL_KICK_SWEEP"] = "true"
+    from django.conf import settings
+
+    settings.ODAL_KICK_SWEEP = True
+    try:
+        time.sleep(3)  # the cluster starts
+        for _ in range(3):  # warm up: the first commit finds no listener and enqueues a sweep
+            with transaction.atomic():
+                emit("bench.latency", {"n": 0})
+            time.sleep(0.5)
+        receiver_stats(base, reset=True)
+        committed: dict[int, float] = {}
+        total = int(rate * seconds)
+        started = time.monotonic()
+        for n in range(1, total + 1):
+            pause = started + n / rate - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            with transaction.atomic():
+                emit("bench.latency", {"n": n})
+            committed[n] = time.time()
+        deadline = time.monotonic() + 60
+        while receiver_stats(base)["count"] < total and time.monotonic() < deadline:
+            time.sleep(0.2)
+        arrivals = dict(receiver_stats(base)["arrivals"])
+        missing = [n for n in committed if n not in arrivals]
+        if missing:
+            raise SystemExit(f"benchmark broken: {len(missing)} of {total} webhooks never arrived")
+        ms = [(arrivals[n] - committed[n]) * 1000 for n in committed]
+
+        # Retries: inserted by SQL (no NOTIFY), due 2–14 s from now, attempt 1 already made.
+        from django.utils import timezone
+
+        due = {}
+        now = timezone.now()
+        with connection.cursor() as cursor:
+            for _ in range(200):
+                event_id, delivery_id = uuid.uuid4(), uuid.uuid4()
+                at = now + timedelta(seconds=2 + random.random() * 12)
+                cursor.execute(
+                    "INSERT INTO outbox_event (id, type, payload, created_at) VALUES (%s, 'bench.retry', '{}', now())",
+                    [event_id],
+                )
+                cursor.execute(
+                    "INSERT INTO outbox_delivery (id, event_id, consumer_id, status, attempts, max_attempts, "
+                    "next_attempt_at, last_error, created_at) VALUES (%s, %s, %s, 'pending', 1, 8, %s, "
+                    "'HTTP 500: (benchmark)', now())",
+                    [delivery_id, event_id, consumer_id, at],
+                )
+                due[delivery_id] = at
+        deadline = time.monotonic() + 60
+        while Delivery.objects.filter(pk__in=due, status="pending").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        started_at = dict(
+            DeliveryAttempt.objects.filter(delivery_id__in=due, number=2).values_list(
+                "delivery_id", "started_at"
+            )
+        )
+        if len(started_at) != len(due):
+            raise SystemExit(f"benchmark broken: {len(due) - len(started_at)} retries never attempted")
+        late = [(started_at[d] - due[d]).total_seconds() for d in due]
+    finally:
+        stop([cluster], 2)
+        settings.ODAL_KICK_SWEEP = False
+        os.environ["ODAL_KICK_SWEEP"] = "false"
+    return {
+        "p50": percentile(ms, 50),
+        "p95": percentile(ms, 95),
+        "p99": percentile(ms, 99),
+        "max": max(ms),
+        "events": len(ms),
+        "retry_max": max(late),
+        "retry_p99": percentile(late, 99),
+        "retry_min": min(late),
+        "retries": len(late),
+    }
+
+
+def claim_scaling(env: dict, sizes: list[int], consumer_id: int) -> dict:
+    """Claim time and a sweep process's peak RSS over tables of `sizes` due rows, and the claim's
+    plan on the largest."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from outbox.models import Delivery
+
+    out = {}
+    for size in sizes:
+        print(f"  filling {size:,} rows…", flush=True)
+        fill_backlog(size, consumer_id)
+        probe = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "probe.py"), "--passes", "10", "--batch", "500"],
+            env=env, cwd=ROOT, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        out[size] = json.loads(probe.stdout.strip().splitlines()[-1])
+    with transaction.atomic():
+        query = (
+            Delivery.objects.claimable(timezone.now())
+            .order_by("next_attempt_at")
+            .select_for_update(skip_locked=True)
+            .values_list("pk", flat=True)[:500]
+        )
+        out["plan"] = query.explain()
+    return out
+
+
+# -- the registry drain --------------------------------------------------------------------------
+
+
+def drain_rate(env: dict, registrations: int, processes: int) -> float:
+    """Registrations/s (register, then one check, each a request to the simulator) of `processes`
+    `odal registry drain` processes."""
+    from django.db import connection
+
+    from registry.models import Registration
+
+    token = "bench-token"
+    simulator = spawn(
+        ["-m", "odal", "registry", "simulate", "--port", "8199"], {**env, "ODAL_REGISTRY_TOKEN": token}
+    )
+    drain_env = {**env, "ODAL_REGISTRY_URL": "http://127.0.0.1:8199", "ODAL_REGISTRY_TOKEN": token,
+                 "ODAL_REGISTRY_CHECK_SECONDS": "0"}  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE registry_registrationattempt, registry_registration, odal_passport CASCADE")
+        cursor.execute(
+            "INSERT INTO odal_passport (id, upi, operator_id, facility_id, commodity_code, data, status, "
+            "created_at, updated_at, published_at) SELECT gen_random_uuid(), 'https://id.example.eu/bench/' || g, "
+            "'op', 'fac', '7208', '{}', 'published', now(), now(), now() FROM generate_series(1, %s) g",
+            [registrations],
+        )
+        cursor.execute(
+            "INSERT INTO registry_registration (id, passport_id, status, operation, attempts, next_attempt_at, "
+            "correlation_id, handle, last_error, note, created_at, queued_at) SELECT gen_random_uuid(), id, "
+            "'pending', 'register', 0, now(), '', '', '', '', now(), now() FROM odal_passport"
+        )
+    time.sleep(1.5)  # the simulator starts
+    started = time.monotonic()
+    procs = [spawn(["-m", "odal", "registry", "drain", "--batch", "50"], drain_env) for _ in range(processes)]
+    try:
+        while Registration.objects.exclude(status="registered").exists():
+            if any(p.poll() is not None for p in procs):
+                raise SystemExit("benchmark broken: a drain process exited")
+            time.sleep(0.1)
+        elapsed = time.monotonic() - started
+    finally:
+        stop(procs)
+        stop([simulator])
+    return registrations / elapsed
+
+
+# -- the report ----------------------------------------------------------------------------------
 
 
 def chart(rows: list[tuple[str, float]]) -> str:
     """A horizontal bar chart as SVG text (no script, no CDN)."""
-    width, bar_h, gap, label_w = 720, 22, 8, 260
+    width, bar_h, gap, label_w = 760, 22, 8, 300
     peak = max(v for _, v in rows) or 1
     height = len(rows) * (bar_h + gap) + 10
     parts = []
@@ -181,10 +415,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backlog", type=int, default=100_000)
     parser.add_argument("--processes", default="1,2,4")
-    parser.add_argument("--tasks", type=int, default=3000)
-    parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--tasks", type=int, default=3000, help="django-q2 no-op tasks")
+    parser.add_argument("--seconds", type=float, default=5, help="per ceiling measurement")
+    parser.add_argument("--latency-seconds", type=float, default=30)
+    parser.add_argument("--rate", type=float, default=50, help="events/s of the latency run")
+    parser.add_argument("--registrations", type=int, default=3000)
+    parser.add_argument("--big", type=int, default=1_000_000, help="the large table of the claim-scaling run")
+    parser.add_argument("--quick", action="store_true", help="small sizes, to try the benchmark itself")
     parser.add_argument("--out", default=str(ROOT / "docs" / "performance.md"))
     args = parser.parse_args()
+    if args.quick:
+        args.backlog, args.tasks, args.seconds, args.latency_seconds = 5000, 300, 1, 5
+        args.registrations, args.big = 300, 50_000
     if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
         print(
             "the benchmark needs DATABASE_URL naming PostgreSQL (run it through make bench)", file=sys.stderr
@@ -201,63 +443,146 @@ def main() -> int:
     django.setup()
     from django.db import connection
 
-    psql_url = url.replace("postgres://", "postgresql://", 1)
-    results: dict[str, float] = {}
-    print("measuring the one-commit-per-row ceiling…", flush=True)
-    results["ceiling_1"] = ceiling(psql_url, 1, args.seconds)
-    results["ceiling_2"] = ceiling(psql_url, 2, args.seconds)
-    print("measuring django-q2 (ORM broker, 2 workers)…", flush=True)
-    results["django_q"] = django_q_rate(env, args.tasks)
     processes = [int(p) for p in args.processes.split(",")]
-    for p in processes:
-        print(f"measuring odal with {p} sweep process(es) over {args.backlog:,} deliveries…", flush=True)
-        results[f"odal_{p}"] = sweep_rate(env, p, args.backlog)
-    results["statements"] = statements_per_delivery(min(args.backlog, 5000))
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW server_version")
-        server = cursor.fetchone()[0]
-        cursor.execute("SHOW fsync")
-        fsync = cursor.fetchone()[0]
-    connection.close()
+    psql_url = url.replace("postgres://", "postgresql://", 1)
+    r: dict = {}
+    receiver, base = start_receiver()
+    try:
+        print("measuring the one-commit-per-row ceiling…", flush=True)
+        r["ceiling_1"] = ceiling(psql_url, 1, args.seconds)
+        r["ceiling_2"] = ceiling(psql_url, 2, args.seconds)
+        print("measuring django-q2 (ORM broker, 2 workers)…", flush=True)
+        r["django_q"] = django_q_rate(env, args.tasks)
+        noop = consumer("python").pk
+        for p in processes:
+            print(
+                f"measuring odal, no-op consumer, {p} sweep process(es), {args.backlog:,} deliveries…",
+                flush=True,
+            )
+            r[f"noop_{p}"] = sweep_rate(env, p, args.backlog, noop)
+        r["statements"], r["transactions"] = statements_per_delivery(min(args.backlog, 10_000), noop)
+        hook = consumer("webhook", f"{base}/hooks").pk
+        for p in processes:
+            print(
+                f"measuring odal, webhook consumer, {p} sweep process(es), {args.backlog:,} deliveries…",
+                flush=True,
+            )
+            r[f"hook_{p}"] = sweep_rate(env, p, args.backlog, hook)
+        print(
+            f"measuring latency at {args.rate:g} events/s for {args.latency_seconds:g} s (odal qcluster)…",
+            flush=True,
+        )
+        r["latency"] = latency(env, base, hook, args.rate, args.latency_seconds)
+        print("measuring the registry drain against the simulator…", flush=True)
+        consumer("python")  # (registered passports emit events; a no-op consumer takes them)
+        for p in (1, 2):
+            r[f"drain_{p}"] = drain_rate(env, args.registrations, p)
+        print(f"measuring claim time and RSS over 10,000 and {args.big:,} rows…", flush=True)
+        r["scaling"] = claim_scaling(env, [10_000, args.big], consumer("python").pk)
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW server_version")
+            server = cursor.fetchone()[0]
+            cursor.execute("SHOW fsync")
+            fsync = cursor.fetchone()[0]
+    finally:
+        receiver.terminate()
+        connection.close()
     drop_database(DATABASE)
+    return report(args, processes, r, server, fsync)
 
-    two = results.get("odal_2", results[f"odal_{processes[0]}"])
-    lines = [
-        "| what | rate | odal (2 sweeps) / this |",
-        "|---|---:|---:|",
-        f"| guarded single-row UPDATE, commit per row, 1 client | {results['ceiling_1']:,.0f}/s | "
-        f"{two / results['ceiling_1']:.2f}× |",
-        f"| guarded single-row UPDATE, commit per row, 2 clients | {results['ceiling_2']:,.0f}/s | "
-        f"{two / results['ceiling_2']:.2f}× |",
-        f"| django-q2 no-op tasks, ORM broker, 2 workers | {results['django_q']:,.0f}/s | {two / results['django_q']:.1f}× |",
+
+def report(args, processes: list[int], r: dict, server: str, fsync: str) -> int:
+    two = r.get("noop_2", r[f"noop_{processes[0]}"])
+    hook_two = r.get("hook_2", r[f"hook_{processes[0]}"])
+    lat, small, big = r["latency"], r["scaling"][10_000], r["scaling"][args.big]
+    claim_ratio = big["claim_ms_median"] / small["claim_ms_median"]
+    rss_ratio = big["peak_rss_mb"] / small["peak_rss_mb"]
+    uses_index = "delivery_due_idx" in r["scaling"]["plan"]
+    rows = [
+        ("guarded single-row UPDATE, commit per row, 1 client", f"{r['ceiling_1']:,.0f}/s"),
+        ("guarded single-row UPDATE, commit per row, 2 clients", f"{r['ceiling_2']:,.0f}/s"),
+        ("django-q2 no-op tasks, ORM broker, 2 workers", f"{r['django_q']:,.0f}/s"),
     ]
-    for p in processes:
-        lines.append(f"| odal sweep, no-op Python consumer, {p} process(es), {args.backlog:,} backlog | "
-                     f"{results[f'odal_{p}']:,.0f}/s | |")  # fmt: skip
-    lines.append(f"| SQL statements per delivery (batch 500) | {results['statements']:.3f} | |")
-    table = "\n".join(lines)
-    print(table)
+    rows += [
+        (f"odal sweep, no-op Python consumer, {p} process(es)", f"{r[f'noop_{p}']:,.0f}/s") for p in processes
+    ]
+    rows += [(f"odal sweep, webhook consumer (local server), {p} process(es)", f"{r[f'hook_{p}']:,.0f}/s")
+             for p in processes]  # fmt: skip
+    rows += [
+        ("odal / django-q2 (no-op, 2 sweeps)", f"{two / r['django_q']:.1f}×"),
+        ("odal / one-commit-per-row ceiling, 2 clients (no-op, 2 sweeps)", f"{two / r['ceiling_2']:.2f}×"),
+        ("registry drain, simulator, 1 process (register + check)", f"{r['drain_1']:,.0f} registrations/s"),
+        ("registry drain, simulator, 2 processes", f"{r['drain_2']:,.0f} registrations/s"),
+        (f"commit → webhook latency at {args.rate:g}/s ({lat['events']:,} events), p50 / p95 / p99 / max",
+         f"{lat['p50']:.0f} / {lat['p95']:.0f} / {lat['p99']:.0f} / {lat['max']:.0f} ms"),
+        (f"retry attempted after its next_attempt_at ({lat['retries']} retries), p99 / max",
+         f"{lat['retry_p99']:.2f} / {lat['retry_max']:.2f} s"),
+        ("claim of 500 rows, median, 10,000-row table", f"{small['claim_ms_median']:.1f} ms"),
+        (f"claim of 500 rows, median, {args.big:,}-row table", f"{big['claim_ms_median']:.1f} ms ({claim_ratio:.2f}×)"),
+        ("sweep process peak RSS, 10,000-row table", f"{small['peak_rss_mb']:.0f} MB"),
+        (f"sweep process peak RSS, {args.big:,}-row table", f"{big['peak_rss_mb']:.0f} MB ({rss_ratio:.2f}×)"),
+        ("claim query plan uses delivery_due_idx (partial index)", "yes" if uses_index else "NO"),
+        ("SQL statements per delivery (query counter, batch 500)", f"{r['statements']:.3f}"),
+        ("committed transactions per delivery (pg_stat_database)", f"{r['transactions']:.4f}"),
+    ]  # fmt: skip
+    targets = [
+        ("no-op: ≥ 5,000 deliveries/s with 2 sweeps", two >= 5000),
+        ("no-op: ≥ 10× django-q2 with 2 sweeps", two >= 10 * r["django_q"]),
+        ("webhook: ≥ 1,000 deliveries/s with 2 sweeps", hook_two >= 1000),
+        ("latency: p50 ≤ 100 ms", lat["p50"] <= 100),
+        ("latency: p99 ≤ 500 ms", lat["p99"] <= 500),
+        ("a retry is attempted within 2 s of its next_attempt_at", lat["retry_max"] <= 2),
+        ("claim time within 2× from 10,000 to 1,000,000 rows", claim_ratio <= 2),
+        ("peak RSS within 1.5× from 10,000 to 1,000,000 rows", rss_ratio <= 1.5),
+        ("the claim uses the partial index", uses_index),
+    ]
+    table = "\n".join(["| what | measured |", "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows])
+    goals = "\n".join(["| target (issue 7) | met |", "|---|---|"] + [f"| {a} | {'yes' if ok else '**NO**'} |"
+                                                                    for a, ok in targets])  # fmt: skip
+    print(table + "\n\n" + goals)
     svg = chart(
-        [("ceiling, 1 client", results["ceiling_1"]), ("ceiling, 2 clients", results["ceiling_2"]),
-         ("django-q2, 2 workers", results["django_q"])]
-        + [(f"odal, {p} sweep process(es)", results[f"odal_{p}"]) for p in processes]
+        [("ceiling, 1 client", r["ceiling_1"]), ("ceiling, 2 clients", r["ceiling_2"]),
+         ("django-q2, 2 workers", r["django_q"])]
+        + [(f"odal no-op, {p} sweep(s)", r[f"noop_{p}"]) for p in processes]
+        + [(f"odal webhook, {p} sweep(s)", r[f"hook_{p}"]) for p in processes]
     )  # fmt: skip
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    chart_path = Path(args.out).with_name("performance.svg")
-    chart_path.write_text(svg)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_name("performance.svg").write_text(svg)
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    Path(args.out).write_text(
+    plan = "\n".join("    " + line for line in r["scaling"]["plan"].splitlines())
+    out.write_text(
         f"# Performance\n\nMeasured by `make bench` ({when}) on {platform.machine()}, {os.cpu_count()} cores, "
-        f"PostgreSQL {server} (fsync {fsync}), all in one run on the same machine.\n\n{table}\n\n"
-        f"![rates](performance.svg)\n\n"
-        "The sweep claims up to 500 due rows at once (SKIP LOCKED), runs them, and writes outcomes in batches "
-        "(every 200 attempts or every second): successes in one guarded UPDATE, the attempt log in one INSERT. "
-        "The one-commit-per-row rows show what a sweep writing each outcome on its own could reach at most.\n\n"
-        "Still to measure (issue 7): a webhook consumer against a local server, the registry drain, publish-to-"
-        "webhook latency at 50 events/s, and how claim time and a sweep's RSS change from 10,000 to 1,000,000 "
-        "rows.\n"
+        f"PostgreSQL {server} (fsync {fsync}), everything in one run on the same machine"
+        f"{' (--quick: small sizes, not the figures of record)' if args.quick else ''}. Backlogs: "
+        f"{args.backlog:,} deliveries per sweep measurement, {args.registrations:,} registrations per drain "
+        f"measurement.\n\n{table}\n\n{goals}\n\n![rates](performance.svg)\n\n"
+        "## How the sweep gets there\n\n"
+        "- A claim takes up to 500 due rows in one transaction (`SELECT … FOR UPDATE SKIP LOCKED` on the "
+        "partial index `delivery_due_idx`, then one UPDATE) and reads them back by primary key.\n"
+        "- Outcomes are written every 200 attempts or every second, in one transaction: the successes in "
+        "one guarded UPDATE (rows locked first, so the ids read are exactly the rows taken), each failure in "
+        "its own guarded UPDATE, and the whole attempt log in one `INSERT … SELECT FROM unnest(…)`. Every row "
+        "still carries the guard `status = 'pending' AND claim_token = <mine>`; a late row is logged as late "
+        "and nothing else.\n"
+        "- Webhooks run on a thread pool, at most `ODAL_WEBHOOK_CONCURRENCY` (default 8) at once per consumer "
+        "per sweep process; only the sweep's own thread touches the database.\n"
+        "- Dead-lettering of spent rows reads its own small partial index (`delivery_spent_idx`), so a pass "
+        "costs the same over a backlog of 10,000 or of 1,000,000.\n"
+        "- Latency: a commit NOTIFYs the listening sweep (one django-q2 worker keeps one, handed on every "
+        "10 s); a listener also looks for due rows every second, which is what bounds a retry's lateness. "
+        "See docs/scaling.md.\n\n"
+        f"The claim's plan on the {args.big:,}-row table:\n\n{plan}\n\n"
+        "The webhook receiver is bench/receiver.py (asyncio, keep-alive, answers 204; it does not verify "
+        "signatures: the tests do). The latency run starts `odal qcluster` with the default settings "
+        "(2 workers, ORM broker) and commits events from another process; retries are rows already tried "
+        "once, made due 2–14 s ahead by SQL, so nothing but the listener's poll can find them.\n"
     )
-    print(f"wrote {args.out} and {chart_path}")
+    print(f"wrote {out} and {out.with_name('performance.svg')}")
+    missed = [a for a, ok in targets if not ok]
+    if missed:
+        print("targets missed: " + "; ".join(missed), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -162,6 +162,9 @@ def make_server(host: str = "127.0.0.1", port: int = 8100, *, token: str, faults
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Headers and body go out in separate writes: without TCP_NODELAY each keep-alive answer
+        # waits for the client's delayed ACK (about 40 ms).
+        disable_nagle_algorithm = True
 
         def _answer(self, status: int, body: dict) -> None:
             data = json.dumps(body).encode() if status != 204 else b""

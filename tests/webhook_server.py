@@ -27,6 +27,9 @@ class WebhookServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out in separate writes: without TCP_NODELAY each keep-alive answer
+            # waits for the client's delayed ACK (about 40 ms).
+            disable_nagle_algorithm = True
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("content-length") or 0)).decode()

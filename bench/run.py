@@ -45,6 +45,20 @@ def spawn(argv: list[str], env: dict, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, *argv], env=env, cwd=ROOT, **{**QUIET, **kwargs})
 
 
+def timed_run(argv: list[str], env: dict, processes: int, busy) -> float:
+    """Start `processes` copies of `argv`; seconds until `busy()` is false. Stops them after."""
+    started = time.monotonic()
+    procs = [spawn(argv, env) for _ in range(processes)]
+    try:
+        while busy():
+            if any(p.poll() is not None for p in procs):
+                raise SystemExit(f"benchmark broken: {' '.join(argv)} exited")
+            time.sleep(0.1)
+        return time.monotonic() - started
+    finally:
+        stop(procs)
+
+
 def stop(procs: list[subprocess.Popen], sig: int = 15) -> None:
     for proc in procs:
         proc.send_signal(sig)
@@ -153,16 +167,8 @@ def sweep_rate(env: dict, processes: int, backlog: int, consumer_id: int) -> flo
     from outbox.models import Delivery
 
     fill_backlog(backlog, consumer_id)
-    started = time.monotonic()
-    procs = [spawn(["-m", "odal", "outbox", "sweep", "--batch", "500"], env) for _ in range(processes)]
-    try:
-        while Delivery.objects.filter(status="pending").exists():
-            if any(p.poll() is not None for p in procs):
-                raise SystemExit("benchmark broken: a sweep process exited")
-            time.sleep(0.1)
-        elapsed = time.monotonic() - started
-    finally:
-        stop(procs)
+    pending = Delivery.objects.filter(status="pending")
+    elapsed = timed_run(["-m", "odal", "outbox", "sweep", "--batch", "500"], env, processes, pending.exists)
     delivered = Delivery.objects.filter(status="delivered").count()
     if delivered != backlog:
         raise SystemExit(f"benchmark broken: {delivered} of {backlog} delivered")
@@ -378,16 +384,12 @@ def drain_rate(env: dict, registrations: int, processes: int) -> float:
             "'pending', 'register', 0, now(), '', '', '', '', now(), now() FROM odal_passport"
         )
     time.sleep(1.5)  # the simulator starts
-    started = time.monotonic()
-    procs = [spawn(["-m", "odal", "registry", "drain", "--batch", "50"], drain_env) for _ in range(processes)]
+    unfinished = Registration.objects.exclude(status="registered")
     try:
-        while Registration.objects.exclude(status="registered").exists():
-            if any(p.poll() is not None for p in procs):
-                raise SystemExit("benchmark broken: a drain process exited")
-            time.sleep(0.1)
-        elapsed = time.monotonic() - started
+        elapsed = timed_run(
+            ["-m", "odal", "registry", "drain", "--batch", "50"], drain_env, processes, unfinished.exists
+        )
     finally:
-        stop(procs)
         stop([simulator])
     return registrations / elapsed
 

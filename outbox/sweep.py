@@ -47,7 +47,8 @@ class SweepReport:
 
 
 FLUSH_ROWS = 200  # outcomes written together, in one transaction
-FLUSH_SECONDS = 1.0  # ...or sooner, so a slow consumer does not hold finished outcomes back
+FLUSH_SECONDS = 1.0  # ...or sooner (a quarter of the hold if that is less), so a slow consumer
+# does not hold finished outcomes back
 SWEEP_THREADS = 32  # webhook requests in flight per sweep process, all consumers together
 
 
@@ -157,6 +158,8 @@ class Pass:
         self.claim, self.report, self.client, self.pool = claim, report, client, pool
         self.pending: list[Finished] = []
         self.last_flush = time.monotonic()
+        # Outcomes must be written well inside the claim's hold, or they arrive late for nothing.
+        self.flush_seconds = min(FLUSH_SECONDS, settings.ODAL_CLAIM_HOLD_SECONDS / 4)
 
     def flush(self) -> None:
         taken = finish_attempts(self.claim.token, self.pending)
@@ -172,7 +175,7 @@ class Pass:
 
     def finished(self, f: Finished) -> None:
         self.pending.append(f)
-        if len(self.pending) >= FLUSH_ROWS or time.monotonic() - self.last_flush >= FLUSH_SECONDS:
+        if len(self.pending) >= FLUSH_ROWS or time.monotonic() - self.last_flush >= self.flush_seconds:
             self.flush()
 
     def run(self) -> None:
@@ -199,7 +202,7 @@ class Pass:
                 if by_id[d.consumer_id].kind != Consumer.Kind.WEBHOOK:
                     self.finished(attempt(by_id[d.consumer_id], d, self.client))
             while in_flight:
-                done, _ = wait(in_flight, timeout=FLUSH_SECONDS, return_when=FIRST_COMPLETED)
+                done, _ = wait(in_flight, timeout=self.flush_seconds, return_when=FIRST_COMPLETED)
                 for future in done:
                     consumer_id = in_flight.pop(future)
                     running[consumer_id] -= 1

@@ -32,6 +32,11 @@ class Claim:
     token: uuid.UUID
     at: datetime
     rows: list = field(default_factory=list)
+    held_until: datetime | None = None  # after this the rows are due again, for any claimer
+
+    def holds(self) -> bool:
+        """Whether the hold still runs: an attempt started later may overlap another claim's."""
+        return self.held_until is not None and timezone.now() < self.held_until
 
 
 class ClaimQuerySet(models.QuerySet):
@@ -58,35 +63,31 @@ class ClaimQuerySet(models.QuerySet):
         `attempts` already counts this attempt)."""
         now = now or timezone.now()
         hold = timedelta(seconds=settings.ODAL_CLAIM_HOLD_SECONDS if hold_seconds is None else hold_seconds)
-        claim = Claim(token=uuid.uuid4(), at=now)
         held_until = now + hold
-        # One statement: UPDATE … WHERE pk IN (SELECT … ORDER BY next_attempt_at LIMIT n FOR UPDATE
-        # SKIP LOCKED) AND <still claimable>. The subquery walks the due index and skips rows
-        # another claimer has locked; the outer WHERE restates "still claimable", so a row that
-        # changed in between (or, without row locks on SQLite, that another claimer took) is not
-        # taken twice.
-        picked = (
-            self.claimable(now)
-            .order_by("next_attempt_at")
-            .select_for_update(skip_locked=True)
-            .values("pk")[:limit]
+        claim = Claim(token=uuid.uuid4(), at=now, held_until=held_until)
+        with transaction.atomic():
+            # Two statements on purpose. A single UPDATE … WHERE pk IN (SELECT … LIMIT n FOR UPDATE
+            # SKIP LOCKED) may take far more than n rows while others claim (PostgreSQL can run
+            # the subquery more than once); tests/test_outbox_claims.py shows it.
+            ids = list(
+                self.claimable(now)
+                .order_by("next_attempt_at")
+                .select_for_update(skip_locked=True)
+                .values_list("pk", flat=True)[:limit]
+            )
+            if not ids:
+                return claim
+            # The WHERE restates "still claimable": on a database without row locks (SQLite),
+            # a row another claimer took in between no longer matches and is not taken twice.
+            self.model._default_manager.filter(pk__in=ids).claimable(now).update(
+                claim_token=claim.token, next_attempt_at=held_until, attempts=F("attempts") + 1
+            )
+        # By primary key: claim_token has no index, and a claim must not read the whole table.
+        claim.rows = list(
+            self.model._default_manager.filter(pk__in=ids, claim_token=claim.token)
+            .select_related(*select_related)
+            .order_by("pk")
         )
-        with transaction.atomic():  # (Django wants FOR UPDATE inside one, though it is one statement)
-            taken = (
-                self.model._default_manager.filter(pk__in=picked)
-                .claimable(now)
-                .update(claim_token=claim.token, next_attempt_at=held_until, attempts=F("attempts") + 1)
-            )
-        if taken:
-            # Read back through the due index (next_attempt_at is exactly held_until); claim_token
-            # has no index of its own, and a claim must not read the whole table.
-            claim.rows = list(
-                self.model._default_manager.filter(
-                    status__in=self.claimable_statuses, next_attempt_at=held_until, claim_token=claim.token
-                )
-                .select_related(*select_related)
-                .order_by("pk")
-            )
         return claim
 
 

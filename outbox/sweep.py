@@ -32,18 +32,22 @@ class SweepReport:
     delivered: int = 0
     failed: int = 0
     late: int = 0
+    not_started: int = 0  # claimed, but the hold ran out before their turn came
     passes: int = 0
     errors: list[str] = field(default_factory=list)
 
     def add(self, other: "SweepReport") -> None:
-        for name in ("dead_lettered", "claimed", "delivered", "failed", "late", "passes"):
+        for name in ("dead_lettered", "claimed", "delivered", "failed", "late", "not_started", "passes"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def summary(self) -> str:
-        return (
+        text = (
             f"{self.claimed} claimed, {self.delivered} delivered, {self.failed} failed, "
             f"{self.late} late, {self.dead_lettered} dead-lettered (never reported)"
         )
+        if self.not_started:
+            text += f", {self.not_started} not started (hold ran out)"
+        return text
 
 
 FLUSH_ROWS = 200  # outcomes written together, in one transaction
@@ -152,11 +156,13 @@ def attempt(consumer, delivery: Delivery, client: httpx.Client) -> Finished:
 class Pass:
     """The work of one claim. Python consumers run one after another on this thread (they may use
     the database). Webhooks run on the pool, at most ODAL_WEBHOOK_CONCURRENCY at once per
-    consumer; only this thread writes, every FLUSH_ROWS outcomes or FLUSH_SECONDS."""
+    consumer; only this thread writes, every FLUSH_ROWS outcomes or FLUSH_SECONDS. No attempt
+    starts after the claim's hold has run out."""
 
     def __init__(self, claim, report: SweepReport, client: httpx.Client, pool: ThreadPoolExecutor):
         self.claim, self.report, self.client, self.pool = claim, report, client, pool
         self.pending: list[Finished] = []
+        self.started = 0
         self.last_flush = time.monotonic()
         # Outcomes must be written well inside the claim's hold, or they arrive late for nothing.
         self.flush_seconds = min(FLUSH_SECONDS, settings.ODAL_CLAIM_HOLD_SECONDS / 4)
@@ -190,16 +196,18 @@ class Pass:
 
         def start(consumer_id: int) -> None:
             queue = waiting[consumer_id]
-            while queue and running[consumer_id] < bound:
+            while queue and running[consumer_id] < bound and self.claim.holds():
                 future = self.pool.submit(attempt, by_id[consumer_id], queue.popleft(), self.client)
                 in_flight[future] = consumer_id
                 running[consumer_id] += 1
+                self.started += 1
 
         try:
             for consumer_id in waiting:
                 start(consumer_id)
             for d in self.claim.rows:
-                if by_id[d.consumer_id].kind != Consumer.Kind.WEBHOOK:
+                if by_id[d.consumer_id].kind != Consumer.Kind.WEBHOOK and self.claim.holds():
+                    self.started += 1
                     self.finished(attempt(by_id[d.consumer_id], d, self.client))
             while in_flight:
                 done, _ = wait(in_flight, timeout=self.flush_seconds, return_when=FIRST_COMPLETED)
@@ -210,6 +218,15 @@ class Pass:
                     self.finished(future.result())
                 if not done and self.pending:
                     self.flush()
+            self.report.not_started += len(self.claim.rows) - self.started
+            if self.started < len(self.claim.rows):
+                # Their turn came after the hold ran out: they are due again, and another sweep
+                # may be attempting them. They stay as a dead worker leaves them (the attempt
+                # counted; retried by the next claim, or dead-lettered if it was the last).
+                log.warning(
+                    "%s claimed deliveries not started: the claim's hold ran out first",
+                    len(self.claim.rows) - self.started,
+                )
         finally:
             # Whatever stopped the pass, outcomes already known are written, not thrown away.
             for future in in_flight:
@@ -224,7 +241,8 @@ def sweep_once(
     report = SweepReport(passes=1)
     now = timezone.now()
     report.dead_lettered = Delivery.objects.dead_letter_exhausted(now=now)
-    claim = Delivery.objects.claim(limit=batch, now=now, select_related=("event",))
+    # The hold runs from the claim's own clock reading, not from before the dead-lettering.
+    claim = Delivery.objects.claim(limit=batch, select_related=("event",))
     report.claimed = len(claim.rows)
     if not claim.rows:
         return report

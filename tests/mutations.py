@@ -74,6 +74,13 @@ GUARDS = [
         "tests/test_outbox_claims.py::test_a_claim_skips_rows_another_claimer_has_locked",
     ),
     Guard(
+        "claim: never more rows than its limit, however many claim at once",
+        "outbox/claims.py",
+        """                .values_list("pk", flat=True)[:limit]\n""",
+        """                .values_list("pk", flat=True)\n""",
+        "tests/test_outbox_claims.py -k limit",
+    ),
+    Guard(
         "claim: never claims a delivery whose attempts are spent",
         "outbox/models.py",
         'return self.due(now).filter(attempts__lt=F("max_attempts"))',
@@ -118,9 +125,16 @@ GUARDS = [
     Guard(
         "sweep: at most ODAL_WEBHOOK_CONCURRENCY requests in flight per consumer",
         "outbox/sweep.py",
-        "            while queue and running[consumer_id] < bound:\n",
-        "            while queue:\n",
+        "            while queue and running[consumer_id] < bound and self.claim.holds():\n",
+        "            while queue and self.claim.holds():\n",
         "tests/test_outbox_sweep.py -k concurrently",
+    ),
+    Guard(
+        "sweep: no attempt starts after the claim's hold ran out",
+        "outbox/sweep.py",
+        "            while queue and running[consumer_id] < bound and self.claim.holds():\n",
+        "            while queue and running[consumer_id] < bound:\n",
+        "tests/test_outbox_sweep.py -k hold_ran_out",
     ),
     Guard(
         "wake: a commit NOTIFYs the listening sweep",

@@ -11,7 +11,7 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from outbox.models import Delivery
-from tests.factories import ConsumerFactory, DeliveryFactory
+from tests.factories import ConsumerFactory, DeliveryFactory, EventFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -243,3 +243,31 @@ def test_concurrent_claims_never_share_a_row():
     everything = taken[0] + taken[1] + taken[2]
     assert len(everything) == 60 and len(set(everything)) == 60
     assert set(Delivery.objects.values_list("attempts", flat=True)) == {1}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_never_takes_more_than_its_limit_while_others_claim():
+    """Six claimers at once over 300 due rows, five rows each at most. (A single-statement
+    UPDATE … WHERE id IN (SELECT … LIMIT n FOR UPDATE SKIP LOCKED) breaks this under
+    concurrency: PostgreSQL may evaluate the subquery more than once.)"""
+    consumer = ConsumerFactory()
+    Delivery.objects.bulk_create(Delivery(event=EventFactory(), consumer=consumer) for _ in range(300))
+    sizes: list[int] = []
+    start = threading.Barrier(6)
+
+    def claimer():
+        start.wait()
+        while True:
+            claim = Delivery.objects.claim(limit=5, hold_seconds=300)
+            if not claim.rows:
+                break
+            sizes.append(len(claim.rows))
+        connections.close_all()
+
+    threads = [threading.Thread(target=claimer) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(sizes) == 300
+    assert max(sizes) <= 5, f"a claim took {max(sizes)} rows"

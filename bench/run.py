@@ -238,6 +238,7 @@ def latency(env: dict, base: str, consumer_id: int, rate: float, seconds: float)
     steady `rate`; the receiver notes when each webhook arrives. Then retries: rows already tried
     once, falling due over the next 12 s with no commit to wake anyone, and how late each is
     attempted after its next_attempt_at."""
+    from django.conf import settings
     from django.db import connection, transaction
 
     from outbox.events import emit
@@ -248,10 +249,7 @@ def latency(env: dict, base: str, consumer_id: int, rate: float, seconds: float)
     receiver_stats(base, reset=True)
     cluster_env = {key: value for key, value in env.items() if key != "ODAL_KICK_SWEEP"}
     cluster = spawn(["-m", "odal", "qcluster"], cluster_env)
-    os.environ["ODAL_KICK_SWEEP"] = "true"
-    from django.conf import settings
-
-    settings.ODAL_KICK_SWEEP = True
+    settings.ODAL_KICK_SWEEP = True  # this process's commits wake the sweep, as a web process's do
     try:
         time.sleep(3)  # the cluster starts
         for _ in range(3):  # warm up: the first commit finds no listener and enqueues a sweep
@@ -312,7 +310,6 @@ def latency(env: dict, base: str, consumer_id: int, rate: float, seconds: float)
     finally:
         stop([cluster], 2)
         settings.ODAL_KICK_SWEEP = False
-        os.environ["ODAL_KICK_SWEEP"] = "false"
     return {
         "p50": percentile(ms, 50),
         "p95": percentile(ms, 95),

@@ -9,7 +9,7 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import httpx
@@ -247,10 +247,9 @@ def sweep_once(
     if not claim.rows:
         return report
     with ExitStack() as stack:
-        if client is None:
-            client = stack.enter_context(httpx.Client(follow_redirects=False))
-        if pool is None:
-            pool = stack.enter_context(ThreadPoolExecutor(SWEEP_THREADS, thread_name_prefix="odal-webhook"))
+        if client is None or pool is None:  # a pass on its own: a client and pool for it alone
+            shared = stack.enter_context(sweeper())
+            client, pool = client or shared["client"], pool or shared["pool"]
         Pass(claim, report, client, pool).run()
     return report
 
@@ -314,11 +313,7 @@ def sweep_forever(
 ) -> SweepReport:
     """What `odal outbox sweep` runs: passes until told to stop, woken by commits when idle. It
     takes the listener lock when free, so commits need not enqueue django-q2 sweeps meanwhile."""
-    listener = Listener.open()
-    try:
+    with Listener.open() or nullcontext() as listener:
         if listener is not None:
             listener.try_lead()
         return sweep_listening(listener, batch=batch, poll_seconds=idle_sleep, should_stop=should_stop)
-    finally:
-        if listener is not None:
-            listener.close()

@@ -33,3 +33,10 @@ class OutboxCollector:
             late.add_metric([outcome], counts[(outcome, True)])
         yield attempts
         yield late
+        yield CounterMetricFamily(
+            "outbox_write_errors",
+            "Attempt outcomes the database refused to store (the row kept its claim until the hold ran out).",
+            value=sum(
+                n for (outcome, _), n in counts.items() if outcome == DeliveryAttempt.Outcome.WRITE_ERROR
+            ),
+        )

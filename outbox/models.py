@@ -15,6 +15,7 @@ from django.utils import timezone
 from odal.errors import Refused
 from odal.models import AuditEntry
 from odal.reasons import clean_reason
+from odal.text import storable
 from outbox.claims import ClaimQuerySet
 from outbox.kick import kick_sweep_on_commit
 
@@ -132,7 +133,7 @@ class DeliveryQuerySet(ClaimQuerySet):
                 ),
                 next_attempt_at=retry_at,
                 claim_token=None,
-                last_error=error[:2000],
+                last_error=storable(error),
             )
             == 1
         )
@@ -274,6 +275,7 @@ class DeliveryAttempt(models.Model):
     class Outcome(models.TextChoices):
         DELIVERED = "delivered"
         FAILED = "failed"
+        WRITE_ERROR = "write_error", "write error (the database refused the outcome)"
 
     delivery = models.ForeignKey(
         Delivery, on_delete=models.CASCADE, related_name="attempt_log", db_index=False

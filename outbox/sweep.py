@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
+from odal.text import error_text, storable
 from outbox import consumers
 from outbox.claims import backoff_delay
 from outbox.models import Consumer, Delivery, DeliveryAttempt
@@ -33,11 +34,20 @@ class SweepReport:
     failed: int = 0
     late: int = 0
     not_started: int = 0  # claimed, but the hold ran out before their turn came
+    write_errors: int = 0  # outcomes the database refused (each in the attempt log)
     passes: int = 0
-    errors: list[str] = field(default_factory=list)
 
     def add(self, other: "SweepReport") -> None:
-        for name in ("dead_lettered", "claimed", "delivered", "failed", "late", "not_started", "passes"):
+        for name in (
+            "dead_lettered",
+            "claimed",
+            "delivered",
+            "failed",
+            "late",
+            "not_started",
+            "write_errors",
+            "passes",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def summary(self) -> str:
@@ -47,6 +57,8 @@ class SweepReport:
         )
         if self.not_started:
             text += f", {self.not_started} not started (hold ran out)"
+        if self.write_errors:
+            text += f", {self.write_errors} not written (database refused; see the attempt log)"
         return text
 
 
@@ -92,54 +104,102 @@ def log_attempts(lines: list[tuple]) -> None:
         )
 
 
-def finish_attempts(token, finished: list[Finished]) -> set:
-    """End a run of attempts of one claim, in one transaction: successes in one guarded UPDATE
+def _settle(token, finished: list[Finished]) -> set:
+    """Write a run of outcomes in the caller's transaction: successes in one guarded UPDATE
     (mark_delivered_each), failures one guarded UPDATE each (their errors and backoff differ),
-    and one attempt-log line per attempt. Returns the ids whose write took; the others are
-    logged as late and nothing else about them changes."""
-    if not finished:
-        return set()
+    and one attempt-log line per attempt. Returns the ids whose write took."""
     now = timezone.now()
-    with transaction.atomic():
-        delivered = [f.delivery.pk for f in finished if f.outcome.ok]
-        taken = (
-            Delivery.objects.filter(pk__in=delivered).mark_delivered_each(token=token, at=now)
-            if delivered
-            else set()
+    delivered = [f.delivery.pk for f in finished if f.outcome.ok]
+    taken = (
+        Delivery.objects.filter(pk__in=delivered).mark_delivered_each(token=token, at=now)
+        if delivered
+        else set()
+    )
+    for f in finished:
+        if not f.outcome.ok:
+            retry_at = f.finished_at + backoff_delay(f.delivery.attempts)
+            if Delivery.objects.filter(pk=f.delivery.pk).mark_attempt_failed(
+                token=token, error=f.outcome.error, retry_at=retry_at, at=f.finished_at
+            ):
+                taken.add(f.delivery.pk)
+    log_attempts([_attempt_line(token, f, late=f.delivery.pk not in taken) for f in finished])
+    return taken
+
+
+def _attempt_line(token, f: Finished, *, late: bool, outcome: str | None = None, error: str | None = None):
+    if outcome is None:
+        outcome = DeliveryAttempt.Outcome.DELIVERED if f.outcome.ok else DeliveryAttempt.Outcome.FAILED
+    return (
+        f.delivery.pk,
+        f.delivery.attempts,
+        token,
+        f.started_at,
+        f.finished_at,
+        outcome,
+        storable(f.outcome.error if error is None else error),
+        f.outcome.http_status,
+        f.outcome.duration_ms,
+        late,
+    )
+
+
+@dataclass
+class Settled:
+    taken: set = field(default_factory=set)  # outcomes written
+    unwritten: set = field(default_factory=set)  # outcomes the database refused; their rows stay claimed
+
+
+def finish_attempts(token, finished: list[Finished]) -> Settled:
+    """End a run of attempts of one claim. One transaction for the run; if the database refuses
+    it, each outcome is written again in a transaction of its own, so one row it cannot store
+    costs no other row its outcome. A row that still cannot be written keeps its claim until
+    the hold runs out (then it is due again, its attempt counted) and gets an attempt-log line
+    saying why (outcome write_error). Outcomes not taken are logged as late and change nothing."""
+    settled = Settled()
+    if not finished:
+        return settled
+    try:
+        with transaction.atomic():
+            settled.taken = _settle(token, finished)
+    except Exception:  # DataError, or psycopg refusing to encode: see which row, below
+        log.warning(
+            "writing %s outcomes together failed; writing them one by one", len(finished), exc_info=True
         )
         for f in finished:
-            if not f.outcome.ok:
-                retry_at = f.finished_at + backoff_delay(f.delivery.attempts)
-                if Delivery.objects.filter(pk=f.delivery.pk).mark_attempt_failed(
-                    token=token, error=f.outcome.error, retry_at=retry_at, at=f.finished_at
-                ):
-                    taken.add(f.delivery.pk)
-        log_attempts(
-            [
-                (
-                    f.delivery.pk,
-                    f.delivery.attempts,
-                    token,
-                    f.started_at,
-                    f.finished_at,
-                    DeliveryAttempt.Outcome.DELIVERED if f.outcome.ok else DeliveryAttempt.Outcome.FAILED,
-                    f.outcome.error[:2000],
-                    f.outcome.http_status,
-                    f.outcome.duration_ms,
-                    f.delivery.pk not in taken,
-                )
-                for f in finished
-            ]
-        )
+            try:
+                with transaction.atomic():
+                    settled.taken |= _settle(token, [f])
+            except Exception as exc:
+                settled.unwritten.add(f.delivery.pk)
+                record_write_error(token, f, exc)
     for f in finished:
-        if f.delivery.pk not in taken:
+        if f.delivery.pk not in settled.taken and f.delivery.pk not in settled.unwritten:
             log.warning(
                 "late %s of delivery %s attempt %s: its claim was superseded; nothing written",
                 "success" if f.outcome.ok else "failure",
                 f.delivery.pk,
                 f.delivery.attempts,
             )
-    return taken
+    return settled
+
+
+def record_write_error(token, f: Finished, exc: Exception) -> None:
+    """The database refused this outcome: say so in the attempt log (counted as
+    outbox_write_errors_total) and in the process log, and go on."""
+    what = "delivered" if f.outcome.ok else f"failed ({f.outcome.error})"
+    error = f"the attempt {what}, but its outcome could not be written: {error_text(exc)}"
+    log.error("delivery %s attempt %s: %s", f.delivery.pk, f.delivery.attempts, storable(error))
+    try:
+        with transaction.atomic():
+            log_attempts(
+                [
+                    _attempt_line(
+                        token, f, late=False, outcome=DeliveryAttempt.Outcome.WRITE_ERROR, error=error
+                    )
+                ]
+            )
+    except Exception:
+        log.exception("delivery %s: not even the attempt-log line could be written", f.delivery.pk)
 
 
 def attempt(consumer, delivery: Delivery, client: httpx.Client) -> Finished:
@@ -149,7 +209,7 @@ def attempt(consumer, delivery: Delivery, client: httpx.Client) -> Finished:
         outcome = consumers.call(consumer, delivery.pk, delivery.event, client)
     except Exception as exc:  # a bug of ours must fail the attempt, not kill the sweep
         log.exception("calling consumer %s failed", consumer.name)
-        outcome = consumers.Outcome(False, f"{type(exc).__name__}: {exc}"[:500])
+        outcome = consumers.Outcome(False, error_text(exc))
     return Finished(delivery, outcome, started_at, timezone.now())
 
 
@@ -168,9 +228,11 @@ class Pass:
         self.flush_seconds = min(FLUSH_SECONDS, settings.ODAL_CLAIM_HOLD_SECONDS / 4)
 
     def flush(self) -> None:
-        taken = finish_attempts(self.claim.token, self.pending)
+        settled = finish_attempts(self.claim.token, self.pending)
         for f in self.pending:
-            if f.delivery.pk not in taken:
+            if f.delivery.pk in settled.unwritten:
+                self.report.write_errors += 1
+            elif f.delivery.pk not in settled.taken:
                 self.report.late += 1
             elif f.outcome.ok:
                 self.report.delivered += 1

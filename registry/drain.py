@@ -16,6 +16,7 @@ from django.db import close_old_connections, transaction
 from django.utils import timezone
 
 from odal.models import Passport
+from odal.text import error_text, storable
 from outbox.claims import backoff_delay
 from outbox.events import emit
 from registry import adapters
@@ -33,6 +34,7 @@ class DrainReport:
     deactivated: int = 0
     failed: int = 0
     late: int = 0
+    write_errors: int = 0  # outcomes the database refused (each in the attempt log)
     passes: int = 0
 
     def add(self, other: "DrainReport") -> None:
@@ -43,7 +45,7 @@ class DrainReport:
         return (
             f"{self.claimed} claimed, {self.submitted} submitted, {self.registered} registered, "
             f"{self.rejected} rejected, {self.deactivated} deactivated, {self.failed} failed, {self.late} late"
-        )
+        ) + (f", {self.write_errors} not written (database refused)" if self.write_errors else "")
 
 
 def next_check_at(attempt: int):
@@ -65,21 +67,18 @@ class Attempt:
         self.rows = Registration.objects.filter(pk=reg.pk)
 
     def finish(self, operation: str, outcome: str, answer: str, write, on_taken=None) -> bool:
-        with transaction.atomic():
-            took = write()
-            RegistrationAttempt.objects.create(
-                registration_id=self.reg.pk,
-                number=self.reg.attempts,
-                claim_token=self.token,
-                operation=operation,
-                started_at=self.started_at,
-                finished_at=timezone.now(),
-                outcome=outcome,
-                answer=answer[:2000],
-                late=not took,
-            )
-            if took and on_taken:
-                on_taken()
+        """Write the outcome and its log line in one transaction. If the database refuses them,
+        the row keeps its claim until the hold runs out (then it is due again) and the log gets
+        a write_error line instead: one row the database cannot store never ends the drain."""
+        try:
+            with transaction.atomic():
+                took = write()
+                self.log(operation, outcome, answer, late=not took)
+                if took and on_taken:
+                    on_taken()
+        except Exception as exc:
+            self.write_error(operation, outcome, answer, exc)
+            return False
         if not took:
             self.report.late += 1
             log.warning(
@@ -90,6 +89,31 @@ class Attempt:
                 self.reg.pk,
             )
         return took
+
+    def log(self, operation: str, outcome: str, answer: str, *, late: bool) -> None:
+        RegistrationAttempt.objects.create(
+            registration_id=self.reg.pk,
+            number=self.reg.attempts,
+            claim_token=self.token,
+            operation=operation,
+            started_at=self.started_at,
+            finished_at=timezone.now(),
+            outcome=outcome,
+            answer=storable(answer),
+            late=late,
+        )
+
+    def write_error(self, operation: str, outcome: str, answer: str, exc: Exception) -> None:
+        """The database refused this outcome: a write_error line in the attempt log (counted as
+        registry_write_errors_total) and the process log say so."""
+        self.report.write_errors += 1
+        error = f"the registry answered {outcome} ({answer}), but it could not be written: {error_text(exc)}"
+        log.error("registration %s %s: %s", self.reg.pk, operation, storable(error))
+        try:
+            with transaction.atomic():
+                self.log(operation, RegistrationAttempt.WRITE_ERROR, error, late=False)
+        except Exception:
+            log.exception("registration %s: not even the attempt-log line could be written", self.reg.pk)
 
     def failed(self, operation: str, error: str) -> None:
         retry_at = timezone.now() + backoff_delay(self.reg.attempts)
@@ -111,7 +135,7 @@ def run_register(attempt: Attempt, adapter) -> None:
     try:
         answer = adapter.register(reg)
     except adapters.Retryable as exc:
-        attempt.failed("register", str(exc))
+        attempt.failed("register", storable(exc))
         return
     if isinstance(answer, adapters.Accepted):
         if attempt.finish(
@@ -145,7 +169,7 @@ def run_check(attempt: Attempt, adapter) -> None:
     try:
         answer = adapter.check(reg.correlation_id)
     except adapters.Retryable as exc:
-        attempt.failed("check", str(exc))
+        attempt.failed("check", storable(exc))
         return
     if answer.status == "registered":
 
@@ -180,7 +204,7 @@ def run_deactivate(attempt: Attempt, adapter) -> None:
     try:
         outcome = adapter.deactivate(reg.handle)
     except adapters.Retryable as exc:
-        attempt.failed("deactivate", str(exc))
+        attempt.failed("deactivate", storable(exc))
         return
     if attempt.finish(
         "deactivate", "deactivated", outcome,
@@ -213,7 +237,7 @@ def drain_once(*, batch: int = 50, adapter=None) -> DrainReport:
                     run_register(attempt, adapter)
             except Exception as exc:  # a bug of ours fails the attempt, not the drain
                 log.exception("registration %s: attempt raised", reg.pk)
-                attempt.failed(reg.operation, f"{type(exc).__name__}: {exc}"[:500])
+                attempt.failed(reg.operation, error_text(exc))
     finally:
         if own:
             adapter.close()

@@ -31,3 +31,8 @@ class RegistryCollector:
         for operation, n in sorted(counts.items()):
             late.add_metric([operation], n)
         yield late
+        yield CounterMetricFamily(
+            "registry_write_errors",
+            "Registry answers the database refused to store (the row kept its claim until the hold ran out).",
+            value=RegistrationAttempt.objects.filter(outcome=RegistrationAttempt.WRITE_ERROR).count(),
+        )

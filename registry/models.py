@@ -10,6 +10,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from odal.models import Passport
+from odal.text import storable
 from outbox.claims import ClaimQuerySet
 
 
@@ -68,7 +69,7 @@ class RegistrationQuerySet(ClaimQuerySet):
                 Q(status=Registration.Status.PENDING, operation=Registration.Operation.REGISTER)
                 | Q(status=Registration.Status.SUBMITTED)
             )
-            .update(status=Registration.Status.REJECTED, claim_token=None, last_error=errors[:2000])
+            .update(status=Registration.Status.REJECTED, claim_token=None, last_error=storable(errors))
             == 1
         )
 
@@ -103,7 +104,7 @@ class RegistrationQuerySet(ClaimQuerySet):
         """The registry could not be reached or answered 5xx: try again at retry_at."""
         return (
             self._held(token, Registration.Status.PENDING, Registration.Status.SUBMITTED).update(
-                next_attempt_at=retry_at, claim_token=None, last_error=error[:2000]
+                next_attempt_at=retry_at, claim_token=None, last_error=storable(error)
             )
             == 1
         )
@@ -270,6 +271,8 @@ class Registration(models.Model):
 class RegistrationAttempt(models.Model):
     """One line of a registration's attempt log: what the drain asked and what the registry
     answered, late answers included. Never changed once written."""
+
+    WRITE_ERROR = "write_error"  # the outcome the database refused (the answer says which and why)
 
     registration = models.ForeignKey(Registration, on_delete=models.CASCADE, related_name="attempt_log")
     number = models.PositiveIntegerField()

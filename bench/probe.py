@@ -24,7 +24,7 @@ def main() -> None:
 
     django.setup()
     from outbox.models import DeliveryQuerySet
-    from outbox.sweep import sweep_once
+    from outbox.sweep import sweep_once, sweeper
 
     timings: list[float] = []
     claim = DeliveryQuerySet.claim
@@ -38,8 +38,9 @@ def main() -> None:
 
     DeliveryQuerySet.claim = timed_claim
     delivered = 0
-    for _ in range(args.passes):
-        delivered += sweep_once(batch=args.batch).delivered
+    with sweeper() as shared:  # as a running sweep does: one client, pool and Python thread
+        for _ in range(args.passes):
+            delivered += sweep_once(batch=args.batch, **shared).delivered
     print(
         json.dumps(
             {

@@ -90,6 +90,15 @@ class ClaimQuerySet(models.QuerySet):
         )
         return claim
 
+    def release(self, *, token: uuid.UUID, now: datetime | None = None) -> int:
+        """Give back the rows of a claim whose attempt never started (the hold ran out before
+        their turn): the attempt counted at claim is returned and they are due again at once.
+        Guarded: only rows still held by `token` in a claimable status; a row another claimer
+        has taken since, or one settled meanwhile, is left alone. Returns how many it took."""
+        return self.filter(claim_token=token, status__in=self.claimable_statuses).update(
+            attempts=F("attempts") - 1, claim_token=None, next_attempt_at=now or timezone.now()
+        )
+
 
 def backoff_delay(
     attempt: int, *, base_seconds: float | None = None, cap_seconds: float | None = None

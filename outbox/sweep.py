@@ -8,13 +8,13 @@ owns which row, and the terminal writes refuse whoever no longer owns it.
 import logging
 import time
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import httpx
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import close_old_connections, connection, connections, transaction
 from django.utils import timezone
 
 from odal.text import error_text, storable
@@ -202,8 +202,12 @@ def record_write_error(token, f: Finished, exc: Exception) -> None:
         log.exception("delivery %s: not even the attempt-log line could be written", f.delivery.pk)
 
 
-def attempt(consumer, delivery: Delivery, client: httpx.Client) -> Finished:
-    """Call the consumer for one delivery. Touches no database, so it may run on a pool thread."""
+def attempt(consumer, delivery: Delivery, client: httpx.Client, claim) -> Finished | None:
+    """Call the consumer for one delivery, unless the claim's hold has run out by the time its
+    turn comes: then the row is due again and may be another sweep's, and None says it was not
+    started. Writes nothing, so it may run on a pool thread."""
+    if not claim.holds():
+        return None
     started_at = timezone.now()
     try:
         outcome = consumers.call(consumer, delivery.pk, delivery.event, client)
@@ -213,16 +217,29 @@ def attempt(consumer, delivery: Delivery, client: httpx.Client) -> Finished:
     return Finished(delivery, outcome, started_at, timezone.now())
 
 
-class Pass:
-    """The work of one claim. Python consumers run one after another on this thread (they may use
-    the database). Webhooks run on the pool, at most ODAL_WEBHOOK_CONCURRENCY at once per
-    consumer; only this thread writes, every FLUSH_ROWS outcomes or FLUSH_SECONDS. No attempt
-    starts after the claim's hold has run out."""
+def run_python_consumers(jobs: list, client: httpx.Client, claim) -> None:
+    """Python consumers of one claim, one after another, on the sweep's Python thread (they may
+    use the database, through that thread's own connection). Each job's future gets its result,
+    so the sweep's thread writes outcomes of webhooks while these run."""
+    for consumer, delivery, future in jobs:
+        if not future.set_running_or_notify_cancel():
+            continue  # the pass gave up on it
+        try:
+            future.set_result(attempt(consumer, delivery, client, claim))
+        except BaseException as exc:
+            future.set_exception(exc)
 
-    def __init__(self, claim, report: SweepReport, client: httpx.Client, pool: ThreadPoolExecutor):
-        self.claim, self.report, self.client, self.pool = claim, report, client, pool
+
+class Pass:
+    """The work of one claim. Webhooks run on the pool, at most ODAL_WEBHOOK_CONCURRENCY at once
+    per consumer; Python consumers one after another on a thread of their own. Only this thread
+    writes, every FLUSH_ROWS outcomes or FLUSH_SECONDS, so no outcome waits behind a slow
+    consumer of another kind. No attempt starts after the claim's hold has run out; rows whose
+    turn came too late get their counted attempt back."""
+
+    def __init__(self, claim, report: SweepReport, client: httpx.Client, pool: ThreadPoolExecutor, python):
+        self.claim, self.report, self.client, self.pool, self.python = claim, report, client, pool, python
         self.pending: list[Finished] = []
-        self.started = 0
         self.last_flush = time.monotonic()
         # Outcomes must be written well inside the claim's hold, or they arrive late for nothing.
         self.flush_seconds = min(FLUSH_SECONDS, settings.ODAL_CLAIM_HOLD_SECONDS / 4)
@@ -249,55 +266,65 @@ class Pass:
     def run(self) -> None:
         by_id = Consumer.objects.in_bulk({d.consumer_id for d in self.claim.rows})
         waiting: dict[int, deque] = {}
+        python_jobs = []
         for d in self.claim.rows:
-            if by_id[d.consumer_id].kind == Consumer.Kind.WEBHOOK:
+            consumer = by_id[d.consumer_id]
+            if consumer.kind == Consumer.Kind.WEBHOOK:
                 waiting.setdefault(d.consumer_id, deque()).append(d)
-        in_flight: dict = {}
+            else:
+                python_jobs.append((consumer, d, Future()))
+        in_flight: dict = {}  # future -> (webhook consumer id or None, delivery)
         running: dict[int, int] = dict.fromkeys(waiting, 0)
         bound = settings.ODAL_WEBHOOK_CONCURRENCY
+        not_started = []
 
         def start(consumer_id: int) -> None:
             queue = waiting[consumer_id]
-            while queue and running[consumer_id] < bound and self.claim.holds():
-                future = self.pool.submit(attempt, by_id[consumer_id], queue.popleft(), self.client)
-                in_flight[future] = consumer_id
+            while queue and running[consumer_id] < bound:
+                d = queue.popleft()
+                future = self.pool.submit(attempt, by_id[consumer_id], d, self.client, self.claim)
+                in_flight[future] = (consumer_id, d)
                 running[consumer_id] += 1
-                self.started += 1
 
         try:
             for consumer_id in waiting:
                 start(consumer_id)
-            for d in self.claim.rows:
-                if by_id[d.consumer_id].kind != Consumer.Kind.WEBHOOK and self.claim.holds():
-                    self.started += 1
-                    self.finished(attempt(by_id[d.consumer_id], d, self.client))
+            if python_jobs:
+                in_flight.update({future: (None, d) for _, d, future in python_jobs})
+                self.python.submit(run_python_consumers, python_jobs, self.client, self.claim)
             while in_flight:
                 done, _ = wait(in_flight, timeout=self.flush_seconds, return_when=FIRST_COMPLETED)
                 for future in done:
-                    consumer_id = in_flight.pop(future)
-                    running[consumer_id] -= 1
-                    start(consumer_id)
-                    self.finished(future.result())
+                    consumer_id, d = in_flight.pop(future)
+                    if consumer_id is not None:
+                        running[consumer_id] -= 1
+                        start(consumer_id)
+                    f = future.result()
+                    if f is None:
+                        not_started.append(d.pk)
+                    else:
+                        self.finished(f)
                 if not done and self.pending:
                     self.flush()
-            self.report.not_started += len(self.claim.rows) - self.started
-            if self.started < len(self.claim.rows):
-                # Their turn came after the hold ran out: they are due again, and another sweep
-                # may be attempting them. They stay as a dead worker leaves them (the attempt
-                # counted; retried by the next claim, or dead-lettered if it was the last).
-                log.warning(
-                    "%s claimed deliveries not started: the claim's hold ran out first",
-                    len(self.claim.rows) - self.started,
-                )
         finally:
             # Whatever stopped the pass, outcomes already known are written, not thrown away.
             for future in in_flight:
                 future.cancel()
             self.flush()
+        if not_started:
+            # Their turn came after the hold ran out: no request went out for them. They get
+            # their counted attempt back and are due at once (unless another sweep took them).
+            self.report.not_started += len(not_started)
+            Delivery.objects.filter(pk__in=not_started).release(token=self.claim.token)
+            log.warning("%s claimed deliveries not started: the claim's hold ran out first", len(not_started))
 
 
 def sweep_once(
-    *, batch: int = 100, client: httpx.Client | None = None, pool: ThreadPoolExecutor | None = None
+    *,
+    batch: int = 100,
+    client: httpx.Client | None = None,
+    pool: ThreadPoolExecutor | None = None,
+    python: ThreadPoolExecutor | None = None,
 ) -> SweepReport:
     """One pass: dead-letter spent rows, claim up to `batch` due deliveries, run them."""
     report = SweepReport(passes=1)
@@ -309,21 +336,29 @@ def sweep_once(
     if not claim.rows:
         return report
     with ExitStack() as stack:
-        if client is None or pool is None:  # a pass on its own: a client and pool for it alone
+        if client is None or pool is None or python is None:  # a pass on its own
             shared = stack.enter_context(sweeper())
-            client, pool = client or shared["client"], pool or shared["pool"]
-        Pass(claim, report, client, pool).run()
+            client, pool, python = (
+                client or shared["client"],
+                pool or shared["pool"],
+                python or shared["python"],
+            )
+        Pass(claim, report, client, pool, python).run()
     return report
 
 
 @contextmanager
 def sweeper():
-    """The HTTP client and webhook thread pool that a run of passes shares."""
+    """The HTTP client, webhook thread pool and Python-consumer thread that a run of passes shares."""
     with (
         httpx.Client(follow_redirects=False, limits=httpx.Limits(max_connections=SWEEP_THREADS)) as client,
         ThreadPoolExecutor(SWEEP_THREADS, thread_name_prefix="odal-webhook") as pool,
+        ThreadPoolExecutor(1, thread_name_prefix="odal-python") as python,
     ):
-        yield {"client": client, "pool": pool}
+        try:
+            yield {"client": client, "pool": pool, "python": python}
+        finally:
+            python.submit(connections.close_all).result()  # that thread's own connection, if any
 
 
 def sweep_until_idle(*, batch: int = 100, max_seconds: float = 50.0) -> SweepReport:

@@ -35,6 +35,7 @@ class DrainReport:
     failed: int = 0
     late: int = 0
     write_errors: int = 0  # outcomes the database refused (each in the attempt log)
+    not_started: int = 0  # claimed, but the hold ran out before their turn (attempt given back)
     passes: int = 0
 
     def add(self, other: "DrainReport") -> None:
@@ -42,10 +43,15 @@ class DrainReport:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def summary(self) -> str:
-        return (
+        text = (
             f"{self.claimed} claimed, {self.submitted} submitted, {self.registered} registered, "
             f"{self.rejected} rejected, {self.deactivated} deactivated, {self.failed} failed, {self.late} late"
-        ) + (f", {self.write_errors} not written (database refused)" if self.write_errors else "")
+        )
+        if self.write_errors:
+            text += f", {self.write_errors} not written (database refused)"
+        if self.not_started:
+            text += f", {self.not_started} not started (hold ran out)"
+        return text
 
 
 def next_check_at(attempt: int):
@@ -225,8 +231,14 @@ def drain_once(*, batch: int = 50, adapter=None) -> DrainReport:
         return report
     own = adapter is None
     adapter = adapter or adapters.get_adapter()
+    started = 0
     try:
         for reg in claim.rows:
+            if not claim.holds():
+                # The hold ran out: these rows are due again and may be another drain's already.
+                # No request goes out for them from here; they get their counted attempt back.
+                break
+            started += 1
             attempt = Attempt(reg, claim.token, report)
             try:
                 if reg.status == Registration.Status.SUBMITTED:
@@ -241,6 +253,13 @@ def drain_once(*, batch: int = 50, adapter=None) -> DrainReport:
     finally:
         if own:
             adapter.close()
+        if started < len(claim.rows):
+            report.not_started += len(claim.rows) - started
+            given_back = Registration.objects.filter(pk__in=[r.pk for r in claim.rows[started:]])
+            given_back.release(token=claim.token)
+            log.warning(
+                "%s claimed registrations not started: the claim's hold ran out first", report.not_started
+            )
     return report
 
 

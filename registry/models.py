@@ -111,10 +111,13 @@ class RegistrationQuerySet(ClaimQuerySet):
 
     # -- people's and the lifecycle's writes -------------------------------------------------------
 
-    def abandon(self, *, actor: str, reason: str, now: datetime) -> bool:
+    def abandon(self, *, actor: str, reason: str, now: datetime, seen: "Registration") -> bool:
         """Give up a registration the registry provably never accepted. Takes the row only
-        while it is a pending register, has been attempted, is backed off (not due) and no claim
-        holds it, so it cannot land between a drain's claim and its register call."""
+        while it is a pending register, has been attempted, is backed off (not due), no claim
+        holds it, and it is still the row `seen` before the registry was asked: the same
+        attempts and next_attempt_at. Attempts are counted at claim, so an attempt claimed
+        during the lookup (whose register may have reached the registry after the lookup read
+        past it) voids the registry's answer."""
         return (
             self.filter(
                 status=Registration.Status.PENDING,
@@ -122,6 +125,8 @@ class RegistrationQuerySet(ClaimQuerySet):
                 attempts__gte=1,
                 next_attempt_at__gt=now,
                 claim_token__isnull=True,
+                attempts=seen.attempts,
+                next_attempt_at=seen.next_attempt_at,
             ).update(
                 status=Registration.Status.ABANDONED,
                 note=f"abandoned by {actor}: {reason}",
@@ -130,10 +135,17 @@ class RegistrationQuerySet(ClaimQuerySet):
             == 1
         )
 
-    def record_handle(self, *, handle: str, actor: str, reason: str, now: datetime) -> bool:
-        """A person read the handle off the registry: submitted -> registered."""
+    def record_handle(
+        self, *, handle: str, actor: str, reason: str, now: datetime, seen: "Registration"
+    ) -> bool:
+        """A person read the handle off the registry: submitted -> registered, only while the row
+        is still the submission they saw (same request id, no check claimed since)."""
         return (
-            self.filter(status=Registration.Status.SUBMITTED).update(
+            self.filter(
+                status=Registration.Status.SUBMITTED,
+                correlation_id=seen.correlation_id,
+                attempts=seen.attempts,
+            ).update(
                 status=Registration.Status.REGISTERED,
                 handle=handle,
                 claim_token=None,

@@ -196,10 +196,11 @@ def abandon(dpp_id, *, actor: str, reason, adapter=None) -> AbandonResult:
     ask_registry(reg, adapter)
     now = timezone.now()
     with transaction.atomic():
-        if not Registration.objects.filter(pk=reg.pk).abandon(actor=actor, reason=reason, now=now):
+        if not Registration.objects.filter(pk=reg.pk).abandon(actor=actor, reason=reason, now=now, seen=reg):
             raise Refused(
-                "The registration changed while the registry was asked (an attempt started or finished); "
-                "nothing was written. Look again and retry.",
+                "The registration changed while the registry was asked (an attempt was made meanwhile, and "
+                "its request may have reached the registry after the lookup read past it); nothing was "
+                "written. Look again and retry.",
                 code="registration_changed",
             )
         AuditEntry.objects.record(
@@ -263,10 +264,11 @@ def record_handle(dpp_id, *, handle, actor: str, reason) -> Registration:
     reason = clean_reason(reason)
     with transaction.atomic():
         if not Registration.objects.filter(pk=reg.pk).record_handle(
-            handle=handle, actor=actor, reason=reason, now=timezone.now()
+            handle=handle, actor=actor, reason=reason, now=timezone.now(), seen=reg
         ):
             raise Refused(
-                "The registration changed meanwhile (the drain settled it); nothing was written.",
+                "The registration changed meanwhile (the drain checked or settled it); nothing was written. "
+                "Look again and retry.",
                 code="registration_changed",
             )
         AuditEntry.objects.record(

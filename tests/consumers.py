@@ -1,6 +1,7 @@
 """Python consumers the tests point at (dotted paths)."""
 
 import threading
+import time
 
 calls: list = []
 gate = threading.Event()
@@ -12,3 +13,22 @@ def accept(event, delivery_id):
 
 def explode(event, delivery_id):
     raise ValueError("boom")
+
+
+def slow(event, delivery_id):
+    time.sleep(1.2)
+    calls.append((event.type, str(delivery_id)))
+
+
+def waits_for_a_delivered_webhook(event, delivery_id):
+    """Waits up to 3 s for the sweep to have written a webhook delivery as delivered (through
+    this thread's own database connection) and records whether it saw one."""
+    from outbox.models import Delivery
+
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        if Delivery.objects.filter(consumer__kind="webhook", status="delivered").exists():
+            calls.append("saw the webhook delivered")
+            return
+        time.sleep(0.05)
+    calls.append("webhook outcome not written yet")

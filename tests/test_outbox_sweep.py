@@ -205,7 +205,7 @@ def test_webhooks_are_called_concurrently_but_at_most_the_bound_at_once_per_cons
 def test_a_pass_starts_no_attempt_after_its_claims_hold_ran_out(settings):
     """Two deliveries to one consumer, one request at a time: the first stalls past the hold, so
     the second's turn comes when it is already due again for any claimer. It is not started by
-    this pass; the next pass attempts it."""
+    this pass, gets its counted attempt back, and the next pass attempts it."""
     settings.ODAL_CLAIM_HOLD_SECONDS = 1
     settings.ODAL_WEBHOOK_CONCURRENCY = 1
     with WebhookServer(script=[("stall", 1.3, 204), 204]) as server:
@@ -219,4 +219,4 @@ def test_a_pass_starts_no_attempt_after_its_claims_hold_ran_out(settings):
         second = sweep_once()
     assert (second.claimed, second.delivered) == (1, 1)
     assert len(server.received) == 2
-    assert set(Delivery.objects.values_list("status", "attempts")) == {("delivered", 1), ("delivered", 2)}
+    assert sorted(Delivery.objects.values_list("status", "attempts")) == [("delivered", 1), ("delivered", 1)]

@@ -240,6 +240,40 @@ def test_a_drain_pass_that_read_the_row_before_it_was_abandoned_changes_nothing(
     assert (late.number, late.outcome) == (1, "submitted")
 
 
+def test_a_drain_pass_starts_no_register_after_its_claims_hold_ran_out(registry_sim, settings):
+    """Two due registrations, one claim with a 1 s hold, a registry that takes 1.2 s to answer:
+    the second's turn comes after the hold ran out, when the row may be another drain's (or
+    abandoned). No request goes out for it; its counted attempt is given back and it is due now."""
+    settings.ODAL_CLAIM_HOLD_SECONDS = 1
+    first, second = published(), published()
+    registry_sim.faults["latency"] = 1.2
+
+    report = drain_once()
+
+    assert (report.claimed, report.submitted, report.not_started) == (2, 1, 1)
+    assert "1 not started (hold ran out)" in report.summary()
+    assert [c for c in registry_sim.calls if c[0] == "POST"] == [("POST", "/dpp-registration-requests")]
+    submitted, waiting = sorted([reg_of(first), reg_of(second)], key=lambda r: r.status != "submitted")
+    assert submitted.status == "submitted"
+    assert (waiting.status, waiting.attempts, waiting.claim_token) == ("pending", 0, None)
+    assert waiting.next_attempt_at <= timezone.now()
+    assert not waiting.attempt_log.exists()
+
+
+def test_release_gives_back_only_rows_the_claim_still_holds():
+    mine = backed_off_registration(attempts=1, claim_token=uuid.uuid4(), next_attempt_at=timezone.now())
+    taken_since = backed_off_registration(attempts=2, claim_token=uuid.uuid4())
+    settled = backed_off_registration(attempts=1, claim_token=mine.claim_token, status="registered")
+    rows = Registration.objects.filter(pk__in=[mine.pk, taken_since.pk, settled.pk])
+
+    assert rows.release(token=mine.claim_token) == 1
+
+    mine.refresh_from_db()
+    assert (mine.attempts, mine.claim_token) == (0, None)
+    assert Registration.objects.get(pk=taken_since.pk).attempts == 2
+    assert Registration.objects.get(pk=settled.pk).attempts == 1
+
+
 def _adapter():
     from registry.adapters import get_adapter
 
@@ -268,10 +302,39 @@ def test_abandon_takes_a_row_only_while_pending_tried_and_backed_off(fields, tak
     if fields.get("claim_token") == "live":
         fields["claim_token"] = uuid.uuid4()
     reg = backed_off_registration(**fields)
-    took = Registration.objects.filter(pk=reg.pk).abandon(actor="user:x", reason="why", now=now)
+    took = Registration.objects.filter(pk=reg.pk).abandon(actor="user:x", reason="why", now=now, seen=reg)
     assert took is takes
     reg.refresh_from_db()
     assert (reg.status == "abandoned") is takes
+
+
+@pytest.mark.parametrize(
+    "change", [{"attempts": 3}, {"next_attempt_at": 60}], ids=["attempted-since", "rescheduled-since"]
+)
+def test_abandon_takes_nothing_when_the_row_is_no_longer_the_one_seen(change):
+    """An attempt claimed and failed while the registry was asked leaves the row pending, tried
+    and backed off, as abandon wants it, but not the row the registry's answer was about."""
+    now = timezone.now()
+    seen = backed_off_registration()
+    if "next_attempt_at" in change:
+        change = {"next_attempt_at": seen.next_attempt_at + timedelta(seconds=change["next_attempt_at"])}
+    Registration.objects.filter(pk=seen.pk).update(**change)
+    took = Registration.objects.filter(pk=seen.pk).abandon(actor="user:x", reason="why", now=now, seen=seen)
+    assert took is False
+    assert Registration.objects.get(pk=seen.pk).status == "pending"
+
+
+@pytest.mark.parametrize(
+    "change", [{"attempts": 3}, {"correlation_id": "req-other"}], ids=["checked-since", "other-request"]
+)
+def test_record_handle_takes_nothing_when_the_row_is_no_longer_the_one_seen(change):
+    seen = backed_off_registration(status="submitted", correlation_id="req-1")
+    Registration.objects.filter(pk=seen.pk).update(**change)
+    took = Registration.objects.filter(pk=seen.pk).record_handle(
+        handle="h", actor="x", reason="y", now=timezone.now(), seen=seen
+    )
+    assert took is False
+    assert Registration.objects.get(pk=seen.pk).status == "submitted"
 
 
 def test_abandoned_is_counted_and_not_stalled(settings):
@@ -337,7 +400,7 @@ def test_abandon_writes_nothing_when_the_row_changed_while_the_registry_was_aske
 def test_record_handle_takes_only_a_submitted_row(status):
     reg = backed_off_registration(status=status)
     took = Registration.objects.filter(pk=reg.pk).record_handle(
-        handle="h", actor="x", reason="y", now=timezone.now()
+        handle="h", actor="x", reason="y", now=timezone.now(), seen=reg
     )
     assert took is False
     assert Registration.objects.get(pk=reg.pk).status == status

@@ -298,7 +298,7 @@ class RegistrationMachine(RuleBasedStateMachine):
             return
         b = Registration.objects.filter(pk=reg.pk).values().get()
         took = Registration.objects.filter(pk=reg.pk).abandon(
-            actor="user:ops", reason="gone", now=self.clock.now
+            actor="user:ops", reason="gone", now=self.clock.now, seen=reg
         )
         allowed = (
             b["status"] == "pending" and b["operation"] == "register" and b["attempts"] >= 1

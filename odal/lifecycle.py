@@ -21,11 +21,16 @@ class LifecycleResult:
     detail: str
 
 
-def _get(dpp_id) -> Passport:
-    passport = Passport.objects.filter(pk=dpp_id).first()
-    if passport is None:
+def _lock(dpp_id) -> None:
+    """Take the passport's row lock for the rest of the transaction: transitions of one passport
+    (and the drain's checks of its status) happen one after another, so each answer says what
+    that transition did and the registry work always follows the final status."""
+    if not Passport.objects.select_for_update().filter(pk=dpp_id).exists():
         raise Refused(f"No passport {dpp_id}.", code="not_found", status=404)
-    return passport
+
+
+def _get(dpp_id) -> Passport:
+    return Passport.objects.get(pk=dpp_id)
 
 
 def passport_event(passport: Passport) -> dict:
@@ -42,6 +47,7 @@ def publish(dpp_id, *, actor: str, reason: str = "") -> LifecycleResult:
     published passport changes its status not, but queues afresh a registration that was
     rejected or abandoned."""
     with transaction.atomic():
+        _lock(dpp_id)
         took = Passport.objects.filter(pk=dpp_id).mark_published() == 1
         passport = _get(dpp_id)
         if (
@@ -73,6 +79,7 @@ def publish(dpp_id, *, actor: str, reason: str = "") -> LifecycleResult:
 def suspend(dpp_id, *, actor: str, reason: str = "") -> LifecycleResult:
     """Published -> suspended (withdrawn); the registry work follows (see registry.service)."""
     with transaction.atomic():
+        _lock(dpp_id)
         took = Passport.objects.filter(pk=dpp_id).mark_suspended() == 1
         passport = _get(dpp_id)
         if took:

@@ -19,7 +19,7 @@ from odal.models import Passport
 from odal.text import error_text, storable
 from outbox.claims import backoff_delay
 from outbox.events import emit
-from registry import adapters
+from registry import adapters, service
 from registry.models import Registration, RegistrationAttempt, RegistrationQuerySet
 
 log = logging.getLogger(__name__)
@@ -182,8 +182,7 @@ def run_check(attempt: Attempt, adapter) -> None:
         def after_registered():
             registration_event(reg, "passport.registered", registrationId=answer.registration_id)
             # Suspended while the registry was checking: it now holds a registration it must drop.
-            if Passport.objects.filter(pk=reg.passport_id, status=Passport.Status.SUSPENDED).exists():
-                rows.queue_deactivation(now=timezone.now())
+            service.deactivate_if_suspended(reg)
 
         if attempt.finish(
             "check", "registered", f"registrationId {answer.registration_id}",
@@ -207,15 +206,38 @@ def run_check(attempt: Attempt, adapter) -> None:
 
 def run_deactivate(attempt: Attempt, adapter) -> None:
     reg, token, rows = attempt.reg, attempt.token, attempt.rows
+    if service.passport_status_locked(reg.passport_id) == Passport.Status.PUBLISHED:
+        # Published again since the deactivation was owed: nothing is sent. If this is its first
+        # attempt the registry still holds the registration; if not, an earlier attempt may have
+        # gone through with its reply lost, so it registers afresh.
+        if reg.attempts == 1:
+            attempt.finish(
+                "deactivate", "cancelled", "passport published again; the registration stands",
+                lambda: rows.cancel_deactivation(token=token) == 1,
+            )  # fmt: skip
+        else:
+            attempt.finish(
+                "deactivate", "reregister",
+                "passport published again after a deactivation was attempted; registering afresh",
+                lambda: rows.reregister(token=token, now=timezone.now()) == 1,
+                on_taken=service.kick_drain_on_commit,
+            )  # fmt: skip
+        return
     try:
         outcome = adapter.deactivate(reg.handle)
     except adapters.Retryable as exc:
         attempt.failed("deactivate", storable(exc))
         return
+
+    def after_deactivated():
+        registration_event(reg, "passport.deregistered", registrationId=reg.handle)
+        # Published again while the registry was deactivating: it owes a registration afresh.
+        service.reregister_if_published(reg)
+
     if attempt.finish(
         "deactivate", "deactivated", outcome,
         lambda: rows.mark_deactivated(token=token),
-        on_taken=lambda: registration_event(reg, "passport.deregistered", registrationId=reg.handle),
+        on_taken=after_deactivated,
     ):  # fmt: skip
         attempt.report.deactivated += 1
 

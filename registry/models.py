@@ -177,16 +177,43 @@ class RegistrationQuerySet(ClaimQuerySet):
             last_error="",
         )
 
-    def cancel_deactivation(self) -> int:
-        """Publishing again while a deactivation is owed but not yet attempted: the registry
-        still holds the registration, so it is simply registered again. A row whose
-        deactivation may be in flight (it carries a claim token) is left to finish."""
+    def cancel_deactivation(self, *, token=None) -> int:
+        """The passport is published again while a deactivation that never reached the registry is
+        owed: the registration stands. From publishing: no attempt made (attempts 0, no claim).
+        From the drain, which found the passport published before it asked: only its own attempt
+        counted (attempts 1, its claim). A deactivation attempted before may have gone through
+        with its reply lost: `reregister` handles those."""
         return self.filter(
             status=Registration.Status.PENDING,
             operation=Registration.Operation.DEACTIVATE,
-            claim_token__isnull=True,
+            claim_token=token,
+            attempts=0 if token is None else 1,
         ).update(
-            status=Registration.Status.REGISTERED, operation=Registration.Operation.REGISTER, last_error=""
+            status=Registration.Status.REGISTERED,
+            operation=Registration.Operation.REGISTER,
+            claim_token=None,
+            last_error="",
+        )
+
+    def reregister(self, *, now: datetime, token=None) -> int:
+        """The passport is published again while a deactivation that was attempted is owed: the
+        registry may or may not still hold the registration (a reply may have been lost), so a
+        fresh register follows, due now (a registry that still holds it answers DUPLICATE_UPI,
+        which is adopted). From publishing: no claim holds the row; from the drain: its claim."""
+        return self.filter(
+            status=Registration.Status.PENDING,
+            operation=Registration.Operation.DEACTIVATE,
+            claim_token=token,
+            attempts__gte=1 if token is None else 2,
+        ).update(
+            operation=Registration.Operation.REGISTER,
+            attempts=0,
+            next_attempt_at=now,
+            queued_at=now,
+            claim_token=None,
+            correlation_id="",
+            handle="",
+            last_error="",
         )
 
     def withdraw_unsent(self, *, now: datetime) -> int:

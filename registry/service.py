@@ -42,8 +42,10 @@ def registration_for(dpp_id) -> Registration:
 
 def on_publish(passport: Passport) -> str:
     """Publishing owes the registry a registration: a new row is pending and due now; a rejected,
-    abandoned, suspended or deactivated one is queued afresh; a deactivation not yet attempted
-    is cancelled; pending, submitted and registered rows are left alone. Returns what it did."""
+    abandoned, suspended or deactivated one is queued afresh; a deactivation never attempted is
+    cancelled, one attempted is followed by a fresh register; pending, submitted and registered
+    rows (and a deactivation in flight, which the drain settles) are left alone. The caller holds
+    the passport's row lock. Returns what it did."""
     if settings.ODAL_REGISTRY_ADAPTER == "none":
         return "no registry queues on this node"
     now = timezone.now()
@@ -55,6 +57,8 @@ def on_publish(passport: Passport) -> str:
         outcome = f"registration queued afresh (it was {reg.status})"
     elif rows.cancel_deactivation():
         outcome = "owed deactivation cancelled; the registration stands"
+    elif rows.reregister(now=now):
+        outcome = "registration queued afresh (a deactivation had been attempted and may have gone through)"
     else:
         return f"registration left as it is ({reg.status})"
     kick_drain_on_commit()
@@ -282,8 +286,41 @@ def record_handle(dpp_id, *, handle, actor: str, reason) -> Registration:
             "passport.registered",
             {"dppId": str(reg.passport_id), "upi": reg.passport.upi, "registrationId": handle},
         )
+        deactivate_if_suspended(reg)
     reg.refresh_from_db()
     return reg
+
+
+def passport_status_locked(dpp_id) -> str | None:
+    """The passport's status as committed once its row lock is ours: a publish or suspend in
+    progress is waited for, not read past. (The lock is taken on the primary key alone: a status
+    filter would skip a row whose new status is not yet committed, without waiting.) Holds the
+    lock to the end of the caller's transaction, or of this read outside one."""
+    with transaction.atomic():
+        return Passport.objects.select_for_update().filter(pk=dpp_id).values_list("status", flat=True).first()
+
+
+def deactivate_if_suspended(reg: Registration) -> bool:
+    """A registration just became registered: if its passport was suspended meanwhile, the
+    registry now holds one it must drop. The passport's row is locked, so a suspend committing at
+    this moment is seen (it waits for us, or we for it). Call inside the write's transaction."""
+    if passport_status_locked(reg.passport_id) != Passport.Status.SUSPENDED:
+        return False
+    if Registration.objects.filter(pk=reg.pk).queue_deactivation(now=timezone.now()):
+        kick_drain_on_commit()
+        return True
+    return False
+
+
+def reregister_if_published(reg: Registration) -> bool:
+    """A registration was just deactivated: if its passport was published again meanwhile, it
+    owes a registration afresh. Locks the passport's row as deactivate_if_suspended does."""
+    if passport_status_locked(reg.passport_id) != Passport.Status.PUBLISHED:
+        return False
+    if Registration.objects.filter(pk=reg.pk).requeue(now=timezone.now()):
+        kick_drain_on_commit()
+        return True
+    return False
 
 
 # -- counts ----------------------------------------------------------------------------------------

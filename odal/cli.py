@@ -33,7 +33,8 @@ def run_until_signalled(forever, **options):
 
 
 def parse_uuid(value: str, what: str = "passport id") -> uuid.UUID:
+    """An id typed on the command line; a malformed one is a usage error (exit 2) on every command."""
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise CommandError(f"{value!r} is not a {what} (a UUID).") from None
+        raise CommandError(f"{value!r} is not a {what} (a UUID).", returncode=2) from None

@@ -70,6 +70,23 @@ def test_unknown_and_malformed_ids_are_refused():
         run("passport", "publish", "42")
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("passport", "publish", "42"),
+        ("passport", "suspend", "not-a-uuid"),
+        ("passport", "show", "x"),
+        ("registry", "abandon", "42", "--reason", "r"),
+        ("registry", "handle", "42", "reg-1", "--reason", "r"),
+        ("outbox", "replay", "42", "--reason", "r"),
+    ],
+)
+def test_a_malformed_id_is_a_usage_error_on_every_command(argv):
+    with pytest.raises(CommandError, match=r"is not a (passport|delivery) id \(a UUID\)") as usage:
+        run(*argv)
+    assert usage.value.returncode == 2
+
+
 def test_usage_error_exits_2():
     result = subprocess.run(
         [sys.executable, "-m", "odal", "token", "create", "--name", "x", "--scope", "root"],

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
-from odal.cli import refused, run_until_signalled, subcommands
+from odal.cli import parse_uuid, refused, run_until_signalled, subcommands
 from odal.errors import Refused
 from outbox.api import create_consumer, deliveries_matching, outbox_counts
 from outbox.models import Delivery
@@ -157,10 +157,7 @@ def _dumps(value) -> str:
 
 
 def _delivery_id(value: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise CommandError(f"{value!r} is not a delivery id (a UUID).", returncode=2) from None
+    return parse_uuid(value, "delivery id")
 
 
 def _since(value: str | None):

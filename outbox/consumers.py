@@ -17,9 +17,10 @@ from django.utils.module_loading import import_string
 from standardwebhooks import Webhook
 
 from odal.errors import Refused
+from odal.text import error_text, excerpt, storable
 
 USER_AGENT = "odal-webhooks/1"
-BODY_EXCERPT = 200
+ANSWER_CAP = 64 * 1024  # of a webhook's answer only an excerpt is kept: read no more than this
 
 
 @dataclass
@@ -52,9 +53,29 @@ def webhook_headers(consumer, delivery_id, body: str, now: datetime | None = Non
     }
 
 
-def excerpt(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= BODY_EXCERPT else text[:BODY_EXCERPT] + "…"
+def read_answer(response: httpx.Response, cap: int, deadline: float) -> bytes:
+    """The answer's body, read until the monotonic `deadline`, and no more than `cap` bytes of
+    it (one chunk past the cap at most; the caller closes the response on the rest).
+
+    httpx's timeout holds for each read, so a body trickled a byte at a time would never time
+    out: past the deadline this raises httpx.ReadTimeout, as a stalled read does. (A read that
+    stalls just before the deadline still waits out its own timeout: at worst an answer takes
+    about twice the timeout, never forever.) Raw bytes, not decoded: a compressed body is not
+    inflated (requests ask for identity), so the cap holds for what is kept in memory."""
+    body = bytearray()
+    for chunk in response.iter_raw():
+        body += chunk
+        if len(body) > cap:
+            break
+        if time.monotonic() > deadline:
+            raise httpx.ReadTimeout("the answer was still arriving at the deadline", request=response.request)
+    return bytes(body)
+
+
+def redirect_text(response: httpx.Response) -> str:
+    location = response.headers.get("location")
+    where = f"to {storable(location, 300)}" if location else "without a Location"
+    return f"HTTP {response.status_code} redirect {where} (not followed)"
 
 
 def call_webhook(consumer, delivery_id, event, client: httpx.Client) -> Outcome:
@@ -63,28 +84,34 @@ def call_webhook(consumer, delivery_id, event, client: httpx.Client) -> Outcome:
         try:
             check_webhook_url(consumer.url)
         except Refused as exc:
-            return Outcome(False, f"not called: {exc.detail}")
+            return Outcome(False, storable(f"not called: {exc.detail}"))
     body = webhook_body(event)
-    headers = webhook_headers(consumer, delivery_id, body)
+    headers = {**webhook_headers(consumer, delivery_id, body), "accept-encoding": "identity"}
     started = time.monotonic()
+    status = None  # once the status line has arrived: an error reading the body says so
     try:
-        response = client.post(
-            consumer.url, content=body.encode(), headers=headers, timeout=consumer.timeout_seconds
-        )
+        with client.stream(
+            "POST", consumer.url, content=body.encode(), headers=headers,
+            timeout=consumer.timeout_seconds, follow_redirects=False,
+        ) as response:  # fmt: skip
+            status = response.status_code
+            answer = read_answer(response, ANSWER_CAP, started + consumer.timeout_seconds)
     except httpx.TimeoutException:
-        return Outcome(False, f"timed out after {consumer.timeout_seconds}s", duration_ms=_since(started))
+        error = f"timed out after {consumer.timeout_seconds}s"
+        return Outcome(False, _reading(error, status), http_status=status, duration_ms=_since(started))
     except httpx.HTTPError as exc:
-        return Outcome(
-            False, f"connection error: {type(exc).__name__}: {exc}"[:500], duration_ms=_since(started)
-        )
-    if 200 <= response.status_code < 300:
-        return Outcome(True, http_status=response.status_code, duration_ms=_since(started))
-    return Outcome(
-        False,
-        f"HTTP {response.status_code}: {excerpt(response.text)}".rstrip(": "),
-        http_status=response.status_code,
-        duration_ms=_since(started),
+        error = f"connection error: {error_text(exc)}"
+        return Outcome(False, _reading(error, status), http_status=status, duration_ms=_since(started))
+    if 200 <= status < 300:
+        return Outcome(True, http_status=status, duration_ms=_since(started))
+    error = (
+        redirect_text(response) if 300 <= status < 400 else f"HTTP {status}: {excerpt(answer)}".rstrip(": ")
     )
+    return Outcome(False, error, http_status=status, duration_ms=_since(started))
+
+
+def _reading(error: str, status: int | None) -> str:
+    return f"{error} while reading the body of an HTTP {status} answer" if status else error
 
 
 def call_python(consumer, delivery_id, event) -> Outcome:
@@ -92,7 +119,7 @@ def call_python(consumer, delivery_id, event) -> Outcome:
     try:
         import_string(consumer.target)(event, delivery_id)
     except Exception as exc:  # whatever the consumer raises fails the attempt
-        return Outcome(False, f"{type(exc).__name__}: {exc}"[:500], duration_ms=_since(started))
+        return Outcome(False, error_text(exc), duration_ms=_since(started))
     return Outcome(True, duration_ms=_since(started))
 
 

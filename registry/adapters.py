@@ -1,19 +1,28 @@
 """Talking to the registry: the `http` adapter (CONTRACT.md's wire protocol, over httpx) and the
 `none` adapter (a node without registry queues).
 
-Every failure is mapped: 5xx, a timeout or a connection error on register/check/deactivate is
-`Retryable`; anything odd while reading the task list makes `find_submission` raise
-`RegistryUnreadable` rather than guess.
+Every failure is mapped: 5xx, a redirect, a timeout, a connection error, or an answer that is
+not the protocol's (not JSON, another content type, values of the wrong type, ids odal could
+not store) on register/check/deactivate is `Retryable`; anything odd while reading the task list
+makes `find_submission` raise `RegistryUnreadable` rather than guess. Every message is made of
+odal.text's storable pieces: it ends in last_error and the attempt log as it is.
 """
 
+import json
+import time
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 import httpx
 from django.conf import settings
 
-from outbox.consumers import excerpt
+from odal.text import error_text, excerpt, storable
+from outbox.consumers import read_answer, redirect_text
 
 MAX_TASK_PAGES = 1000
+ANSWER_CAP = 1024 * 1024  # a task-list page of 200 items is a few tens of KiB
+MAX_ID = 200  # the correlation_id and handle columns
+TASK_STATUSES = ("received", "checking", "registered", "rejected")
 
 
 class Retryable(Exception):
@@ -75,6 +84,18 @@ class Unsupported:
 
 
 @dataclass
+class Answer:
+    """What the registry answered: status, content type, and the body (read with a cap)."""
+
+    status_code: int
+    content_type: str
+    body: bytes
+
+    def said(self, what: str) -> str:
+        return f"registry answered HTTP {self.status_code} to {what}"
+
+
+@dataclass
 class HttpRegistry:
     base_url: str
     token: str
@@ -88,7 +109,11 @@ class HttpRegistry:
             self.client = httpx.Client(
                 base_url=self.base_url,
                 timeout=self.timeout,
-                headers={"Authorization": f"Bearer {self.token}", "User-Agent": "odal-registry/1"},
+                headers={
+                    "Authorization": f"Bearer {self.token}",
+                    "User-Agent": "odal-registry/1",
+                    "Accept-Encoding": "identity",  # read_answer's cap holds for raw bytes
+                },
             )
         return self.client
 
@@ -97,27 +122,47 @@ class HttpRegistry:
             self.client.close()
             self.client = None
 
-    def _send(self, method: str, path: str, **kwargs) -> httpx.Response:
+    def _send(self, method: str, path: str, **kwargs) -> Answer:
+        deadline = time.monotonic() + self.timeout
+        status = None
         try:
-            response = self._client().request(method, path, **kwargs)
+            with self._client().stream(method, path, follow_redirects=False, **kwargs) as response:
+                status = response.status_code
+                body = read_answer(response, ANSWER_CAP, deadline)
         except httpx.TimeoutException:
             raise Retryable(f"registry timed out after {self.timeout:g}s") from None
         except httpx.HTTPError as exc:
-            raise Retryable(f"registry unreachable: {type(exc).__name__}: {exc}"[:500]) from None
-        if response.status_code >= 500:
-            raise Retryable(
-                f"registry answered HTTP {response.status_code}: {excerpt(response.text)}".rstrip(": ")
-            )
-        return response
+            if status:
+                raise Retryable(
+                    f"registry connection broke while reading the body of an HTTP {status} answer: "
+                    f"{error_text(exc)}"
+                ) from None
+            raise Retryable(f"registry unreachable: {error_text(exc)}") from None
+        if 300 <= status < 400:
+            raise Retryable(f"registry answered {redirect_text(response)}")
+        if status >= 500:
+            raise Retryable(f"registry answered HTTP {status}: {excerpt(body)}".rstrip(": "))
+        return Answer(status, response.headers.get("content-type", ""), body)
 
     @staticmethod
-    def _json(response: httpx.Response) -> dict:
+    def _json(answer: Answer, what: str) -> dict:
+        """The answer's JSON object, or Retryable saying why there is none."""
+        said = answer.said(what)
+        media_type = answer.content_type.partition(";")[0].strip().lower()
+        if media_type != "application/json" and not (
+            media_type.startswith("application/") and media_type.endswith("+json")
+        ):
+            raise Retryable(f"{said} with content type {storable(media_type, 100) or '(none)'}, not JSON")
+        if len(answer.body) > ANSWER_CAP:
+            raise Retryable(f"{said} with a body over {ANSWER_CAP:,} bytes")
         try:
-            body = response.json()
-        except ValueError:
-            raise Retryable(f"registry answered HTTP {response.status_code} without JSON") from None
+            body = json.loads(answer.body.decode())
+        except UnicodeDecodeError:
+            raise Retryable(f"{said} with malformed JSON (not UTF-8): {excerpt(answer.body)}") from None
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+            raise Retryable(f"{said} with malformed JSON: {excerpt(answer.body)}") from None
         if not isinstance(body, dict):
-            raise Retryable(f"registry answered HTTP {response.status_code} with unexpected JSON")
+            raise Retryable(f"{said} with JSON that is not an object: {excerpt(answer.body)}")
         return body
 
     # -- the drain's calls --------------------------------------------------------------------
@@ -131,49 +176,41 @@ class HttpRegistry:
             "commodityCode": passport.commodity_code,
             "dppEndpoint": f"{settings.ODAL_PUBLIC_URL}/vault/api/v1/dpp/{passport.pk}",
         }
-        response = self._send(
+        answer = self._send(
             "POST", "/dpp-registration-requests", json=body, headers={"Idempotency-Key": str(registration.pk)}
         )
-        payload = self._json(response)
-        if response.status_code in (200, 201, 202) and payload.get("requestId"):
-            return Accepted(str(payload["requestId"]))
-        if (
-            response.status_code == 409
-            and payload.get("code") == "DUPLICATE_UPI"
-            and payload.get("requestId")
-        ):
-            return Duplicate(str(payload["requestId"]))
-        if response.status_code == 422:
+        payload = self._json(answer, "register")
+        if answer.status_code in (200, 201, 202):
+            return Accepted(_id(payload, "requestId", answer.said("register")))
+        if answer.status_code == 409 and payload.get("code") == "DUPLICATE_UPI":
+            return Duplicate(_id(payload, "requestId", answer.said("register") + " DUPLICATE_UPI"))
+        if answer.status_code == 422:
             return Rejected(_errors(payload))
-        raise Retryable(
-            f"registry answered HTTP {response.status_code} to register: {excerpt(response.text)}"
-        )
+        raise Retryable(f"{answer.said('register')}: {excerpt(answer.body)}")
 
     def check(self, request_id: str) -> CheckAnswer:
-        response = self._send("GET", f"/dpp-registration-requests/{request_id}")
-        payload = self._json(response)
+        answer = self._send("GET", f"/dpp-registration-requests/{quote(request_id, safe='')}")
+        payload = self._json(answer, "check")
         status = payload.get("status")
-        if response.status_code != 200 or status not in ("checking", "registered", "rejected", "received"):
-            raise Retryable(
-                f"registry answered HTTP {response.status_code} to check: {excerpt(response.text)}"
-            )
+        if answer.status_code != 200:
+            raise Retryable(f"{answer.said('check')}: {excerpt(answer.body)}")
+        if status not in ("checking", "registered", "rejected", "received"):
+            raise Retryable(f"{answer.said('check')} with an unknown status: {_shown(status)}")
         if status == "registered":
-            if not payload.get("registrationId"):
-                raise Retryable("registry says registered but gave no registrationId")
-            return CheckAnswer("registered", registration_id=str(payload["registrationId"]))
+            return CheckAnswer(
+                "registered", registration_id=_id(payload, "registrationId", answer.said("check"))
+            )
         if status == "rejected":
             return CheckAnswer("rejected", errors=_errors(payload))
         return CheckAnswer("checking")
 
     def deactivate(self, registration_id: str) -> str:
-        response = self._send("POST", f"/registrations/{registration_id}/deactivate")
-        if response.status_code in (200, 204):
+        answer = self._send("POST", f"/registrations/{quote(registration_id, safe='')}/deactivate")
+        if answer.status_code in (200, 204):
             return "deactivated"
-        if response.status_code == 404:
+        if answer.status_code == 404:
             return "already gone"
-        raise Retryable(
-            f"registry answered HTTP {response.status_code} to deactivate: {excerpt(response.text)}"
-        )
+        raise Retryable(f"{answer.said('deactivate')}: {excerpt(answer.body)}")
 
     # -- abandon's question ---------------------------------------------------------------------
 
@@ -186,31 +223,28 @@ class HttpRegistry:
         cursor = None
         for page in range(MAX_TASK_PAGES):
             params = {"limit": 200, **({"cursor": cursor} if cursor else {})}
+            what = f"task list page {page + 1}"
             try:
-                response = self._send("GET", "/dpp-registration-requests", params=params)
+                answer = self._send("GET", "/dpp-registration-requests", params=params)
+                if answer.status_code in (404, 405, 501) and page == 0:
+                    return Unsupported(
+                        f"the registry's task list cannot be searched (HTTP {answer.status_code})"
+                    )
+                if answer.status_code != 200:
+                    raise Retryable(f"{what}: HTTP {answer.status_code}")
+                body = self._json(answer, what)
+                items, cursor = body.get("items"), body.get("nextCursor")
+                if not isinstance(items, list) or not isinstance(cursor, str | None):
+                    raise Retryable(f"{what} is not what the protocol says: {_shape(body)}")
+                for item in items:
+                    if not _task_item(item):
+                        raise Retryable(f"{what} holds a malformed item: {excerpt(item)}")
+                    if item.get("status") == "received":
+                        unread += 1
+                    elif item.get("upi") == upi and item.get("status") != "rejected":
+                        held.append(_id(item, "requestId", f"{what} holds an item"))
             except Retryable as exc:
                 raise RegistryUnreadable(str(exc)) from None
-            if response.status_code in (404, 405, 501) and page == 0:
-                return Unsupported(
-                    f"the registry's task list cannot be searched (HTTP {response.status_code})"
-                )
-            if response.status_code != 200:
-                raise RegistryUnreadable(f"task list page {page + 1}: HTTP {response.status_code}")
-            try:
-                body = self._json(response)
-                items = body["items"]
-                cursor = body.get("nextCursor")
-                if not isinstance(items, list):
-                    raise TypeError
-            except (Retryable, KeyError, TypeError):
-                raise RegistryUnreadable(f"task list page {page + 1} is not what the protocol says") from None
-            for item in items:
-                if not isinstance(item, dict):
-                    raise RegistryUnreadable(f"task list page {page + 1} holds a malformed item")
-                if item.get("status") == "received":
-                    unread += 1
-                elif item.get("upi") == upi and item.get("status") != "rejected":
-                    held.append(str(item.get("requestId")))
             if not cursor:
                 break
         else:
@@ -256,10 +290,44 @@ def get_adapter():
 
 
 def _errors(payload: dict) -> str:
+    """The registry's reasons for a rejection, as storable text."""
     errors = payload.get("errors") or []
-    code = payload.get("code") or "REJECTED"
+    code = storable(payload.get("code") or "REJECTED", 100)
     if isinstance(errors, list) and errors:
-        return f"{code}: " + "; ".join(
-            str(e) if not isinstance(e, dict) else str(e.get("message", e)) for e in errors
+        return storable(
+            f"{code}: "
+            + "; ".join(storable(e.get("message", e) if isinstance(e, dict) else e, 500) for e in errors)
         )
-    return str(code)
+    return code
+
+
+def _id(payload: dict, name: str, said: str) -> str:
+    """payload[name] as an id odal can store and put in a URL path, or Retryable naming it."""
+    value = payload.get(name)
+    # isprintable(): no NUL, no lone surrogate, no control character, no line break
+    if isinstance(value, str) and 0 < len(value) <= MAX_ID and value.isprintable():
+        return value
+    raise Retryable(f"{said} with an unusable {name}: {_shown(value)}")
+
+
+def _shown(value) -> str:
+    """A JSON value as an error may quote it: strings quoted and escaped (so a NUL reads \\x00),
+    anything else by its type."""
+    return excerpt(repr(value), 100) if isinstance(value, str) else f"a JSON {_json_type(value)}"
+
+
+def _json_type(value) -> str:
+    types = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else types.get(type(value), type(value).__name__)
+
+
+def _shape(body: dict) -> str:
+    return f"items is {_shown(body.get('items'))}, nextCursor is {_shown(body.get('nextCursor'))}"
+
+
+def _task_item(item) -> bool:
+    """A task-list item as the protocol has it: a known status, and a upi string (null only
+    while received). Anything else and the list cannot show what the registry holds."""
+    if not isinstance(item, dict) or item.get("status") not in TASK_STATUSES:
+        return False
+    return isinstance(item.get("upi"), str) or (item["status"] == "received" and item.get("upi") is None)

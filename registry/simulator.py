@@ -18,13 +18,34 @@ everything). The faults:
 - task_list_5xx (bool): the task list's second page answers 503;
 - page_size (count): the task list's largest page (default 50);
 - honour_idempotency_key (bool): a repeated Idempotency-Key answers 202 with the request it
-  made before (off by default, so a retry after a lost reply meets DUPLICATE_UPI).
+  made before (off by default, so a retry after a lost reply meets DUPLICATE_UPI);
+- hostile_answer (text, one of HOSTILE_ANSWERS; empty: off): the registry does its work as
+  usual, but its answer is spoiled on the way back:
+    nul                 a NUL character (U+0000) at the end of every string in the JSON;
+    invalid_utf8        bytes that are not UTF-8 at the end of every string in the JSON;
+    huge                the answer padded to 10 MB;
+    trickle             the body sent one byte every 0.25 s (after 100 bytes of leading blanks);
+    redirect            307 to https://registry.invalid/… instead of the answer;
+    reset               half the body, then a TCP reset;
+    malformed_json      the JSON cut in half;
+    wrong_content_type  the JSON labelled text/html;
+    wrong_shape         every string in the JSON a number, every list an object;
+    deep_json           a JSON array nested 100,000 deep instead of the answer;
+- hostile_on (text): which answers hostile_answer spoils, a comma-separated list of register,
+  check and task_list (default all three);
+- hostile_upi_containing (text): only register and check answers for such UPIs are spoiled
+  (the task list, which names many UPIs, is spoiled whenever it is in hostile_on);
+- hostile_count (count): only the next N answers are spoiled, then hostile_answer switches
+  itself off; 0 (the default) spoils every one.
 Duplicates need no switch: a second request for a UPI the registry holds answers 409
 DUPLICATE_UPI with the held requestId.
 """
 
 import json
+import os
 import re
+import socket
+import struct
 import sys
 import threading
 import time
@@ -44,7 +65,24 @@ DEFAULT_FAULTS = {
     "task_list_5xx": False,
     "page_size": 50,
     "honour_idempotency_key": False,
+    "hostile_answer": "",
+    "hostile_on": "register,check,task_list",
+    "hostile_upi_containing": "",
+    "hostile_count": 0,
 }
+HOSTILE_ANSWERS = (
+    "nul", "invalid_utf8", "huge", "trickle", "redirect", "reset", "malformed_json",
+    "wrong_content_type", "wrong_shape", "deep_json",
+)  # fmt: skip
+
+
+def fault_problem(name: str, value) -> str | None:
+    """What is wrong with switching fault `name` to `value`, or None if nothing is."""
+    if name not in DEFAULT_FAULTS:
+        return f"unknown fault {name}"
+    if name == "hostile_answer" and value not in ("", *HOSTILE_ANSWERS):
+        return f"hostile_answer is one of {', '.join(HOSTILE_ANSWERS)} (or empty: off)"
+    return None
 
 
 class RegistryState:
@@ -72,6 +110,21 @@ class RegistryState:
             self.requests[request_id] = {
                 "requestId": request_id, "upi": upi, "status": status, "checks": 0, "registrationId": None,
             }  # fmt: skip
+
+    def hostile(self, route: str, upi=None) -> str:
+        """The hostile answer this `route`'s answer gets (for a request about `upi`), or ""."""
+        with self.lock:
+            kind = self.faults["hostile_answer"]
+            if not kind or route not in self.faults["hostile_on"].split(","):
+                return ""
+            marker = self.faults["hostile_upi_containing"]
+            if marker and route != "task_list" and not (isinstance(upi, str) and marker in upi):
+                return ""
+            if self.faults["hostile_count"]:
+                self.faults["hostile_count"] -= 1
+                if not self.faults["hostile_count"]:
+                    self.faults["hostile_answer"] = ""
+            return kind
 
     def _take(self, name: str) -> bool:
         if self.faults.get(name, 0) > 0:
@@ -157,6 +210,80 @@ class RegistryState:
             return 204, {}
 
 
+def write_answer(
+    handler, status: int, data: bytes = b"", headers=(), *, trickle=0.0, chunk=1, reset_after=None
+):
+    """Send an answer from a BaseHTTPRequestHandler, the hostile ways too: the body `chunk` bytes
+    every `trickle` seconds, or cut off after `reset_after` bytes by a TCP reset."""
+    handler.send_response(status)
+    for name, value in headers:
+        handler.send_header(name, value)
+    handler.send_header("content-length", str(len(data)))
+    handler.end_headers()
+    if reset_after is not None:
+        handler.wfile.write(data[:reset_after])
+        time.sleep(0.05)  # let the client read the status line first: the reset comes mid-body
+        handler.close_connection = True
+        sock = handler.connection
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        # Close the descriptor itself now (the handler's files still hold the socket object);
+        # with a zero linger that sends a reset rather than a FIN.
+        os.close(sock.detach())
+    elif trickle:
+        for i in range(0, len(data), chunk):
+            handler.wfile.write(data[i : i + chunk])
+            time.sleep(trickle)
+    else:
+        handler.wfile.write(data)
+
+
+def _spiked(value, spike: str):
+    """`value` with `spike` at the end of every string in it."""
+    if isinstance(value, dict):
+        return {k: _spiked(v, spike) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_spiked(v, spike) for v in value]
+    return value + spike if isinstance(value, str) else value
+
+
+def _misshapen(value):
+    """`value` with every string a number and every list an object."""
+    if isinstance(value, dict):
+        return {k: _misshapen(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return {str(i): _misshapen(v) for i, v in enumerate(value)}
+    return len(value) if isinstance(value, str) else value
+
+
+def spoil(kind: str, status: int, body: dict) -> tuple[int, bytes, list, dict]:
+    """The hostile answer `kind` made of the answer (status, body): status, body bytes, headers
+    and write_answer's options."""
+    data, headers, options = json.dumps(body).encode(), [("content-type", "application/json")], {}
+    if kind in ("nul", "invalid_utf8"):
+        data = json.dumps(_spiked(body, "\x00")).encode()
+        if kind == "invalid_utf8":  # json.dumps wrote each NUL as \u0000: put bytes UTF-8 lacks there
+            data = data.replace(b"\\u0000", b"\xff\xfe")
+    elif kind == "huge":
+        data = json.dumps({**body, "padding": "x" * 10_000_000}).encode()
+    elif kind == "trickle":
+        data, options = b" " * 100 + data, {"trickle": 0.25}
+    elif kind == "redirect":
+        status, data, headers = 307, b"", [("location", "https://registry.invalid/elsewhere")]
+    elif kind == "reset":
+        options = {"reset_after": len(data) // 2}
+    elif kind == "malformed_json":
+        data = data[: len(data) // 2]
+    elif kind == "wrong_content_type":
+        headers = [("content-type", "text/html")]
+    elif kind == "wrong_shape":
+        data = json.dumps(_misshapen(body)).encode()
+    elif kind == "deep_json":
+        data = b"[" * 100_000 + b"]" * 100_000
+    else:
+        raise ValueError(f"unknown hostile answer {kind!r}")
+    return status, data, headers, options
+
+
 def make_server(host: str = "127.0.0.1", port: int = 8100, *, token: str, faults: dict | None = None):
     state = RegistryState(token, faults)
 
@@ -166,13 +293,12 @@ def make_server(host: str = "127.0.0.1", port: int = 8100, *, token: str, faults
         # waits for the client's delayed ACK (about 40 ms).
         disable_nagle_algorithm = True
 
-        def _answer(self, status: int, body: dict) -> None:
+        def _answer(self, status: int, body: dict, hostile: str = "") -> None:
+            if hostile:
+                status, data, headers, options = spoil(hostile, status, body)
+                return write_answer(self, status, data, headers, **options)
             data = json.dumps(body).encode() if status != 204 else b""
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            write_answer(self, status, data, [("content-type", "application/json")])
 
         def _body(self) -> dict | None:
             raw = self.rfile.read(int(self.headers.get("content-length") or 0))
@@ -189,9 +315,9 @@ def make_server(host: str = "127.0.0.1", port: int = 8100, *, token: str, faults
                 return self._answer(200, state.faults)
             if path == "/_faults" and method == "POST":
                 body = self._body() or {}
-                unknown = sorted(set(body) - set(DEFAULT_FAULTS))
-                if unknown:
-                    return self._answer(422, {"code": "UNKNOWN_FAULT", "errors": unknown})
+                problems = [p for name, value in body.items() if (p := fault_problem(name, value))]
+                if problems:
+                    return self._answer(422, {"code": "UNKNOWN_FAULT", "errors": problems})
                 with state.lock:
                     state.faults.update(body)
                 return self._answer(200, state.faults)
@@ -209,13 +335,16 @@ def make_server(host: str = "127.0.0.1", port: int = 8100, *, token: str, faults
                     return self._answer(
                         422, {"code": "INVALID_JSON", "errors": ["body is not a JSON object"]}
                     )
-                return self._answer(*state.register(body, self.headers.get("Idempotency-Key")))
+                answer = state.register(body, self.headers.get("Idempotency-Key"))
+                return self._answer(*answer, state.hostile("register", body.get("upi")))
             if path == "/dpp-registration-requests" and method == "GET":
                 query = parse_qs(url.query)
                 limit = int(query.get("limit", ["50"])[0]) if query.get("limit", ["50"])[0].isdigit() else 50
-                return self._answer(*state.task_list(query.get("cursor", [None])[0], limit))
+                answer = state.task_list(query.get("cursor", [None])[0], limit)
+                return self._answer(*answer, state.hostile("task_list"))
             if (match := re.fullmatch(r"/dpp-registration-requests/([\w-]+)", path)) and method == "GET":
-                return self._answer(*state.check(match.group(1)))
+                upi = state.requests.get(match.group(1), {}).get("upi")
+                return self._answer(*state.check(match.group(1)), state.hostile("check", upi))
             if (match := re.fullmatch(r"/registrations/([\w-]+)/deactivate", path)) and method == "POST":
                 return self._answer(*state.deactivate(match.group(1)))
             return self._answer(404, {"code": "NOT_FOUND"})

@@ -1,10 +1,13 @@
 """A real local HTTP server for webhook tests: answers each request by a script of behaviours
 and keeps what it received, so tests can check headers, bodies and signatures."""
 
+import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from registry.simulator import write_answer
 
 
 @dataclass
@@ -13,9 +16,22 @@ class Received:
     body: str
 
 
+@dataclass
+class Answer:
+    """A scripted answer, hostile ones included: the body `chunk` bytes every `trickle` seconds,
+    or a TCP reset after `reset_after` bytes of it."""
+
+    status: int
+    body: bytes = b""
+    headers: list = field(default_factory=list)
+    trickle: float = 0.0
+    chunk: int = 1
+    reset_after: int | None = None
+
+
 class WebhookServer:
     """`script` is a list of behaviours, used in order (the last one repeats): an int status,
-    or ("stall", seconds, status)."""
+    ("stall", seconds, status), or an Answer."""
 
     def __init__(self, script=(204,)):
         self.script = list(script)
@@ -43,19 +59,27 @@ class WebhookServer:
                     time.sleep(seconds)
                 with server.lock:
                     server.in_flight -= 1
-                payload = b"" if behaviour < 300 else b"upstream exploded"
-                self.send_response(behaviour)
-                self.send_header("content-length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                if isinstance(behaviour, int):
+                    behaviour = Answer(behaviour, b"" if behaviour < 300 else b"upstream exploded")
+                write_answer(
+                    self, behaviour.status, behaviour.body, behaviour.headers,
+                    trickle=behaviour.trickle, chunk=behaviour.chunk, reset_after=behaviour.reset_after,
+                )  # fmt: skip
 
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request, client_address):
+                if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that hung up is no news
+                    super().handle_error(request, client_address)
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hooks"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # A short poll: shutdown() waits for it, and tests start and stop many servers.
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
 
     def __enter__(self):
         self.thread.start()

@@ -8,7 +8,7 @@ from odal.cli import parse_uuid, refused, run_until_signalled, subcommands
 from odal.errors import Refused
 from registry import service
 from registry.drain import drain_forever, drain_until_idle
-from registry.simulator import DEFAULT_FAULTS, make_server
+from registry.simulator import DEFAULT_FAULTS, HOSTILE_ANSWERS, fault_problem, make_server
 
 
 class Command(BaseCommand):
@@ -42,7 +42,9 @@ class Command(BaseCommand):
         simulate.add_argument("--port", type=int, default=8100)
         simulate.add_argument(
             "--fault", action="append", default=[], metavar="NAME=VALUE",
-            help=f"switch a fault on at start; one of: {', '.join(DEFAULT_FAULTS)}",
+            help=f"switch a fault on at start (repeatable); one of: {', '.join(DEFAULT_FAULTS)}. "
+            f"hostile_answer is one of {', '.join(HOSTILE_ANSWERS)}; the simulator's docstring "
+            "(registry/simulator.py) says what each does",
         )  # fmt: skip
 
     def handle(self, *args, action, **options):
@@ -98,6 +100,8 @@ class Command(BaseCommand):
                 faults[name] = value.lower() in ("1", "true", "yes", "on") if kind is bool else kind(value)
             except ValueError:
                 raise CommandError(f"--fault {item!r}: {name} takes a {kind.__name__}.") from None
+            if problem := fault_problem(name, faults[name]):
+                raise CommandError(f"--fault {item!r}: {problem}.")
         server = make_server(port=port, token=settings.ODAL_REGISTRY_TOKEN, faults=faults)
         self.stdout.write(f"Registry simulator on http://127.0.0.1:{port} (faults: {faults or 'none'})")
         try:

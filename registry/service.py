@@ -198,6 +198,14 @@ def abandon(dpp_id, *, actor: str, reason, adapter=None) -> AbandonResult:
     check_abandonable(reg)
     reason = clean_reason(reason)
     ask_registry(reg, adapter)
+    return finish_abandon(reg, actor=actor, reason=reason)
+
+
+def finish_abandon(seen: Registration, *, actor: str, reason: str) -> AbandonResult:
+    """The write that ends abandon, once the registry showed it holds nothing for the row `seen`
+    (read before it was asked): the conditional update, its audit entry and event, or 409
+    registration_changed and nothing written if the row is no longer what was seen."""
+    reg = seen
     now = timezone.now()
     with transaction.atomic():
         if not Registration.objects.filter(pk=reg.pk).abandon(actor=actor, reason=reason, now=now, seen=reg):

@@ -28,6 +28,7 @@ from odal.models import AuditEntry, Passport
 from outbox.models import Consumer, Delivery, Event
 from registry import adapters, service
 from registry.models import Registration
+from registry.simulator import RegistryState
 from tests.factories import ConsumerFactory, DeliveryFactory, PassportFactory
 
 pytestmark = pytest.mark.django_db
@@ -167,14 +168,26 @@ def test_delivery_lifecycle_state_machine():
 # -- registrations ---------------------------------------------------------------------------------
 
 
-class HoldsNothing:
-    """A registry whose task list, read in full, holds nothing for the UPI."""
+class SimulatorLookup:
+    """find_submission read straight off the registry simulator's state (no HTTP): what an
+    exhaustive read of its task list would answer at this moment."""
+
+    def __init__(self, sim: RegistryState):
+        self.sim = sim
 
     def find_submission(self, upi):
-        return adapters.NotFound(exhaustive=True)
+        held = holds(self.sim, upi)
+        if len(held) == 1:
+            return adapters.Found(held[0])
+        return adapters.Ambiguous(held) if held else adapters.NotFound(exhaustive=True)
 
     def close(self):
         pass
+
+
+def holds(sim: RegistryState, upi: str) -> list[str]:
+    """The requests the simulator holds for `upi` (rejected ones do not count)."""
+    return [r["requestId"] for r in sim.requests.values() if r["upi"] == upi and r["status"] != "rejected"]
 
 
 DRAIN_WRITES = [
@@ -186,6 +199,9 @@ DRAIN_WRITES = [
 class RegistrationMachine(RuleBasedStateMachine):
     def __init__(self, settings_override=None):
         super().__init__()
+        self.setup()
+
+    def setup(self):
         Registration.objects.all().delete()
         self.clock = Clock()
         self.passport = PassportFactory()
@@ -197,13 +213,17 @@ class RegistrationMachine(RuleBasedStateMachine):
         ).count()
         self.was_abandoned = False
         self.published_since = False
+        self.sim = RegistryState(token="t")  # the registry: what it holds is checked, not assumed
+        self.lookup: tuple[Registration, bool] | None = None  # an abandon between its two steps
 
     def teardown(self):
         self.clock.stop()
 
-    @initialize()
-    def published(self):
+    @initialize(first_attempt=st.sampled_from(["none", "registry down"]))
+    def published(self, first_attempt):
         lifecycle.publish(self.passport.pk, actor="user:ops")
+        if first_attempt == "registry down":  # tried once, nothing reached the registry, backed off
+            self.drain_register_reaches_the_registry(reply="registry down")
 
     def reg(self) -> Registration | None:
         return Registration.objects.filter(passport=self.passport).first()
@@ -269,6 +289,70 @@ class RegistrationMachine(RuleBasedStateMachine):
         if not took:
             assert Registration.objects.filter(pk=reg.pk).values().get() == before
 
+    @rule(reply=st.sampled_from(["answered", "lost", "registry down"]))
+    def drain_register_reaches_the_registry(self, reply):
+        """A whole register attempt against the simulator: time passes until the row is due, the
+        drain claims it, the request reaches the registry, which keeps it unless it is down, and
+        the reply arrives or is lost (then the attempt fails and backs off)."""
+        reg = self.reg()
+        if reg is not None and reg.next_attempt_at > self.clock.now:
+            self.clock.advance(int((reg.next_attempt_at - self.clock.now).total_seconds()) + 1)
+        claim = Registration.objects.filter(passport=self.passport).claim(limit=1, hold_seconds=HOLD)
+        if not claim.rows:
+            return
+        self.tokens.append(claim.token)
+        reg = claim.rows[0]
+        rows = Registration.objects.filter(pk=reg.pk)
+        if reg.status != "pending" or reg.operation != "register":
+            return  # a check or a deactivation: other rules cover those writes
+        if reply == "registry down":
+            status, body = 503, {}
+        else:
+            status, body = self.sim.register({"upi": self.passport.upi, "operatorId": "OP-1"}, str(reg.pk))
+        now = self.clock.now
+        if reply == "lost" or status >= 500:
+            rows.mark_attempt_failed(token=claim.token, error="503", retry_at=now + timedelta(seconds=60))
+        elif status == 202:
+            rows.mark_submitted(token=claim.token, correlation_id=body["requestId"], next_check_at=now)
+        elif status == 409:
+            rows.mark_submitted_noting(
+                token=claim.token, correlation_id=body["requestId"], note="dup", next_check_at=now
+            )
+
+    @precondition(lambda self: self.lookup is None)
+    @rule()
+    def abandon_lookup_starts(self):
+        """Abandon's first step: the row is read and checked, and the lookup reads the first page
+        of a newest-first task list. A request that reaches the registry after this lands on
+        that page, already read: the lookup's answer is what the registry held at this moment."""
+        reg = self.reg()
+        if reg is None or reg.status == "abandoned":
+            return
+        try:
+            service.check_abandonable(reg)
+        except Refused:
+            return
+        self.lookup = (reg, bool(holds(self.sim, self.passport.upi)))
+
+    @precondition(lambda self: self.lookup is not None)
+    @rule()
+    def abandon_lookup_finishes(self):
+        """Abandon's second step: the last page is read; if nothing was seen, the write, which
+        must refuse a row that is no longer the one read before the lookup."""
+        seen, found = self.lookup
+        self.lookup = None
+        if found:
+            return
+        before = Registration.objects.filter(pk=seen.pk).values().get()
+        try:
+            service.finish_abandon(seen, actor="user:ops", reason="gone")
+        except Refused as exc:
+            assert exc.code == "registration_changed"
+            assert Registration.objects.filter(pk=seen.pk).values().get() == before
+            return
+        self.abandons += 1
+        self.was_abandoned, self.published_since = True, False
+
     @rule()
     def person_abandons(self):
         reg = self.reg()
@@ -277,7 +361,7 @@ class RegistrationMachine(RuleBasedStateMachine):
         before = Registration.objects.filter(pk=reg.pk).values().get()
         try:
             result = service.abandon(
-                self.passport.pk, actor="user:ops", reason="gone", adapter=HoldsNothing()
+                self.passport.pk, actor="user:ops", reason="gone", adapter=SimulatorLookup(self.sim)
             )
         except Refused:
             assert Registration.objects.filter(pk=reg.pk).values().get() == before
@@ -292,9 +376,10 @@ class RegistrationMachine(RuleBasedStateMachine):
     @rule()
     def abandon_update_races_the_drain(self):
         """The conditional update alone, as it lands when the row changed after abandon's checks:
-        it must take the row only if every condition still holds."""
+        it must take the row only if every condition still holds. (Only reached when the registry
+        holds nothing: otherwise abandon stops at the registry's answer.)"""
         reg = self.reg()
-        if reg is None:
+        if reg is None or holds(self.sim, self.passport.upi):
             return
         b = Registration.objects.filter(pk=reg.pk).values().get()
         took = Registration.objects.filter(pk=reg.pk).abandon(
@@ -315,6 +400,14 @@ class RegistrationMachine(RuleBasedStateMachine):
         except Refused:
             return
         self.handles += 1
+
+    @invariant()
+    def abandoned_means_the_registry_holds_no_submission(self):
+        reg = self.reg()
+        if reg is not None and reg.status == "abandoned":
+            assert not holds(self.sim, self.passport.upi), (
+                f"abandoned while the registry holds {holds(self.sim, self.passport.upi)}"
+            )
 
     @invariant()
     def abandoned_stays_abandoned_until_published_again(self):
@@ -346,3 +439,35 @@ def test_registration_lifecycle_state_machine():
     run_state_machine_as_test(
         RegistrationMachine, settings=settings(MACHINE_SETTINGS, max_examples=40, stateful_step_count=40)
     )
+
+
+class AbandonLookupMachine(RuleBasedStateMachine):
+    """What abandon's lookup races, and little else: its two steps, drain attempts whose request
+    reaches the simulator (answered, reply lost, or registry down), time, and publish. Fewer rules
+    than RegistrationMachine (and a rule of its own for the lost reply), so the interleavings
+    that matter come up often; the invariant is read off the simulator's state."""
+
+    def __init__(self):
+        super().__init__()
+        RegistrationMachine.setup(self)
+
+    R = RegistrationMachine
+    teardown, reg, time_passes, publish = R.teardown, R.reg, R.time_passes, R.publish
+    drain_register_reaches_the_registry = R.drain_register_reaches_the_registry
+    abandon_lookup_starts, abandon_lookup_finishes = R.abandon_lookup_starts, R.abandon_lookup_finishes
+    abandoned_means_the_registry_holds_no_submission = R.abandoned_means_the_registry_holds_no_submission
+    audit_only_for_writes_that_took = R.audit_only_for_writes_that_took
+    del R
+
+    @initialize()
+    def published_and_tried_once(self):
+        """Where abandon begins: published, one attempt made while the registry was down."""
+        RegistrationMachine.published(self, first_attempt="registry down")
+
+    @rule()
+    def drain_register_whose_reply_is_lost(self):
+        RegistrationMachine.drain_register_reaches_the_registry(self, reply="lost")
+
+
+def test_abandon_lookup_state_machine():
+    run_state_machine_as_test(AbandonLookupMachine, settings=settings(MACHINE_SETTINGS, max_examples=80))

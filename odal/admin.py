@@ -1,11 +1,13 @@
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from odal import lifecycle
-from odal.admin_actions import reason_action
+from odal.admin_actions import StorableFormMixin, StorableJSONField, StorableModelForm, reason_action
 from odal.errors import Refused
 from odal.models import ApiToken, AuditEntry, Passport
 from odal.reasons import MAX_REASON_LENGTH, clean_reason
@@ -15,11 +17,36 @@ admin.site.site_title = "odal"
 admin.site.index_title = "Passports, registry and event outbox"
 
 
-# Admin forms read a URL typed without a scheme as https (Django 6's default, asked for now).
-URL_FORMFIELDS = {models.URLField: {"assume_scheme": "https"}}
+class OdalAdmin(admin.ModelAdmin):
+    """Every odal admin: forms that refuse what PostgreSQL cannot store, and actions that refuse a
+    selection naming no row instead of failing on it."""
+
+    form = StorableModelForm
+    formfield_overrides = {
+        # A URL typed without a scheme reads as https (Django 6's default, asked for now).
+        models.URLField: {"assume_scheme": "https"},
+        models.JSONField: {"form_class": StorableJSONField},
+    }
+
+    def response_action(self, request, queryset):
+        # Django filters on the posted ids as they are: one that is not a primary key at all
+        # ("abc" for a UUID) raises, and the action would end in a 500.
+        pk = self.model._meta.pk
+        try:
+            for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+                pk.run_validators(pk.to_python(value))
+        except ValidationError:
+            self.message_user(
+                request,
+                "The selection names something that is not one of the rows listed here; nothing was "
+                "changed. Select the rows again.",
+                messages.ERROR,
+            )
+            return None
+        return super().response_action(request, queryset)
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(OdalAdmin):
     """History and outbox rows: viewable, changed only through their actions (if any)."""
 
     def has_add_permission(self, request):
@@ -52,7 +79,7 @@ def actor_of(request) -> str:
     return f"user:{request.user.get_username()}"
 
 
-class OptionalReasonForm(forms.Form):
+class OptionalReasonForm(StorableFormMixin, forms.Form):
     reason = forms.CharField(
         max_length=MAX_REASON_LENGTH,
         required=False,
@@ -71,8 +98,7 @@ class OptionalReasonForm(forms.Form):
 
 
 @admin.register(Passport)
-class PassportAdmin(admin.ModelAdmin):
-    formfield_overrides = URL_FORMFIELDS
+class PassportAdmin(OdalAdmin):
     list_display = ["upi", "operator_id", "status", "registration_status", "created_at", "published_at"]
     list_filter = ["status", "registration__status"]
     search_fields = ["=id", "upi", "operator_id", "facility_id"]
@@ -250,7 +276,7 @@ class AuditEntryAdmin(ReadOnlyAdmin):
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
+class ApiTokenAdmin(OdalAdmin):
     list_display = ["name", "scope", "prefix", "created_at", "last_used_at", "revoked_at"]
     list_filter = ["scope"]
     fields = ["name", "scope"]

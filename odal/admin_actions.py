@@ -1,6 +1,7 @@
 """Two-pass admin actions that need a reason, shaped like Django's own delete_selected: the first
 pass renders a page with a reason form (and the selected ids hidden in it); the second validates,
-performs the write and reports what it changed."""
+performs the write and reports what it changed. Also the admin forms' refusal of what PostgreSQL
+cannot store."""
 
 from django import forms
 from django.contrib.admin import helpers
@@ -8,9 +9,50 @@ from django.template.response import TemplateResponse
 
 from odal.errors import Refused
 from odal.reasons import MAX_REASON_LENGTH, clean_reason
+from odal.text import MAX_JSON_DEPTH, find_unstorable
 
 
-class ReasonForm(forms.Form):
+class StorableFormMixin:
+    """Refuses, as a field error, any value (a string, or a key or string at any depth of a
+    JSON field) PostgreSQL cannot store. CharField already refuses a NUL typed into it, but a
+    JSON field's text can spell one (\\u0000) or a lone surrogate (\\ud800), and saving that
+    would be a 500."""
+
+    def clean(self):
+        data = super().clean()
+        for name, value in list(data.items()):
+            found = find_unstorable(value, name, max_depth=MAX_JSON_DEPTH)
+            if found:
+                self.add_error(name, f"{found[0]} {found[1]}.")
+        return data
+
+
+class StorableJSONField(forms.JSONField):
+    """Django's JSONField, where JSON too deep for Python's parser (about 1,000 levels) is a form
+    error rather than a RecursionError, and a refused value is shown again as typed."""
+
+    def to_python(self, value):
+        try:
+            return super().to_python(value)
+        except RecursionError:
+            raise forms.ValidationError(f"Nested more than {MAX_JSON_DEPTH} levels deep.") from None
+
+    def bound_data(self, data, initial):
+        try:
+            value = super().bound_data(data, initial)
+        except RecursionError:
+            return forms.fields.InvalidJSONInput(data)
+        # Encoded again for the page, a lone surrogate could not even be sent to the browser.
+        if find_unstorable(value, max_depth=MAX_JSON_DEPTH):
+            return forms.fields.InvalidJSONInput(data)
+        return value
+
+
+class StorableModelForm(StorableFormMixin, forms.ModelForm):
+    pass
+
+
+class ReasonForm(StorableFormMixin, forms.Form):
     reason = forms.CharField(
         max_length=MAX_REASON_LENGTH,
         required=False,  # clean_reason gives the sentence for a blank one

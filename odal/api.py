@@ -1,9 +1,10 @@
 """The API root under /vault/api/v1/: the NinjaAPI, its error handling, and the passport routes."""
 
+import logging
 import uuid
 from datetime import datetime
 
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.db import IntegrityError, transaction
 from django.http import Http404
 from ninja import NinjaAPI, Router, Schema, Status
@@ -13,7 +14,7 @@ from pydantic import field_validator
 from odal import lifecycle
 from odal.auth import READ, WRITE
 from odal.errors import Refused
-from odal.middleware import body_too_large
+from odal.middleware import ParsedBodyParser, bad_request, body_too_large
 from odal.models import AuditEntry, Passport
 from odal.schemas import check_text, check_upi, responses
 from outbox.api import router as outbox_router
@@ -30,7 +31,9 @@ api = NinjaAPI(
         "(create one with `odal token create`). Errors are `{detail, code}`."
     ),
     urls_namespace="api",
+    parser=ParsedBodyParser(),
 )
+logger = logging.getLogger(__name__)
 
 
 def _field_of(loc) -> str:
@@ -85,6 +88,27 @@ def on_http_error(request, exc: HttpError):
 @api.exception_handler(RequestDataTooBig)
 def on_too_big(request, exc):
     return api.create_response(request, body_too_large(), status=413)
+
+
+@api.exception_handler(SuspiciousOperation)
+def on_suspicious(request, exc):
+    # What Django itself answers (400) rather than the 500 of the handler below.
+    return api.create_response(request, bad_request(), status=400)
+
+
+@api.exception_handler(Exception)
+def on_unexpected(request, exc):
+    # Never a traceback, whatever DEBUG says: the traceback goes to the log under an id the
+    # client can quote.
+    error_id = uuid.uuid4().hex[:12]
+    logger.exception("unexpected error %s in %s %r", error_id, request.method, request.path, exc_info=exc)
+    body = {
+        "detail": f"Something went wrong on our side; it was logged as error {error_id}. "
+        "Try again later, or quote that id to the node's operator.",
+        "code": "internal_error",
+        "errorId": error_id,
+    }
+    return api.create_response(request, body, status=500)
 
 
 # -- passports -----------------------------------------------------------------------------------

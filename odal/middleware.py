@@ -1,5 +1,11 @@
+import json
+
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import JsonResponse
+from ninja.parser import Parser
+
+from odal.text import MAX_JSON_DEPTH, find_unstorable, storable, unstorable
 
 
 class BodySizeLimitMiddleware:
@@ -26,3 +32,90 @@ def body_too_large() -> dict:
         "detail": f"The request body is larger than {settings.ODAL_MAX_BODY_BYTES} bytes.",
         "code": "body_too_large",
     }
+
+
+def bad_request() -> dict:
+    return {"detail": "The request was refused as malformed.", "code": "bad_request"}
+
+
+class UnstorableInputMiddleware:
+    """The API's one boundary for hostile input: a path, query parameter, or any key or string of
+    the JSON body that PostgreSQL cannot store (NUL, a lone surrogate), JSON nested deeper than
+    MAX_JSON_DEPTH, or a number JSON cannot carry (NaN, Infinity) is refused with 422 before any
+    handler runs, so no schema needs a check of its own. The body is parsed once, here, and the
+    API reads that parse (ParsedBodyParser): the body checked is the body handled."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if request.path.startswith("/vault/api/"):
+            try:
+                problem = find_problem(request)
+            except RequestDataTooBig:
+                return JsonResponse(body_too_large(), status=413)
+            except SuspiciousOperation:  # e.g. more query parameters than Django reads
+                return JsonResponse(bad_request(), status=400)
+            if problem:
+                return JsonResponse(invalid_request(*problem), status=422)
+        return self.get_response(request)
+
+
+class NotFinite(ValueError):
+    pass
+
+
+def _constant(name: str):
+    raise NotFinite(f"contains {name}, which is not a number JSON can carry")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):  # 1e400: valid JSON, but no float holds it
+        raise NotFinite(f"contains the number {text[:50]}, which is too large to store")
+    return value
+
+
+def find_problem(request) -> tuple[str, str] | None:
+    """(field, problem) for the first thing the API must refuse, or None."""
+    problem = unstorable(request.path_info)
+    if problem:
+        return "path", problem
+    for key, values in request.GET.lists():
+        field = storable(key, 100)
+        problem = unstorable(key)
+        if problem:
+            return field, f"has a name that {problem}"
+        for value in values:
+            problem = unstorable(value)
+            if problem:
+                return field, problem
+    if not request.body:
+        return None
+    try:
+        data = json.loads(request.body, parse_constant=_constant, parse_float=_finite_float)
+    except RecursionError:  # Python's json gives up at about 1,000 levels: deeper than our bound
+        return "body", f"is nested more than {MAX_JSON_DEPTH} levels deep"
+    except NotFinite as exc:
+        return "body", str(exc)
+    except ValueError:  # not JSON (or not UTF-8): the API answers 400 malformed_body, as ever
+        return None
+    request.parsed_json_body = data
+    return find_unstorable(data, max_depth=MAX_JSON_DEPTH)
+
+
+def invalid_request(field: str, problem: str) -> dict:
+    return {
+        "detail": f"The request is not valid. {field}: {problem}.",
+        "code": "invalid_request",
+        "errors": [{"field": field, "message": problem}],
+    }
+
+
+class ParsedBodyParser(Parser):
+    """django-ninja's parser, reading the body UnstorableInputMiddleware parsed and checked."""
+
+    def parse_body(self, request):
+        if hasattr(request, "parsed_json_body"):
+            return request.parsed_json_body
+        return super().parse_body(request)

@@ -140,6 +140,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "odal.middleware.BodySizeLimitMiddleware",
+    "odal.middleware.UnstorableInputMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

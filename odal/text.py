@@ -18,6 +18,7 @@ REPLACEMENT = "\ufffd"
 MAX_STORED = 2000  # the longest error, answer or note odal keeps from outside
 MAX_ERROR = 500  # an exception's message
 MAX_EXCERPT = 200  # what a peer's answer body contributes to an error
+MAX_JSON_DEPTH = 64  # find_unstorable's bound on nesting: no real JSON input goes deeper
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 

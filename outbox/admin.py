@@ -2,8 +2,8 @@ from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
 
-from odal.admin import URL_FORMFIELDS, ReadOnlyAdmin, ReadOnlyInline, actor_of
-from odal.admin_actions import reason_action
+from odal.admin import OdalAdmin, ReadOnlyAdmin, ReadOnlyInline, actor_of
+from odal.admin_actions import StorableFormMixin, reason_action
 from odal.errors import Refused
 from odal.models import AuditEntry
 from outbox.consumers import check_python_target, check_webhook_url
@@ -11,7 +11,7 @@ from outbox.events import check_event_pattern
 from outbox.models import Consumer, DeadLetter, Delivery, DeliveryAttempt, Event
 
 
-class ConsumerForm(forms.ModelForm):
+class ConsumerForm(StorableFormMixin, forms.ModelForm):
     url = forms.URLField(max_length=2000, required=False, assume_scheme="https")
 
     class Meta:
@@ -39,9 +39,8 @@ class ConsumerForm(forms.ModelForm):
 
 
 @admin.register(Consumer)
-class ConsumerAdmin(admin.ModelAdmin):
+class ConsumerAdmin(OdalAdmin):
     form = ConsumerForm
-    formfield_overrides = URL_FORMFIELDS
     list_display = [
         "name",
         "kind",

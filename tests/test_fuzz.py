@@ -1,9 +1,16 @@
 """API fuzzing, short form (make fuzz is the long one): schemathesis generates requests for every
 operation of the served OpenAPI and sends them through the real WSGI app with an admin token and
 the registry simulator up. No 5xx (other than the documented 502), every response matching its
-schema."""
+schema.
 
+To what schemathesis generates, hooks add hostile input: a NUL, a lone surrogate, a 1 MB string
+or JSON nested past odal's bound, put at a random place of a generated body (as a value or a
+key) or query. A last test sends what cannot be generated as a Python value (100,000 levels of
+nesting, NaN, bytes that are not UTF-8) to every operation."""
+
+import json
 import os
+import uuid
 from collections import Counter
 
 import pytest
@@ -11,9 +18,11 @@ import schemathesis
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
+from odal.text import find_unstorable
 from odal.wsgi import application
 from tests.factories import issue_token
 
@@ -21,6 +30,64 @@ schema = schemathesis.openapi.from_wsgi("/vault/api/v1/openapi.json", applicatio
 # make test runs a short form; `make fuzz` sets ODAL_FUZZ_EXAMPLES=100 (15 operations: 1,500 requests).
 EXAMPLES = int(os.environ.get("ODAL_FUZZ_EXAMPLES", "12"))
 SENT: Counter = Counter()
+
+MEGABYTE = "x" * 1_000_000
+URL_TEXT = ["\x00", "a\x00b", MEGABYTE]  # a URL has no way to carry a lone surrogate
+BODY_TEXT = [*URL_TEXT, "\ud800", "x\udfffy", "\udc00\ud800"]
+
+
+def nested(depth: int):
+    value = "x"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+HOSTILE_VALUES = st.sampled_from(BODY_TEXT) | st.sampled_from([65, 500]).map(nested)
+
+
+def places(value, path=()):
+    """The path of every value inside `value`, itself included."""
+    yield path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, inner in items:
+        yield from places(inner, (*path, key))
+
+
+def put(value, path, new):
+    """A copy of `value` with what is at `path` replaced by `new`."""
+    if not path:
+        return new
+    copy = dict(value) if isinstance(value, dict) else list(value)
+    copy[path[0]] = put(value[path[0]], path[1:], new)
+    return copy
+
+
+@st.composite
+def spoiled(draw, value):
+    """`value` with one hostile value, or a hostile key, put somewhere in it."""
+    path = draw(st.sampled_from(list(places(value))))
+    target = value
+    for key in path:
+        target = target[key]
+    if isinstance(target, dict) and draw(st.booleans()):
+        return put(value, path, {**target, draw(st.sampled_from(BODY_TEXT)): "x"})
+    return put(value, path, draw(HOSTILE_VALUES))
+
+
+@schema.hook
+def flatmap_body(context, body):
+    return st.one_of(st.just(body), spoiled(body))
+
+
+@schema.hook
+def flatmap_query(context, query):
+    query = query or {}
+    hostile_value = st.tuples(st.sampled_from(sorted(query) or ["x"]), st.sampled_from(URL_TEXT))
+    hostile_name = st.tuples(st.sampled_from(URL_TEXT), st.just("1"))
+    return st.one_of(
+        st.just(query), (hostile_value | hostile_name).map(lambda pair: {**query, pair[0]: pair[1]})
+    )
 
 
 @pytest.fixture
@@ -43,9 +110,55 @@ def test_api_survives_generated_requests(case, admin_token):
         checks=[not_a_server_error, response_schema_conformance, status_code_conformance],
     )
     SENT[(case.operation.label, response.status_code)] += 1
+    SENT["hostile"] += carries_hostile_input(case)
+
+
+def carries_hostile_input(case) -> bool:
+    sent = {"body": case.body if isinstance(case.body, dict | list | str) else None, "query": case.query}
+    return find_unstorable(sent) is not None or MEGABYTE in json.dumps(sent)
+
+
+OPERATIONS = [result.ok() for result in schema.get_all_operations()]
+RAW_BODIES = [
+    b'{"reason": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # Python's json raises RecursionError
+    b'{"reason": NaN, "payload": {"n": Infinity}}',
+    b'{"reason": "x", "payload": {"n": 1e400}}',
+    b'{"reason": "\xff\xfe not UTF-8"}',
+]
+
+
+@pytest.mark.django_db
+def test_every_operation_answers_hostile_input_it_cannot_generate_without_a_5xx(admin_token):
+    headers = {"Authorization": f"Bearer {admin_token}"}
+    for operation in OPERATIONS:
+        ids = {p.name: str(uuid.uuid4()) for p in operation.path_parameters}
+        sent = []  # (what was sent, must it be refused, the response)
+        if operation.body:
+            for raw in RAW_BODIES:
+                case = operation.Case(path_parameters=ids, media_type="application/json")
+                sent.append((raw[:40], True, case.call(headers=headers, data=raw)))
+        for parameter in [*operation.query, *operation.path_parameters]:
+            for text in URL_TEXT:
+                case = operation.Case(path_parameters=dict(ids), query={})
+                where = case.path_parameters if parameter.location == "path" else case.query
+                where[parameter.name] = text
+                # A 1 MB filter value is a fine query; only the NULs must be refused.
+                sent.append((f"{parameter.name}={text[:5]!r}", "\x00" in text, case.call(headers=headers)))
+        for what, refused, response in sent:
+            SENT[(operation.label, response.status_code)] += 1
+            SENT["hostile"] += 1
+            assert response.status_code < 500, (
+                operation.label,
+                what,
+                response.status_code,
+                response.text[:300],
+            )
+            if refused:
+                assert response.status_code in (400, 413, 422), (operation.label, what, response.text[:300])
 
 
 def fuzz_summary() -> list[str]:
+    hostile = SENT.pop("hostile", 0)
     if not SENT:
         return []
     by_status = Counter()
@@ -53,6 +166,8 @@ def fuzz_summary() -> list[str]:
         by_status[status] += n
     operations = len({label for label, _ in SENT})
     statuses = ", ".join(f"{status}: {n}" for status, n in sorted(by_status.items()))
+    verdict = "5xx found" if any(status >= 500 for status in by_status) else "no 5xx"
     return [
-        f"fuzz: {sum(SENT.values())} generated requests over {operations} operations ({statuses}); no 5xx"
+        f"fuzz: {sum(SENT.values())} generated requests ({hostile} with hostile input) over {operations} "
+        f"operations ({statuses}); {verdict}"
     ]

@@ -17,6 +17,9 @@ everything). The faults:
 - unsearchable (bool): the task list answers 404;
 - task_list_5xx (bool): the task list's second page answers 503;
 - page_size (count): the task list's largest page (default 50);
+- task_list_newest_first (bool): the task list lists the newest request first (a request made
+  while someone reads the list lands on its first page, which they may have read already);
+- task_list_latency (seconds): every task-list page waits this long before it is read;
 - honour_idempotency_key (bool): a repeated Idempotency-Key answers 202 with the request it
   made before (off by default, so a retry after a lost reply meets DUPLICATE_UPI);
 - hostile_answer (text, one of HOSTILE_ANSWERS; empty: off): the registry does its work as
@@ -64,6 +67,8 @@ DEFAULT_FAULTS = {
     "unsearchable": False,
     "task_list_5xx": False,
     "page_size": 50,
+    "task_list_newest_first": False,
+    "task_list_latency": 0.0,
     "honour_idempotency_key": False,
     "hostile_answer": "",
     "hostile_on": "register,check,task_list",
@@ -184,6 +189,7 @@ class RegistryState:
             return 200, answer
 
     def task_list(self, cursor: str | None, limit: int) -> tuple[int, dict]:
+        time.sleep(float(self.faults["task_list_latency"]))  # not under the lock: others go on
         with self.lock:
             if self.faults["unsearchable"]:
                 return 404, {"code": "NOT_SUPPORTED"}
@@ -191,6 +197,8 @@ class RegistryState:
                 {"requestId": r["requestId"], "upi": r["upi"], "status": r["status"]}
                 for r in self.requests.values()
             ]
+            if self.faults["task_list_newest_first"]:
+                items.reverse()
             if self.faults["partial_task_list"]:
                 items.append({"requestId": "req-unread", "upi": None, "status": "received"})
             start = int(cursor) if cursor and cursor.isdigit() else 0

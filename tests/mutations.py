@@ -326,6 +326,13 @@ GUARDS = [
         "tests/test_registry_drain.py -k test_abandon_takes_nothing_when_the_row_is_no_longer_the_one_seen",
     ),
     Guard(
+        "abandon: a drain attempt during a slow newest-first lookup voids the registry's answer",
+        "registry/models.py",
+        "                attempts=seen.attempts,\n                next_attempt_at=seen.next_attempt_at,\n",
+        "",
+        "tests/test_abandon_race.py",
+    ),
+    Guard(
         "record handle: the row must still be the submission its caller saw",
         "registry/models.py",
         "                correlation_id=seen.correlation_id,\n                attempts=seen.attempts,\n",

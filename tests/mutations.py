@@ -417,6 +417,13 @@ GUARDS = [
         "tests/test_lifecycle_races.py::test_a_suspend_committing_while_the_drain_records_registered_is_never_missed",
     ),
     Guard(
+        "publish and suspend: each takes the passport's row lock first",
+        "odal/lifecycle.py",
+        "    if not Passport.objects.select_for_update().filter(pk=dpp_id).exists():\n",
+        "    if not Passport.objects.filter(pk=dpp_id).exists():\n",
+        "tests/test_passport_races.py",
+    ),
+    Guard(
         "sweep flush: a batch the database refuses is written again row by row",
         "outbox/sweep.py",
         "    except Exception:  # DataError, or psycopg refusing to encode: see which row, below\n",

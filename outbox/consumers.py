@@ -79,20 +79,24 @@ def redirect_text(response: httpx.Response) -> str:
 
 
 def call_webhook(consumer, delivery_id, event, client: httpx.Client) -> Outcome:
-    if not settings.ODAL_ALLOW_PRIVATE_WEBHOOKS:
-        # Checked again at delivery time: a name may resolve inside now (DNS rebinding).
-        try:
-            check_webhook_url(consumer.url)
-        except Refused as exc:
-            return Outcome(False, storable(f"not called: {exc.detail}"))
+    # Checked again at delivery time, and connected to at the address checked: a name may
+    # resolve inside now, or answer a second lookup otherwise than the first (DNS rebinding).
+    try:
+        target = webhook_target(consumer.url)
+    except Refused as exc:
+        return Outcome(False, storable(f"not called: {exc.detail}"))
     body = webhook_body(event)
-    headers = {**webhook_headers(consumer, delivery_id, body), "accept-encoding": "identity"}
+    headers = {
+        **webhook_headers(consumer, delivery_id, body),
+        "accept-encoding": "identity",
+        **target.headers,
+    }
     started = time.monotonic()
     status = None  # once the status line has arrived: an error reading the body says so
     try:
         with client.stream(
-            "POST", consumer.url, content=body.encode(), headers=headers,
-            timeout=consumer.timeout_seconds, follow_redirects=False,
+            "POST", target.url, content=body.encode(), headers=headers,
+            timeout=consumer.timeout_seconds, follow_redirects=False, extensions=target.extensions,
         ) as response:  # fmt: skip
             status = response.status_code
             answer = read_answer(response, ANSWER_CAP, started + consumer.timeout_seconds)
@@ -133,12 +137,56 @@ def _since(started: float) -> int:
     return int((time.monotonic() - started) * 1000)
 
 
-# -- checking a consumer's target when it is configured -------------------------------------------
+# -- checking a consumer's target: when it is configured, and before each request ------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a webhook request goes. `url` is the consumer's URL with its host replaced by the
+    address that was checked, so the connection goes there and nowhere else; the request still
+    names the consumer's host: `host` is its Host header and, for https, `name` is the TLS
+    server name (SNI, and the name its certificate is verified against)."""
+
+    url: httpx.URL
+    host: str
+    name: str
+
+    @property
+    def extensions(self) -> dict:
+        return {"sni_hostname": self.name} if self.url.scheme == "https" else {}
+
+    @property
+    def headers(self) -> dict:
+        if self.url.scheme != "https":
+            return {"host": self.host}
+        # httpcore pools connections by scheme, address and port, not by server name: a kept-alive
+        # TLS connection verified for one name would carry the next request for another name at
+        # the same address (a shared front end) without that name's certificate ever being
+        # checked. So a pinned TLS connection serves one request; plain HTTP keeps alive.
+        return {"host": self.host, "connection": "close"}
+
+
+def webhook_target(url: str) -> Target:
+    """Resolve the webhook's host once, check every address it has (see check_webhook_url), and
+    pin the first: the request connects to exactly that address. Resolving again when connecting
+    could answer otherwise (DNS rebinding: a public address for the check, an internal one for
+    the connection). Pinned always, private targets allowed or not: one way of connecting."""
+    parsed = _webhook_url(url)
+    name = parsed.raw_host.decode("ascii")
+    address = _checked_addresses(name)[0]
+    return Target(parsed.copy_with(host=str(address)), parsed.netloc.decode("ascii"), name)
 
 
 def check_webhook_url(url: str) -> str:
     """http(s) only; in production (unless ODAL_ALLOW_PRIVATE_WEBHOOKS) no host that resolves to
     a loopback, private, link-local or otherwise internal address."""
+    parsed = _webhook_url(url)
+    if not settings.ODAL_ALLOW_PRIVATE_WEBHOOKS:
+        _checked_addresses(parsed.raw_host.decode("ascii"))
+    return url
+
+
+def _webhook_url(url: str) -> httpx.URL:
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise Refused(
@@ -146,16 +194,27 @@ def check_webhook_url(url: str) -> str:
         )
     if len(url) > 2000:
         raise Refused("A webhook URL must be at most 2000 characters.", code="invalid_url", status=422)
+    try:
+        # As httpx reads it: its host (a non-ASCII name in its xn-- form) is the one resolved.
+        return httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise Refused(f"A webhook URL must be a valid URL: {exc}.", code="invalid_url", status=422) from None
+
+
+def _checked_addresses(host: str) -> list:
+    """The addresses of `host`, in the resolver's order; in production (unless
+    ODAL_ALLOW_PRIVATE_WEBHOOKS) refused if any of them is internal."""
+    addresses = _addresses(host)
     if not settings.ODAL_ALLOW_PRIVATE_WEBHOOKS:
-        for address in _addresses(parsed.hostname):
+        for address in addresses:
             if not address.is_global:
                 raise Refused(
-                    f"{parsed.hostname} resolves to {address}, an internal address; webhooks may only "
+                    f"{host} resolves to {address}, an internal address; webhooks may only "
                     "reach public hosts here (set ODAL_ALLOW_PRIVATE_WEBHOOKS=true to allow it).",
                     code="private_webhook_target",
                     status=422,
                 )
-    return url
+    return addresses
 
 
 def _addresses(host: str) -> list:
@@ -166,8 +225,10 @@ def _addresses(host: str) -> list:
     try:
         infos = socket.getaddrinfo(host, None)
     except socket.gaierror:
-        raise Refused(f"The webhook host {host} does not resolve.", code="invalid_url", status=422) from None
-    return [ipaddress.ip_address(info[4][0]) for info in infos]
+        infos = []
+    if not infos:
+        raise Refused(f"The webhook host {host} does not resolve.", code="invalid_url", status=422)
+    return list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in infos))
 
 
 def check_python_target(target: str) -> str:

@@ -2,8 +2,11 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import ValidationError
-from django.db import models
+from django.db import models, transaction
+from django.db.models import ProtectedError
+from django.http import HttpResponseRedirect
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from odal import lifecycle
@@ -11,6 +14,7 @@ from odal.admin_actions import StorableFormMixin, StorableJSONField, StorableMod
 from odal.errors import Refused
 from odal.models import ApiToken, AuditEntry, Passport
 from odal.reasons import MAX_REASON_LENGTH, clean_reason
+from odal.upi import PassportForm
 
 admin.site.site_header = "odal back office"
 admin.site.site_title = "odal"
@@ -97,23 +101,109 @@ class OptionalReasonForm(StorableFormMixin, forms.Form):
             raise forms.ValidationError(exc.detail) from None
 
 
+# A passport's place in its lifecycle: changed only by publish and suspend (odal.lifecycle), which
+# also queue the registry work and the events that go with it; never by the admin's form.
+LIFECYCLE_FIELDS = ["status", "published_at", "suspended_at"]
+
+
 @admin.register(Passport)
 class PassportAdmin(OdalAdmin):
+    form = PassportForm  # the UPI stored in its canonical form, as the API and the command line do
     list_display = ["upi", "operator_id", "status", "registration_status", "created_at", "published_at"]
     list_filter = ["status", "registration__status"]
     search_fields = ["=id", "upi", "operator_id", "facility_id"]
     list_select_related = ["registration"]
     readonly_fields = [
-        "id", "status", "created_at", "updated_at", "published_at", "suspended_at", "registration_panel",
+        "id",
+        *LIFECYCLE_FIELDS,
+        "created_at",
+        "updated_at",
+        "registration_panel",
         "events_panel",
-    ]  # fmt: skip
+    ]
     actions = ["publish_selected", "suspend_selected"]
 
     def get_readonly_fields(self, request, obj=None):
         # The upi is what the registry knows the passport by: fixed once created.
         if obj is None:
-            return ["id", "status", "created_at", "updated_at", "published_at", "suspended_at"]
+            return ["id", *LIFECYCLE_FIELDS, "created_at", "updated_at"]
         return [*self.readonly_fields, "upi"]
+
+    def save_model(self, request, obj, form, change):
+        """Audited in the same transaction. A change writes only the fields the form changed (and
+        updated_at): never the lifecycle fields, not even as read when the form was loaded, so a
+        publish or suspend committing meanwhile is not undone."""
+        with transaction.atomic():
+            if not change:
+                obj.save()
+                AuditEntry.objects.record(actor=actor_of(request), action="passport_created", obj=obj)
+                return
+            fields = list(form.changed_data)  # the lifecycle fields are not in the form (read-only)
+            if not fields:
+                return
+            obj.updated_at = timezone.now()
+            values = {name: getattr(obj, name) for name in [*fields, "updated_at"]}
+            if Passport.objects.filter(pk=obj.pk).update(**values) != 1:
+                self.message_user(
+                    request, "The passport was deleted meanwhile; nothing saved.", messages.ERROR
+                )
+                return
+            AuditEntry.objects.record(
+                actor=actor_of(request), action="passport_changed", obj=obj, details={"fields": fields}
+            )
+
+    def delete_model(self, request, obj):
+        with transaction.atomic():
+            _, deleted = Passport.objects.filter(pk=obj.pk).delete()
+            if deleted.get(Passport._meta.label):
+                self._audit_deletion(request, obj.pk, obj.upi)
+
+    def delete_queryset(self, request, queryset):
+        with transaction.atomic():
+            doomed = list(
+                Passport.objects.filter(pk__in=list(queryset.values_list("pk", flat=True)))
+                .order_by("pk")
+                .select_for_update()
+                .values_list("pk", "upi")
+            )
+            # Locked: the delete takes exactly these rows, or refuses them all (ProtectedError).
+            Passport.objects.filter(pk__in=[pk for pk, _ in doomed]).delete()
+            for pk, upi in doomed:
+                self._audit_deletion(request, pk, upi)
+
+    @staticmethod
+    def _audit_deletion(request, pk, upi):
+        AuditEntry.objects.record(
+            actor=actor_of(request),
+            action="passport_deleted",
+            object_type=Passport._meta.label_lower,
+            object_id=str(pk),
+            details={"upi": upi},
+        )
+
+    def delete_view(self, request, object_id, extra_context=None):
+        # The confirmation page lists a registration as protecting the passport; one created
+        # after that check (a publish meanwhile) is refused by PROTECT here: a message, not a 500.
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except ProtectedError:
+            self.refuse_protected(request)
+            return HttpResponseRedirect(reverse("admin:odal_passport_change", args=[object_id]))
+
+    def response_action(self, request, queryset):
+        try:
+            return super().response_action(request, queryset)
+        except ProtectedError:
+            self.refuse_protected(request)
+            return None
+
+    def refuse_protected(self, request):
+        self.message_user(
+            request,
+            "Not deleted: the passport has a registration (it has been published), and a passport "
+            "the registry may know is never deleted. Suspend it instead.",
+            messages.ERROR,
+        )
 
     def get_fields(self, request, obj=None):
         fields = ["upi", "operator_id", "facility_id", "commodity_code", "data"]
@@ -282,6 +372,16 @@ class ApiTokenAdmin(OdalAdmin):
     fields = ["name", "scope"]
     actions = ["revoke_selected"]
 
+    def formfield_for_choice_field(self, db_field, request, **kwargs):
+        # Only a superuser may mint an admin token: for anyone else the choice is not offered, and
+        # posting it anyway is refused as an invalid choice.
+        if db_field.name == "scope" and not request.user.is_superuser:
+            kwargs["choices"] = [
+                (value, label) for value, label in db_field.get_choices() if value != ApiToken.Scope.ADMIN
+            ]
+            kwargs["help_text"] = "Only a superuser may create an admin token."
+        return super().formfield_for_choice_field(db_field, request, **kwargs)
+
     def has_change_permission(self, request, obj=None):
         return False
 
@@ -305,7 +405,7 @@ class ApiTokenAdmin(OdalAdmin):
 
     @admin.action(description="Revoke selected tokens", permissions=["revoke"])
     def revoke_selected(self, request, queryset):
-        revoked = queryset.revoke()
+        revoked = queryset.revoke(actor=actor_of(request))
         self.message_user(request, f"Revoked {revoked} of {queryset.count()} selected.")
 
     def has_revoke_permission(self, request):

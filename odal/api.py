@@ -12,7 +12,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from pydantic import field_validator
 
 from odal import lifecycle
-from odal.auth import READ, WRITE
+from odal.auth import ScopedAuth, document_access
 from odal.errors import Refused
 from odal.middleware import ParsedBodyParser, bad_request, body_too_large
 from odal.models import AuditEntry, Passport
@@ -28,7 +28,9 @@ api = NinjaAPI(
     description=(
         "The back office of a Digital Product Passport node: passports, the EU DPP registry "
         "outbox and the event outbox. Authenticate with `Authorization: Bearer <token>` "
-        "(create one with `odal token create`). Errors are `{detail, code}`."
+        "(create one with `odal token create`) or a staff session. Each operation names the token "
+        "scope it needs (`x-odal-scope`: admin implies write, write implies read) and the Django "
+        "permission a staff session needs (`x-odal-permission`). Errors are `{detail, code}`."
     ),
     urls_namespace="api",
     parser=ParsedBodyParser(),
@@ -186,7 +188,11 @@ def registration_summary(passport: Passport) -> dict | None:
     return registration_json(reg) if reg else None
 
 
-@passports.post("dpp", auth=WRITE, response=responses({201: PassportOut}, 409, body=True))
+@passports.post(
+    "dpp",
+    auth=ScopedAuth("write", perm="odal.add_passport"),
+    response=responses({201: PassportOut}, 409, body=True),
+)
 def create_passport(request, payload: PassportIn):
     """Create a draft passport."""
     if Passport.objects.filter(upi=payload.upi).exists():
@@ -206,7 +212,11 @@ def create_passport(request, payload: PassportIn):
     return Status(201, passport_json(passport))
 
 
-@passports.get("dpp/{dppId}", auth=READ, response=responses({200: PassportOut}, 404))
+@passports.get(
+    "dpp/{dppId}",
+    auth=ScopedAuth("read", perm="odal.view_passport"),
+    response=responses({200: PassportOut}, 404),
+)
 def get_passport(request, dppId: uuid.UUID):
     """A passport with its registration summary."""
     passport = Passport.objects.filter(pk=dppId).first()
@@ -216,7 +226,9 @@ def get_passport(request, dppId: uuid.UUID):
 
 
 @passports.post(
-    "dpp/{dppId}/publish", auth=WRITE, response=responses({200: LifecycleOut}, 404, 409, body=True)
+    "dpp/{dppId}/publish",
+    auth=ScopedAuth("write", perm="odal.publish_passport"),
+    response=responses({200: LifecycleOut}, 404, 409, body=True),
 )
 def publish_passport(request, dppId: uuid.UUID):
     """Publish a draft or suspended passport. Publishing a published one changes nothing."""
@@ -225,7 +237,9 @@ def publish_passport(request, dppId: uuid.UUID):
 
 
 @passports.post(
-    "dpp/{dppId}/suspend", auth=WRITE, response=responses({200: LifecycleOut}, 404, 409, body=True)
+    "dpp/{dppId}/suspend",
+    auth=ScopedAuth("write", perm="odal.suspend_passport"),
+    response=responses({200: LifecycleOut}, 404, 409, body=True),
 )
 def suspend_passport(request, dppId: uuid.UUID):
     """Suspend (withdraw) a published passport."""
@@ -236,3 +250,4 @@ def suspend_passport(request, dppId: uuid.UUID):
 api.add_router("", passports)
 api.add_router("", outbox_router)
 api.add_router("", registry_router)
+document_access(api)

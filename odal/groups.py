@@ -1,6 +1,10 @@
 """The back office's two groups: Operators may replay dead deliveries, abandon registrations and
 record handles (and see everything); Viewers see everything and change nothing.
 
+The same permissions decide what a staff session may do through the API (odal/auth.py), so
+Operators may also read, replay, abandon and record handles there. Neither group may create,
+publish or suspend passports, or post events (`outbox.post_event`): give those to people by hand.
+
 Created by migration odal/0003; `ensure_groups()` makes them again where a test flushed them."""
 
 from django.contrib.auth.management import create_permissions

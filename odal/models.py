@@ -6,7 +6,7 @@ import secrets
 import uuid
 from datetime import timedelta
 
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
 SCOPE_ORDER = {"read": 0, "write": 1, "admin": 2}
@@ -142,8 +142,25 @@ class ApiTokenQuerySet(models.QuerySet):
         ).update(last_used_at=now)
         return token
 
-    def revoke(self, *, at=None) -> int:
-        return self.filter(revoked_at__isnull=True).update(revoked_at=at or timezone.now())
+    def revoke(self, *, actor: str, at=None) -> int:
+        """Revoke the tokens of this queryset that are still live; return how many it took. Each
+        token this call revoked gets a `token_revoked` audit entry naming `actor`, in the same
+        transaction; one already revoked (before, or by a rival meanwhile) gets none."""
+        at = at or timezone.now()
+        revoked = 0
+        with transaction.atomic():
+            for pk, name, scope, prefix in self.order_by("pk").values_list("pk", "name", "scope", "prefix"):
+                if self.model.objects.filter(pk=pk, revoked_at__isnull=True).update(revoked_at=at) != 1:
+                    continue
+                revoked += 1
+                AuditEntry.objects.record(
+                    actor=actor,
+                    action="token_revoked",
+                    object_type="odal.apitoken",
+                    object_id=str(pk),
+                    details={"name": name, "scope": scope, "prefix": prefix},
+                )
+        return revoked
 
 
 class ApiToken(models.Model):

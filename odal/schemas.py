@@ -1,11 +1,8 @@
 """Schemas shared by every router: the error body, and small field checks."""
 
-from django.core.exceptions import ValidationError as DjangoValidationError
-from django.core.validators import URLValidator
 from ninja import Schema
 
-_https = URLValidator(schemes=["https"])
-MAX_UPI_LENGTH = 2000
+from odal.upi import MAX_UPI_LENGTH, canonical_upi  # noqa: F401 (MAX_UPI_LENGTH is still importable here)
 
 
 class Error(Schema):
@@ -14,14 +11,8 @@ class Error(Schema):
 
 
 def check_upi(value: str) -> str:
-    value = value.strip()
-    if len(value) > MAX_UPI_LENGTH:
-        raise ValueError(f"must be at most {MAX_UPI_LENGTH} characters")
-    try:
-        _https(value)
-    except DjangoValidationError:
-        raise ValueError("must be an https URL, for example a GS1 Digital Link") from None
-    return value
+    """The UPI in its canonical form (odal.upi), or ValueError saying what is wrong with it."""
+    return canonical_upi(value)
 
 
 def check_text(value: str, *, max_length: int, required: bool) -> str:

@@ -108,6 +108,8 @@ ODAL_REGISTRY_ADAPTER = env_choice("ODAL_REGISTRY_ADAPTER", "http", ("http", "no
 ODAL_REGISTRY_URL = env_url("ODAL_REGISTRY_URL", "http://127.0.0.1:8100", ("http", "https"))
 ODAL_REGISTRY_TOKEN = env_str("ODAL_REGISTRY_TOKEN", "odal-simulator-token")
 ODAL_REGISTRY_TIMEOUT_SECONDS = env_int("ODAL_REGISTRY_TIMEOUT_SECONDS", 10, minimum=1)
+# The whole of abandon's lookup (every page of the registry's task list) runs under this deadline.
+ODAL_REGISTRY_LOOKUP_SECONDS = env_int("ODAL_REGISTRY_LOOKUP_SECONDS", 60, minimum=1, maximum=3600)
 ODAL_REGISTRY_CHECK_SECONDS = env_int(
     "ODAL_REGISTRY_CHECK_SECONDS", 2, minimum=0
 )  # first poll of a submitted row
@@ -120,6 +122,14 @@ ODAL_ALLOW_PRIVATE_WEBHOOKS = env_bool("ODAL_ALLOW_PRIVATE_WEBHOOKS", not PRODUC
 ODAL_WEBHOOK_CONCURRENCY = env_int("ODAL_WEBHOOK_CONCURRENCY", 8, minimum=1, maximum=64)
 # Kick an immediate sweep when a commit creates deliveries (off in most unit tests).
 ODAL_KICK_SWEEP = env_bool("ODAL_KICK_SWEEP", True)
+# /metrics answers only `Authorization: Bearer <ODAL_METRICS_TOKEN>` when set; unset, it is open,
+# which production refuses.
+ODAL_METRICS_TOKEN = env_str("ODAL_METRICS_TOKEN", "").strip()
+if PRODUCTION and not ODAL_METRICS_TOKEN:
+    raise ImproperlyConfigured(
+        "ODAL_METRICS_TOKEN must be set when ODAL_ENV=production: /metrics then answers only "
+        "'Authorization: Bearer <ODAL_METRICS_TOKEN>' (give the same token to Prometheus)"
+    )
 # The biggest request body the API reads; larger ones get 413.
 ODAL_MAX_BODY_BYTES = env_int("ODAL_MAX_BODY_BYTES", 256 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = ODAL_MAX_BODY_BYTES

@@ -11,7 +11,7 @@ from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 from pydantic import field_validator
 
-from odal.auth import ADMIN, READ, WRITE
+from odal.auth import ScopedAuth
 from odal.errors import Refused
 from odal.models import AuditEntry
 from odal.schemas import responses
@@ -261,14 +261,22 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
 # -- routes ------------------------------------------------------------------------------------------
 
 
-@router.post("events", auth=WRITE, response=responses({201: EventOut}, body=True))
+@router.post(
+    "events",
+    auth=ScopedAuth("write", perm="outbox.post_event"),
+    response=responses({201: EventOut}, body=True),
+)
 def post_event(request, payload: EventIn):
     """Emit an event: one delivery per active consumer that subscribes to its type."""
     event, deliveries = emit(payload.type, payload.payload)
     return Status(201, {"id": event.pk, "type": event.type, "deliveries": deliveries})
 
 
-@router.post("outbox/consumers", auth=ADMIN, response=responses({201: ConsumerOut}, 409, body=True))
+@router.post(
+    "outbox/consumers",
+    auth=ScopedAuth("admin", perm="outbox.add_consumer"),
+    response=responses({201: ConsumerOut}, 409, body=True),
+)
 def post_consumer(request, payload: ConsumerIn):
     """Add a consumer. The response carries its signing secret, shown this once."""
     consumer = create_consumer(
@@ -298,13 +306,19 @@ def post_consumer(request, payload: ConsumerIn):
     )
 
 
-@router.get("outbox", auth=READ, response=responses({200: OutboxCountsOut}))
+@router.get(
+    "outbox", auth=ScopedAuth("read", perm="outbox.view_delivery"), response=responses({200: OutboxCountsOut})
+)
 def get_outbox(request):
     """Deliveries per status, overall and per consumer."""
     return outbox_counts()
 
 
-@router.get("outbox/deliveries", auth=READ, response=responses({200: DeliveryPage}))
+@router.get(
+    "outbox/deliveries",
+    auth=ScopedAuth("read", perm="outbox.view_delivery"),
+    response=responses({200: DeliveryPage}),
+)
 def list_deliveries(
     request,
     status: str | None = None,
@@ -346,7 +360,11 @@ def get_delivery_or_404(delivery_id) -> Delivery:
     return delivery
 
 
-@router.get("outbox/deliveries/{deliveryId}", auth=READ, response=responses({200: DeliveryDetailOut}, 404))
+@router.get(
+    "outbox/deliveries/{deliveryId}",
+    auth=ScopedAuth("read", perm="outbox.view_delivery"),
+    response=responses({200: DeliveryDetailOut}, 404),
+)
 def get_delivery(request, deliveryId: uuid.UUID):
     """One delivery with its attempt log (late attempts included)."""
     return delivery_detail_json(get_delivery_or_404(deliveryId))
@@ -354,7 +372,7 @@ def get_delivery(request, deliveryId: uuid.UUID):
 
 @router.post(
     "outbox/deliveries/{deliveryId}/replay",
-    auth=ADMIN,
+    auth=ScopedAuth("admin", perm="outbox.replay_delivery"),
     response=responses({200: DeliveryDetailOut}, 404, 409, body=True),
 )
 def replay_delivery(request, deliveryId: uuid.UUID, payload: ReasonIn):
@@ -369,7 +387,11 @@ def replay_delivery(request, deliveryId: uuid.UUID, payload: ReasonIn):
     return delivery_detail_json(get_delivery_or_404(deliveryId))
 
 
-@router.post("outbox/replay", auth=ADMIN, response=responses({200: BulkReplayOut}, 409, body=True))
+@router.post(
+    "outbox/replay",
+    auth=ScopedAuth("admin", perm="outbox.replay_delivery"),
+    response=responses({200: BulkReplayOut}, 409, body=True),
+)
 def replay_by_filter(request, payload: BulkReplayIn):
     """Replay every dead delivery matching the filter, with one reason. `dryRun` only counts."""
     rows = deliveries_matching(

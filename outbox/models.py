@@ -80,6 +80,7 @@ class Event(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        permissions = [("post_event", "Can post events through the API")]
 
     def __str__(self) -> str:
         return f"{self.type} {self.id}"

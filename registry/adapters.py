@@ -2,10 +2,13 @@
 `none` adapter (a node without registry queues).
 
 Every failure is mapped: 5xx, a redirect, a timeout, a connection error, or an answer that is
-not the protocol's (not JSON, another content type, values of the wrong type, ids odal could
-not store) on register/check/deactivate is `Retryable`; anything odd while reading the task list
-makes `find_submission` raise `RegistryUnreadable` rather than guess. Every message is made of
-odal.text's storable pieces: it ends in last_error and the attempt log as it is.
+not the protocol's on register/check/deactivate is `Retryable`; anything odd while reading the
+task list makes `find_submission` raise `RegistryUnreadable` rather than guess. An answer that is
+not the protocol's (not JSON, another content type, JSON nested deeper than the parser goes,
+values of the wrong type, ids longer than odal's columns or with control characters) is checked
+before anything is written, and its message starts with PROTOCOL_ERROR: the attempt log's lines
+that do are counted as registry_protocol_errors_total. Every message is made of odal.text's
+storable pieces: it ends in last_error and the attempt log as it is.
 """
 
 import json
@@ -17,11 +20,14 @@ import httpx
 from django.conf import settings
 
 from odal.text import error_text, excerpt, storable
+from odal.upi import upi_key
 from outbox.consumers import read_answer, redirect_text
 
-MAX_TASK_PAGES = 1000
+MAX_TASK_PAGES = 1000  # and ODAL_REGISTRY_LOOKUP_SECONDS: the lookup's two bounds
 ANSWER_CAP = 1024 * 1024  # a task-list page of 200 items is a few tens of KiB
-MAX_ID = 200  # the correlation_id and handle columns
+MAX_ID = 500  # the correlation_id and handle columns (and record handle's limit)
+MAX_CURSOR = 2000  # a task-list cursor is sent back in the query string
+PROTOCOL_ERROR = "protocol error: "  # how an answer that is not the wire protocol's is told apart
 TASK_STATUSES = ("received", "checking", "registered", "rejected")
 
 
@@ -100,6 +106,7 @@ class HttpRegistry:
     base_url: str
     token: str
     timeout: float = 10.0
+    lookup_seconds: float | None = None  # find_submission's deadline; None: ODAL_REGISTRY_LOOKUP_SECONDS
     client: httpx.Client | None = field(default=None, repr=False)
 
     name = "http"
@@ -122,15 +129,20 @@ class HttpRegistry:
             self.client.close()
             self.client = None
 
-    def _send(self, method: str, path: str, **kwargs) -> Answer:
-        deadline = time.monotonic() + self.timeout
+    def _send(self, method: str, path: str, *, deadline: float | None = None, **kwargs) -> Answer:
+        """One request and its answer, within the timeout (and before `deadline`, a monotonic
+        time, when one is given: a request made near it gets only what is left)."""
+        now = time.monotonic()
+        timeout = self.timeout if deadline is None else max(0.001, min(self.timeout, deadline - now))
         status = None
         try:
-            with self._client().stream(method, path, follow_redirects=False, **kwargs) as response:
+            with self._client().stream(
+                method, path, follow_redirects=False, timeout=timeout, **kwargs
+            ) as response:
                 status = response.status_code
-                body = read_answer(response, ANSWER_CAP, deadline)
+                body = read_answer(response, ANSWER_CAP, now + timeout)
         except httpx.TimeoutException:
-            raise Retryable(f"registry timed out after {self.timeout:g}s") from None
+            raise Retryable(f"registry timed out after {round(timeout, 3):g}s") from None
         except httpx.HTTPError as exc:
             if status:
                 raise Retryable(
@@ -147,7 +159,7 @@ class HttpRegistry:
     @staticmethod
     def _json(answer: Answer, what: str) -> dict:
         """The answer's JSON object, or Retryable saying why there is none."""
-        said = answer.said(what)
+        said = PROTOCOL_ERROR + answer.said(what)
         media_type = answer.content_type.partition(";")[0].strip().lower()
         if media_type != "application/json" and not (
             media_type.startswith("application/") and media_type.endswith("+json")
@@ -195,7 +207,9 @@ class HttpRegistry:
         if answer.status_code != 200:
             raise Retryable(f"{answer.said('check')}: {excerpt(answer.body)}")
         if status not in ("checking", "registered", "rejected", "received"):
-            raise Retryable(f"{answer.said('check')} with an unknown status: {_shown(status)}")
+            raise Retryable(
+                f"{PROTOCOL_ERROR}{answer.said('check')} with an unknown status: {_shown(status)}"
+            )
         if status == "registered":
             return CheckAnswer(
                 "registered", registration_id=_id(payload, "registrationId", answer.said("check"))
@@ -215,17 +229,26 @@ class HttpRegistry:
     # -- abandon's question ---------------------------------------------------------------------
 
     def find_submission(self, upi: str) -> Found | Ambiguous | NotFound | Unsupported:
-        """Read the whole task list. Found/Ambiguous if requests for the UPI are held (rejected
-        ones do not count); NotFound(exhaustive=True) only if every page was read, none names the
-        UPI and none is still `received` (unread by the registry, its upi possibly unknown)."""
+        """Read the whole task list. Found/Ambiguous if requests for the UPI are held, under any
+        spelling of it (canonical forms are compared, odal.upi; rejected requests do not count);
+        NotFound(exhaustive=True) only if every page was read, none names the UPI and none is
+        still `received` (unread by the registry, its upi possibly unknown). A list that does not
+        end is RegistryUnreadable, never an answer: a cursor it gave before, more than
+        MAX_TASK_PAGES pages, or the lookup's deadline (ODAL_REGISTRY_LOOKUP_SECONDS) passed."""
+        seconds = self.lookup_seconds or settings.ODAL_REGISTRY_LOOKUP_SECONDS
+        deadline = time.monotonic() + seconds
+        wanted = upi_key(upi)
         held: list[str] = []
         unread = 0
         cursor = None
+        cursors = set()
         for page in range(MAX_TASK_PAGES):
             params = {"limit": 200, **({"cursor": cursor} if cursor else {})}
             what = f"task list page {page + 1}"
+            if time.monotonic() >= deadline:
+                raise RegistryUnreadable(_overdue(seconds, page))
             try:
-                answer = self._send("GET", "/dpp-registration-requests", params=params)
+                answer = self._send("GET", "/dpp-registration-requests", params=params, deadline=deadline)
                 if answer.status_code in (404, 405, 501) and page == 0:
                     return Unsupported(
                         f"the registry's task list cannot be searched (HTTP {answer.status_code})"
@@ -235,20 +258,35 @@ class HttpRegistry:
                 body = self._json(answer, what)
                 items, cursor = body.get("items"), body.get("nextCursor")
                 if not isinstance(items, list) or not isinstance(cursor, str | None):
-                    raise Retryable(f"{what} is not what the protocol says: {_shape(body)}")
+                    raise Retryable(f"{PROTOCOL_ERROR}{what} is not what the protocol says: {_shape(body)}")
+                if cursor and len(cursor) > MAX_CURSOR:
+                    raise Retryable(
+                        f"{PROTOCOL_ERROR}{what} answered a nextCursor of {len(cursor):,} characters; "
+                        f"at most {MAX_CURSOR:,} are sent back"
+                    )
                 for item in items:
                     if not _task_item(item):
-                        raise Retryable(f"{what} holds a malformed item: {excerpt(item)}")
+                        raise Retryable(f"{PROTOCOL_ERROR}{what} holds a malformed item: {excerpt(item)}")
                     if item.get("status") == "received":
                         unread += 1
-                    elif item.get("upi") == upi and item.get("status") != "rejected":
+                    elif upi_key(item["upi"]) == wanted and item.get("status") != "rejected":
                         held.append(_id(item, "requestId", f"{what} holds an item"))
             except Retryable as exc:
+                if time.monotonic() >= deadline - 0.05:  # cut short by the deadline
+                    raise RegistryUnreadable(_overdue(seconds, page)) from None
                 raise RegistryUnreadable(str(exc)) from None
             if not cursor:
                 break
+            if cursor in cursors:
+                raise RegistryUnreadable(
+                    f"{PROTOCOL_ERROR}the task list repeats cursor {_shown(cursor)} (on {what}): "
+                    "read on, it would never end"
+                )
+            cursors.add(cursor)
         else:
-            return NotFound(exhaustive=False, why=f"the task list has more than {MAX_TASK_PAGES} pages")
+            raise RegistryUnreadable(
+                f"the task list has more than {MAX_TASK_PAGES} pages; it was not read to its end"
+            )
         if len(held) == 1:
             return Found(held[0])
         if held:
@@ -302,12 +340,24 @@ def _errors(payload: dict) -> str:
 
 
 def _id(payload: dict, name: str, said: str) -> str:
-    """payload[name] as an id odal can store and put in a URL path, or Retryable naming it."""
+    """payload[name] as an id odal can store and put in a URL path, or Retryable (a protocol
+    error) naming it."""
     value = payload.get(name)
+    if isinstance(value, str) and len(value) > MAX_ID:
+        raise Retryable(
+            f"{PROTOCOL_ERROR}{said} with a {name} of {len(value):,} characters; at most {MAX_ID} are kept"
+        )
     # isprintable(): no NUL, no lone surrogate, no control character, no line break
-    if isinstance(value, str) and 0 < len(value) <= MAX_ID and value.isprintable():
+    if isinstance(value, str) and value and value.isprintable():
         return value
-    raise Retryable(f"{said} with an unusable {name}: {_shown(value)}")
+    raise Retryable(f"{PROTOCOL_ERROR}{said} with an unusable {name}: {_shown(value)}")
+
+
+def _overdue(seconds: float, pages: int) -> str:
+    return (
+        f"the task list was not read to its end within {seconds:g}s (ODAL_REGISTRY_LOOKUP_SECONDS; "
+        f"{pages} page(s) read)"
+    )
 
 
 def _shown(value) -> str:

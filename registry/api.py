@@ -5,7 +5,7 @@ from datetime import datetime
 
 from ninja import Router, Schema
 
-from odal.auth import ADMIN, READ
+from odal.auth import ScopedAuth
 from odal.schemas import Error, responses
 from registry import service
 from registry.models import RegistrationAttempt
@@ -88,7 +88,11 @@ def with_log(reg) -> dict:
     }
 
 
-@router.get("dpp/{dppId}/registry", auth=READ, response=responses({200: RegistrationOut}, 404))
+@router.get(
+    "dpp/{dppId}/registry",
+    auth=ScopedAuth("read", perm="registry.view_registration"),
+    response=responses({200: RegistrationOut}, 404),
+)
 def get_registration(request, dppId: uuid.UUID):
     """The passport's registration and the registry's answers so far."""
     return with_log(service.registration_for(dppId))
@@ -96,7 +100,7 @@ def get_registration(request, dppId: uuid.UUID):
 
 @router.post(
     "dpp/{dppId}/registry/abandon",
-    auth=ADMIN,
+    auth=ScopedAuth("admin", perm="registry.abandon_registration"),
     response={**responses({200: AbandonOut}, 404, 501, 502, body=True), 409: AbandonRefusal},
 )
 def abandon_registration(request, dppId: uuid.UUID, payload: AbandonIn):
@@ -112,7 +116,7 @@ def abandon_registration(request, dppId: uuid.UUID, payload: AbandonIn):
 
 @router.post(
     "dpp/{dppId}/registry/handle",
-    auth=ADMIN,
+    auth=ScopedAuth("admin", perm="registry.record_handle"),
     response=responses({200: RegistrationOut}, 404, 409, body=True),
 )
 def record_handle(request, dppId: uuid.UUID, payload: HandleIn):
@@ -121,7 +125,11 @@ def record_handle(request, dppId: uuid.UUID, payload: HandleIn):
     return with_log(reg)
 
 
-@router.get("registry", auth=READ, response=responses({200: RegistryCountsOut}))
+@router.get(
+    "registry",
+    auth=ScopedAuth("read", perm="registry.view_registration"),
+    response=responses({200: RegistryCountsOut}),
+)
 def get_registry_counts(request):
     """Registrations per status; `stalled` counts pending rows that need a person (abandoned rows
     are counted apart, never as stalled)."""

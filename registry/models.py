@@ -267,10 +267,10 @@ class Registration(models.Model):
     next_attempt_at = models.DateTimeField(default=timezone.now)
     claim_token = models.UUIDField(null=True, blank=True, editable=False)
     correlation_id = models.CharField(
-        max_length=200, blank=True, default="", help_text="The registry's requestId."
+        max_length=500, blank=True, default="", help_text="The registry's requestId."
     )
     handle = models.CharField(
-        max_length=200, blank=True, default="", help_text="The registry's registrationId."
+        max_length=500, blank=True, default="", help_text="The registry's registrationId."
     )
     last_error = models.TextField(blank=True, default="")
     note = models.TextField(blank=True, default="")

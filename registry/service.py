@@ -17,7 +17,7 @@ from outbox.kick import kick_on_commit
 from registry import adapters
 from registry.models import Registration
 
-MAX_HANDLE_LENGTH = 200
+MAX_HANDLE_LENGTH = adapters.MAX_ID  # what the drain would take from the registry, and the column holds
 
 
 def kick_drain_on_commit() -> None:

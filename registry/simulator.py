@@ -22,6 +22,13 @@ everything). The faults:
 - task_list_latency (seconds): every task-list page waits this long before it is read;
 - honour_idempotency_key (bool): a repeated Idempotency-Key answers 202 with the request it
   made before (off by default, so a retry after a lost reply meets DUPLICATE_UPI);
+- task_list_repeat_cursor (bool): the task list answers the same nextCursor on every page (read
+  on, it would never end);
+- request_id_length (count): requestIds and registrationIds made from now on are padded to this
+  many characters (0: their usual dozen or so);
+- upi_spelling (text, one of UPI_SPELLINGS; empty: as submitted): how the task list spells UPIs:
+    upper    scheme and host in upper case, with the default port (HTTPS://ID.EXAMPLE.EU:443/…);
+    escaped  the path's letters and digits percent-encoded, in lower-case hex (/%30%31/…);
 - hostile_answer (text, one of HOSTILE_ANSWERS; empty: off): the registry does its work as
   usual, but its answer is spoiled on the way back:
     nul                 a NUL character (U+0000) at the end of every string in the JSON;
@@ -70,6 +77,9 @@ DEFAULT_FAULTS = {
     "task_list_newest_first": False,
     "task_list_latency": 0.0,
     "honour_idempotency_key": False,
+    "task_list_repeat_cursor": False,
+    "request_id_length": 0,
+    "upi_spelling": "",
     "hostile_answer": "",
     "hostile_on": "register,check,task_list",
     "hostile_upi_containing": "",
@@ -79,6 +89,7 @@ HOSTILE_ANSWERS = (
     "nul", "invalid_utf8", "huge", "trickle", "redirect", "reset", "malformed_json",
     "wrong_content_type", "wrong_shape", "deep_json",
 )  # fmt: skip
+UPI_SPELLINGS = ("upper", "escaped")
 
 
 def fault_problem(name: str, value) -> str | None:
@@ -87,7 +98,25 @@ def fault_problem(name: str, value) -> str | None:
         return f"unknown fault {name}"
     if name == "hostile_answer" and value not in ("", *HOSTILE_ANSWERS):
         return f"hostile_answer is one of {', '.join(HOSTILE_ANSWERS)} (or empty: off)"
+    if name == "upi_spelling" and value not in ("", *UPI_SPELLINGS):
+        return f"upi_spelling is one of {', '.join(UPI_SPELLINGS)} (or empty: as submitted)"
     return None
+
+
+def spelt(upi, spelling: str):
+    """`upi` as the task list spells it under the fault upi_spelling (another spelling of the same
+    UPI: odal must read it as the same)."""
+    if not isinstance(upi, str) or not spelling:
+        return upi
+    scheme, sep, rest = upi.partition("://")
+    host, slash, path = rest.partition("/")
+    if spelling == "upper":
+        return f"{scheme.upper()}{sep}{host.upper()}{'' if ':' in host else ':443'}{slash}{path}"
+    return (
+        f"{scheme}{sep}{host}{slash}"
+        + re.sub("[A-Za-z0-9]", lambda m: f"%{ord(m.group()):02x}", path.partition("?")[0])
+        + "".join(path.partition("?")[1:])
+    )
 
 
 class RegistryState:
@@ -131,6 +160,11 @@ class RegistryState:
                     self.faults["hostile_answer"] = ""
             return kind
 
+    def _new_id(self, prefix: str) -> str:
+        """A fresh id, padded to request_id_length characters if that fault is on."""
+        made = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        return made.ljust(int(self.faults["request_id_length"]), "x")
+
     def _take(self, name: str) -> bool:
         if self.faults.get(name, 0) > 0:
             self.faults[name] -= 1
@@ -162,7 +196,7 @@ class RegistryState:
             for held in self.requests.values():
                 if held["upi"] == upi and held["status"] != "rejected":
                     return 409, {"code": "DUPLICATE_UPI", "requestId": held["requestId"]}
-            request_id = f"req-{uuid.uuid4().hex[:12]}"
+            request_id = self._new_id("req")
             self.requests[request_id] = {
                 "requestId": request_id, "upi": upi, "status": "checking", "checks": 0, "registrationId": None,
             }  # fmt: skip
@@ -181,7 +215,7 @@ class RegistryState:
                 held["checks"] += 1
                 if held["checks"] >= self.faults["checks_until_registered"]:
                     held["status"] = "registered"
-                    held["registrationId"] = f"reg-{uuid.uuid4().hex[:12]}"
+                    held["registrationId"] = self._new_id("reg")
                     self.registrations[held["registrationId"]] = {"requestId": request_id, "active": True}
             answer = {k: held[k] for k in ("requestId", "upi", "status")}
             if held["registrationId"]:
@@ -193,8 +227,9 @@ class RegistryState:
         with self.lock:
             if self.faults["unsearchable"]:
                 return 404, {"code": "NOT_SUPPORTED"}
+            spelling = self.faults["upi_spelling"]
             items = [
-                {"requestId": r["requestId"], "upi": r["upi"], "status": r["status"]}
+                {"requestId": r["requestId"], "upi": spelt(r["upi"], spelling), "status": r["status"]}
                 for r in self.requests.values()
             ]
             if self.faults["task_list_newest_first"]:
@@ -207,6 +242,8 @@ class RegistryState:
             size = max(1, min(limit, int(self.faults["page_size"])))
             page = items[start : start + size]
             next_cursor = str(start + size) if start + size < len(items) else None
+            if self.faults["task_list_repeat_cursor"]:
+                next_cursor = "again"
             return 200, {"items": page, "nextCursor": next_cursor}
 
     def deactivate(self, registration_id: str) -> tuple[int, dict]:

@@ -1,8 +1,10 @@
 """The security pass: every API route needs credentials and its scope; tokens are hashed and
 compared in constant time; webhook targets are checked; secrets are never shown or logged
-again; a rolled-back write leaves nothing behind; big bodies get 413."""
+again; a rolled-back write leaves nothing behind; big bodies get 413; /metrics wants its token;
+the passport admin writes no lifecycle field and audits what it changes and deletes."""
 
 import hmac
+import json
 import logging
 import uuid
 
@@ -10,8 +12,10 @@ import pytest
 from django.contrib.admin import helpers
 from django.contrib.auth.models import Group
 
+from odal import lifecycle
+from odal.admin import PassportAdmin
 from odal.api import api
-from odal.models import ApiToken
+from odal.models import ApiToken, AuditEntry, Passport
 from outbox.events import emit
 from outbox.sweep import sweep_once
 from tests.factories import (
@@ -79,7 +83,7 @@ def test_every_route_refuses_without_credentials(client, method, path):
 @pytest.mark.parametrize("method, path", sorted(SCOPES))
 def test_every_route_refuses_a_revoked_token(client, method, path):
     token, plaintext = ApiToken.objects.issue(name="old", scope="admin")
-    ApiToken.objects.filter(pk=token.pk).revoke()
+    ApiToken.objects.filter(pk=token.pk).revoke(actor="test")
     assert call(client, method, path, plaintext).status_code == 401
 
 
@@ -257,8 +261,150 @@ def test_production_mode_refuses_private_webhooks_by_default():
     env = {
         "ODAL_ENV": "production",
         "SECRET_KEY": "k" * 50,
+        "ODAL_METRICS_TOKEN": "m" * 32,
         "PATH": "/usr/bin:/bin",
         "DJANGO_SETTINGS_MODULE": "odal.settings",
     }
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr
+
+
+# -- /metrics ----------------------------------------------------------------------------------------
+
+
+def test_metrics_are_open_without_a_configured_token(client, settings):
+    settings.ODAL_METRICS_TOKEN = ""
+    response = client.get("/metrics")
+    assert response.status_code == 200 and b"registry_outbox_pending" in response.content
+
+
+@pytest.mark.parametrize(
+    "header", [None, "Bearer wrong-token", "Bearer ", "Basic bS1zZWNyZXQtdG9rZW4=", "m-secret-token"]
+)
+def test_metrics_refuse_a_missing_or_wrong_token(client, settings, header):
+    settings.ODAL_METRICS_TOKEN = "m-secret-token"
+    response = client.get("/metrics", headers={"Authorization": header} if header else {})
+    assert response.status_code == 401
+    assert response["Content-Type"].startswith("text/plain")
+    assert response["WWW-Authenticate"].startswith("Bearer")
+    assert b"registry_outbox" not in response.content and b"ODAL_METRICS_TOKEN" in response.content
+
+
+def test_metrics_answer_their_token_compared_in_constant_time(client, settings, monkeypatch):
+    settings.ODAL_METRICS_TOKEN = "m-secret-token"
+    calls = []
+    real = hmac.compare_digest
+    monkeypatch.setattr(hmac, "compare_digest", lambda a, b: calls.append((a, b)) or real(a, b))
+    response = client.get("/metrics", headers={"Authorization": "Bearer m-secret-token"})
+    assert response.status_code == 200 and b"registry_outbox_pending" in response.content
+    assert calls == [(b"m-secret-token", b"m-secret-token")]
+
+
+# -- the passport admin: no lifecycle writes, edits and deletions audited ----------------------------
+
+
+def change_form(passport, **changes):
+    """What the passport's change form posts (data has a callable default, so the form carries its
+    initial value too, as `initial-data`)."""
+    return {
+        "operator_id": passport.operator_id,
+        "facility_id": passport.facility_id,
+        "commodity_code": passport.commodity_code,
+        "data": json.dumps(passport.data),
+        "initial-data": json.dumps(passport.data),
+        **changes,
+    }
+
+
+def test_the_passport_admin_cannot_write_lifecycle_fields(admin_client):
+    passport = PassportFactory()
+    response = admin_client.post(
+        f"/admin/odal/passport/{passport.pk}/change/",
+        change_form(passport, status="published", published_at_0="2030-01-01", published_at_1="00:00:00",
+                    suspended_at_0="2030-01-01", suspended_at_1="00:00:00"),
+    )  # fmt: skip
+    assert response.status_code == 302
+    passport.refresh_from_db()
+    assert (passport.status, passport.published_at, passport.suspended_at) == ("draft", None, None)
+
+
+def test_an_admin_edit_does_not_undo_a_publish_committed_meanwhile(admin_client, monkeypatch):
+    """The form was read with the passport a draft; a publish commits before the save: the save
+    writes only what the form changed."""
+    passport = PassportFactory()
+    real = PassportAdmin.get_object
+
+    def get_object_then_publish(self, request, object_id, from_field=None):
+        obj = real(self, request, object_id, from_field)
+        if request.method == "POST":
+            Passport.objects.filter(pk=obj.pk).mark_published()
+        return obj
+
+    monkeypatch.setattr(PassportAdmin, "get_object", get_object_then_publish)
+    response = admin_client.post(
+        f"/admin/odal/passport/{passport.pk}/change/", change_form(passport, operator_id="OP-2")
+    )
+    assert response.status_code == 302
+    passport.refresh_from_db()
+    assert (passport.status, passport.operator_id) == ("published", "OP-2")
+    assert passport.published_at is not None
+
+
+def test_passport_edits_in_the_admin_are_audited(admin_client, admin_user):
+    passport = PassportFactory()
+    url = f"/admin/odal/passport/{passport.pk}/change/"
+    admin_client.post(url, change_form(passport, operator_id="OP-2", data='{"battery": "Li-ion"}'))
+    entry = AuditEntry.objects.get(action="passport_changed")
+    assert (entry.actor, entry.object_id) == (f"user:{admin_user.username}", str(passport.pk))
+    assert entry.details == {"fields": ["operator_id", "data"]}
+    passport.refresh_from_db()
+    assert (passport.operator_id, passport.data) == ("OP-2", {"battery": "Li-ion"})
+    admin_client.post(url, change_form(passport, data='{"battery": "Li-ion"}'))  # nothing changed
+    assert [e.details for e in AuditEntry.objects.filter(action="passport_changed")] == [
+        {"fields": ["operator_id", "data"]}
+    ]
+
+
+def test_passport_deletions_in_the_admin_are_audited(admin_client, admin_user):
+    one, two, three = PassportFactory(), PassportFactory(), PassportFactory()
+    admin_client.post(f"/admin/odal/passport/{one.pk}/delete/", {"post": "yes"})
+    admin_client.post("/admin/odal/passport/", {"action": "delete_selected", "post": "yes",
+                                                helpers.ACTION_CHECKBOX_NAME: [str(two.pk), str(three.pk)]})  # fmt: skip
+    assert not Passport.objects.exists()
+    entries = AuditEntry.objects.filter(action="passport_deleted")
+    assert {(e.actor, e.object_id, e.details["upi"]) for e in entries} == {
+        (f"user:{admin_user.username}", str(p.pk), p.upi) for p in (one, two, three)
+    }
+
+
+def test_a_passport_with_a_registration_is_not_deleted(admin_client):
+    passport = PassportFactory()
+    lifecycle.publish(passport.pk, actor="test")
+    page = admin_client.post(f"/admin/odal/passport/{passport.pk}/delete/", {"post": "yes"})
+    assert page.status_code == 200 and "Cannot delete passport" in page.content.decode()
+    bulk = admin_client.post("/admin/odal/passport/", {"action": "delete_selected", "post": "yes",
+                                                       helpers.ACTION_CHECKBOX_NAME: [str(passport.pk)]})  # fmt: skip
+    assert bulk.status_code == 200 and "Cannot delete passport" in bulk.content.decode()
+    assert Passport.objects.filter(pk=passport.pk).exists()
+    assert not AuditEntry.objects.filter(action="passport_deleted").exists()
+
+
+def test_a_registration_appearing_after_the_delete_check_is_a_message_not_a_500(admin_client, monkeypatch):
+    passport = PassportFactory()
+    lifecycle.publish(passport.pk, actor="test")
+    real = PassportAdmin.get_deleted_objects
+
+    def as_if_checked_before_the_publish(self, objs, request):
+        deleted, counts, _perms_needed, _protected = real(self, objs, request)
+        return deleted, counts, set(), []  # (the registration made a permission "needed" too)
+
+    monkeypatch.setattr(PassportAdmin, "get_deleted_objects", as_if_checked_before_the_publish)
+    one = admin_client.post(f"/admin/odal/passport/{passport.pk}/delete/", {"post": "yes"}, follow=True)
+    bulk = admin_client.post("/admin/odal/passport/", {"action": "delete_selected", "post": "yes",
+                                                       helpers.ACTION_CHECKBOX_NAME: [str(passport.pk)]},
+                             follow=True)  # fmt: skip
+    for response in (one, bulk):
+        assert response.status_code == 200
+        assert "Not deleted: the passport has a registration" in response.content.decode()
+    assert Passport.objects.filter(pk=passport.pk).exists()
+    assert not AuditEntry.objects.filter(action="passport_deleted").exists()

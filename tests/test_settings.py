@@ -54,6 +54,12 @@ def test_production_refuses_debug():
     assert "DEBUG" in result.stderr
 
 
-def test_production_starts_with_a_key_and_debug_off():
+def test_production_refuses_to_start_without_a_metrics_token():
     result = start(ODAL_ENV="production", SECRET_KEY="s3cret-of-our-own-" * 3)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and "ODAL_METRICS_TOKEN" in result.stderr
+
+
+def test_production_starts_with_a_key_a_metrics_token_and_debug_off():
+    result = start(ODAL_ENV="production", SECRET_KEY="s3cret-of-our-own-" * 3, ODAL_METRICS_TOKEN="m" * 32)
     assert result.returncode == 0, result.stderr

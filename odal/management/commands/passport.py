@@ -1,5 +1,6 @@
 import json
 
+from django.apps import apps as django_apps
 from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError, transaction
 
@@ -8,6 +9,7 @@ from odal.cli import parse_uuid, refused, subcommands
 from odal.errors import Refused
 from odal.models import AuditEntry, Passport
 from odal.schemas import check_text, check_upi
+from odal.upi import canonicalise_upis
 
 
 class Command(BaseCommand):
@@ -26,6 +28,10 @@ class Command(BaseCommand):
             p.add_argument("passport_id")
             p.add_argument("--actor", default="cli")
             p.add_argument("--json", action="store_true")
+        sub.add_parser(
+            "canonicalise",
+            help="rewrite stored UPIs in their canonical form; passports whose UPIs collide are named, not changed",
+        )
 
     def handle(self, *args, action, **options):
         try:
@@ -64,6 +70,16 @@ class Command(BaseCommand):
     def do_suspend(self, *, passport_id, actor, json, **_):
         result = lifecycle.suspend(parse_uuid(passport_id), actor=f"cli:{actor}")
         self.emit(result.passport, json, f"{result.passport.pk}: {result.detail}")
+
+    def do_canonicalise(self, **_):
+        with transaction.atomic():
+            report = canonicalise_upis(django_apps)
+        self.stdout.write("\n".join(report.lines()))
+        if report.collisions or report.invalid:
+            raise CommandError(
+                "Some passports were left unchanged (listed above): see docs/runbook.md, 'UPIs'.",
+                returncode=1,
+            )
 
     def do_show(self, *, passport_id, json, **_):
         passport = Passport.objects.filter(pk=parse_uuid(passport_id)).first()

@@ -14,6 +14,7 @@ class Command(BaseCommand):
         create.add_argument("--scope", required=True, choices=[s.value for s in ApiToken.Scope])
         revoke = sub.add_parser("revoke", help="revoke a token by its prefix (the 8 characters after odal_)")
         revoke.add_argument("prefix")
+        revoke.add_argument("--actor", help="who revokes it, for the audit trail (default: cli)")
         sub.add_parser("list", help="list tokens (never their secrets)")
 
     def handle(self, *args, action, **options):
@@ -30,8 +31,9 @@ class Command(BaseCommand):
         self.stdout.write(plaintext)
         self.stderr.write(f"Created {scope} token '{name}'. Copy it now: it is not shown again.")
 
-    def do_revoke(self, *, prefix, **_):
-        if ApiToken.objects.filter(prefix=prefix).revoke() != 1:
+    def do_revoke(self, *, prefix, actor=None, **_):
+        actor = f"cli:{actor}" if actor else "cli"
+        if ApiToken.objects.filter(prefix=prefix).revoke(actor=actor) != 1:
             raise CommandError(f"No live token with prefix {prefix!r}.")
         self.stdout.write(f"Revoked token odal_{prefix}_…")
 

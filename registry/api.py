@@ -107,9 +107,11 @@ def abandon_registration(request, dppId: uuid.UUID, payload: AbandonIn):
     """Give up a registration the registry provably never accepted. Checked in this order:
     404 no registration; 200 `alreadyAbandoned` (registry not asked, nothing written); 409 not a
     pending register, never attempted, due now, or an attempt in flight; 422 bad reason; 501 no
-    registry queues; 502 registry unreadable (safe to retry); 409 the registry holds a submission
-    (naming it) or several (naming them); 422 absence not proven (partial read, unsearchable);
-    then the conditional update (409 if the row changed meanwhile). The passport stays published."""
+    registry queues; 502 registry unreadable (a page failed, the lookup's deadline or page limit
+    passed, a cursor repeated; safe to retry); 409 the registry holds a submission (naming it) or
+    several (naming them); 422 absence not proven (a task still unread, or a registry that cannot
+    be searched); then the conditional update (409 `registration_changed` if the row is no longer
+    the one read before the registry was asked). The passport stays published."""
     result = service.abandon(dppId, actor=request.auth.actor, reason=payload.reason)
     return result.as_json()
 

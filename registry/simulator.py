@@ -128,9 +128,11 @@ class RegistryState:
         self.by_key: dict[str, str] = {}  # Idempotency-Key -> requestId
         self.registrations: dict[str, dict] = {}  # registrationId -> {"requestId", "active"}
         self.calls: list[tuple[str, str]] = []
+        self.generation = 0  # bumped by reset()
 
     def reset(self) -> None:
         with self.lock:
+            self.generation += 1  # a request that arrived before the reset changes nothing after it
             self.faults = dict(DEFAULT_FAULTS)
             self.requests.clear()
             self.by_key.clear()
@@ -371,9 +373,12 @@ def make_server(host: str = "127.0.0.1", port: int = 8100, *, token: str, faults
                 return self._answer(200, state.faults)
             if self.headers.get("Authorization") != f"Bearer {state.token}":
                 return self._answer(401, {"code": "UNAUTHORIZED"})
+            generation = state.generation
+            state.calls.append((method, path))
             if state.faults["latency"]:
                 time.sleep(float(state.faults["latency"]))
-            state.calls.append((method, path))
+                if generation != state.generation:  # reset while it waited: forgotten with the rest
+                    return self._answer(503, {"code": "UNAVAILABLE"})
             if path == "/dpp-registration-requests" and method == "POST":
                 body = self._body()
                 if body is None:

@@ -53,25 +53,33 @@ def _no_kicks(settings):
     settings.ODAL_REGISTRY_URL = "http://127.0.0.1:9"
 
 
-@pytest.fixture
-def registry_sim(settings):
-    """The registry simulator on a free local port, with the node's http adapter pointed at it."""
+@pytest.fixture(scope="session")
+def registry_simulator():
+    """One registry simulator on a free local port for the whole run (a server per test cost half
+    a second each to shut down); registry_sim resets it for each test."""
     import threading
 
     from registry.simulator import make_server
 
     server = make_server(port=0, token="sim-token")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def registry_sim(registry_simulator, settings):
+    """The registry simulator, forgetting all it held and every fault, with the node's http
+    adapter pointed at it."""
+    registry_simulator.state.reset()
     settings.ODAL_REGISTRY_ADAPTER = "http"
-    settings.ODAL_REGISTRY_URL = f"http://127.0.0.1:{server.server_address[1]}"
+    settings.ODAL_REGISTRY_URL = f"http://127.0.0.1:{registry_simulator.server_address[1]}"
     settings.ODAL_REGISTRY_TOKEN = "sim-token"
     settings.ODAL_REGISTRY_TIMEOUT_SECONDS = 2
     settings.ODAL_REGISTRY_CHECK_SECONDS = 0  # submitted rows are due for a check at once
     settings.ODAL_BACKOFF_BASE_SECONDS = 0
-    yield server.state
-    server.shutdown()
-    server.server_close()
+    return registry_simulator.state
 
 
 def pytest_terminal_summary(terminalreporter):

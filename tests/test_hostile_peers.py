@@ -3,8 +3,6 @@ or trickled bodies, redirects, resets and malformed JSON, over real HTTP against
 Whatever one peer answers, the pass finishes, the other rows of its batch are settled as if it
 had answered well, and its own row's error is readable."""
 
-import threading
-
 import httpx
 import pytest
 from django.core.management import CommandError, call_command
@@ -16,7 +14,6 @@ from outbox.models import Delivery, Event
 from outbox.sweep import sweep_once
 from registry.drain import drain_once
 from registry.models import Registration
-from registry.simulator import make_server
 from tests.factories import PassportFactory, WebhookConsumerFactory, backed_off_registration
 from tests.webhook_server import Answer, WebhookServer
 
@@ -123,26 +120,10 @@ def test_a_hostile_webhook_answer_touches_only_its_own_deliveries(answer, delive
 # -- the registry -----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def simulator():
-    server = make_server(port=0, token="sim-token")
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
 @pytest.fixture
-def registry_sim(simulator, settings):
-    """conftest's registry_sim on one simulator for the module, reset for each test (a server per
-    test costs half a second each to shut down)."""
-    simulator.state.reset()
-    settings.ODAL_REGISTRY_ADAPTER = "http"
-    settings.ODAL_REGISTRY_URL = f"http://127.0.0.1:{simulator.server_address[1]}"
-    settings.ODAL_REGISTRY_TOKEN = "sim-token"
+def registry_sim(registry_sim, settings):
     settings.ODAL_REGISTRY_TIMEOUT_SECONDS = 1  # a trickled answer fails after a second
-    settings.ODAL_REGISTRY_CHECK_SECONDS = 0
-    return simulator.state
+    return registry_sim
 
 
 HOSTILE = "https://id.example.eu/01/HOSTILE"

@@ -6,7 +6,6 @@ submission listed under any spelling of the passport's UPI. Against the simulato
 HTTP, on PostgreSQL."""
 
 import io
-import threading
 import time
 
 import pytest
@@ -18,35 +17,12 @@ from odal import lifecycle
 from registry import adapters, service
 from registry.drain import drain_once
 from registry.models import Registration
-from registry.simulator import make_server
 from tests.factories import PassportFactory, UserFactory, backed_off_registration
 
 pytestmark = pytest.mark.django_db
 
 UPI = "https://id.example.eu/01/09506000134352/21/ANSWERS-1"
 REASON = {"reason": "the registry keeps refusing it"}
-
-
-@pytest.fixture(scope="module")
-def simulator():
-    server = make_server(port=0, token="sim-token")
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-@pytest.fixture
-def registry_sim(simulator, settings):
-    """conftest's registry_sim on one simulator for the module, reset for each test."""
-    simulator.state.reset()
-    settings.ODAL_REGISTRY_ADAPTER = "http"
-    settings.ODAL_REGISTRY_URL = f"http://127.0.0.1:{simulator.server_address[1]}"
-    settings.ODAL_REGISTRY_TOKEN = "sim-token"
-    settings.ODAL_REGISTRY_TIMEOUT_SECONDS = 2
-    settings.ODAL_REGISTRY_CHECK_SECONDS = 0
-    settings.ODAL_BACKOFF_BASE_SECONDS = 0
-    return simulator.state
 
 
 def published(upi: str = UPI) -> Registration:

@@ -6,11 +6,15 @@ Either way the answer is an Outcome; nothing here touches the delivery row.
 import ipaddress
 import json
 import socket
+import ssl
 import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import urlparse
 
+import httpcore
 import httpx
 from django.conf import settings
 from django.utils.module_loading import import_string
@@ -79,6 +83,9 @@ def redirect_text(response: httpx.Response) -> str:
 
 
 def call_webhook(consumer, delivery_id, event, client: httpx.Client) -> Outcome:
+    if not isinstance(client, _WebhookClient):
+        # Any other client would connect wherever its own lookup of the host says.
+        raise TypeError("call_webhook needs a client made by webhook_client(): its connections are pinned")
     # Checked again at delivery time, and connected to at the address checked: a name may
     # resolve inside now, or answer a second lookup otherwise than the first (DNS rebinding).
     try:
@@ -86,17 +93,13 @@ def call_webhook(consumer, delivery_id, event, client: httpx.Client) -> Outcome:
     except Refused as exc:
         return Outcome(False, storable(f"not called: {exc.detail}"))
     body = webhook_body(event)
-    headers = {
-        **webhook_headers(consumer, delivery_id, body),
-        "accept-encoding": "identity",
-        **target.headers,
-    }
+    headers = {**webhook_headers(consumer, delivery_id, body), "accept-encoding": "identity"}
     started = time.monotonic()
     status = None  # once the status line has arrived: an error reading the body says so
     try:
-        with client.stream(
-            "POST", target.url, content=body.encode(), headers=headers,
-            timeout=consumer.timeout_seconds, follow_redirects=False, extensions=target.extensions,
+        with pinned(target), client.stream(
+            "POST", consumer.url, content=body.encode(), headers=headers,
+            timeout=consumer.timeout_seconds, follow_redirects=False,
         ) as response:  # fmt: skip
             status = response.status_code
             answer = read_answer(response, ANSWER_CAP, started + consumer.timeout_seconds)
@@ -142,28 +145,13 @@ def _since(started: float) -> int:
 
 @dataclass(frozen=True)
 class Target:
-    """Where a webhook request goes. `url` is the consumer's URL with its host replaced by the
-    address that was checked, so the connection goes there and nowhere else; the request still
-    names the consumer's host: `host` is its Host header and, for https, `name` is the TLS
-    server name (SNI, and the name its certificate is verified against)."""
+    """Where a webhook request connects: `address`, the one checked for its host `name`. The
+    request itself goes to the consumer's URL unchanged, so its Host header, its TLS server name
+    (SNI, and the name the certificate is verified against) and the key its connection is pooled
+    under are all the name; only the connection is made to the address (see PinnedBackend)."""
 
-    url: httpx.URL
-    host: str
     name: str
-
-    @property
-    def extensions(self) -> dict:
-        return {"sni_hostname": self.name} if self.url.scheme == "https" else {}
-
-    @property
-    def headers(self) -> dict:
-        if self.url.scheme != "https":
-            return {"host": self.host}
-        # httpcore pools connections by scheme, address and port, not by server name: a kept-alive
-        # TLS connection verified for one name would carry the next request for another name at
-        # the same address (a shared front end) without that name's certificate ever being
-        # checked. So a pinned TLS connection serves one request; plain HTTP keeps alive.
-        return {"host": self.host, "connection": "close"}
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 def webhook_target(url: str) -> Target:
@@ -171,10 +159,8 @@ def webhook_target(url: str) -> Target:
     pin the first: the request connects to exactly that address. Resolving again when connecting
     could answer otherwise (DNS rebinding: a public address for the check, an internal one for
     the connection). Pinned always, private targets allowed or not: one way of connecting."""
-    parsed = _webhook_url(url)
-    name = parsed.raw_host.decode("ascii")
-    address = _checked_addresses(name)[0]
-    return Target(parsed.copy_with(host=str(address)), parsed.netloc.decode("ascii"), name)
+    name = _webhook_url(url).raw_host.decode("ascii")
+    return Target(name, _checked_addresses(name)[0])
 
 
 def check_webhook_url(url: str) -> str:
@@ -229,6 +215,99 @@ def _addresses(host: str) -> list:
     if not infos:
         raise Refused(f"The webhook host {host} does not resolve.", code="invalid_url", status=422)
     return list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in infos))
+
+
+# -- the client webhooks are sent with: every connection to the address checked for its host -------
+
+# The pin of the request this thread is sending, set by call_webhook around it. In sync httpcore
+# a connection is opened on the thread of the request it was made for (ConnectionPool.handle_request
+# calls HTTPConnection.handle_request, which connects, on the caller's thread), so that request's
+# pin is the one seen when connecting; and a pin serves its own host name only.
+_pin: ContextVar[Target | None] = ContextVar("odal_webhook_pin", default=None)
+
+
+@contextmanager
+def pinned(target: Target):
+    """Connections opened on this thread inside the block go to `target.address`, and only
+    connections to `target.name`."""
+    token = _pin.set(target)
+    try:
+        yield
+    finally:
+        _pin.reset(token)
+
+
+class PinnedBackend(httpcore.NetworkBackend):
+    """The network under webhook connections: a connection to a host goes to the address pinned for
+    that host on this thread (see pinned), never to one looked up now; with no pin for the host, no
+    connection. A pooled connection is not opened again: it was checked when it was. `network`
+    makes the connections (httpcore's own by default; a test's fake)."""
+
+    def __init__(self, network: httpcore.NetworkBackend | None = None):
+        self.network = network or httpcore.SyncBackend()
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        pin = _pin.get()
+        if pin is None or pin.name != host:
+            raise httpcore.ConnectError(f"no checked address for {host}: not connected")
+        return self.network.connect_tcp(
+            str(pin.address),
+            port,
+            timeout=timeout,
+            local_address=local_address,
+            socket_options=socket_options,
+        )
+
+    def connect_unix_socket(self, path, timeout=None, socket_options=None):
+        raise httpcore.ConnectError("webhooks connect over TCP only")
+
+    def sleep(self, seconds):
+        self.network.sleep(seconds)
+
+
+class _PinnedTransport(httpx.HTTPTransport):
+    """httpx's own transport whose httpcore pool connects through a PinnedBackend. HTTPTransport
+    takes no network backend, so the pool it makes is replaced by one made as it makes it (same
+    TLS context and limits; HTTP/1.1 only), with that backend; the rest is httpx's."""
+
+    def __init__(self, *, verify, limits: httpx.Limits, network: httpcore.NetworkBackend | None):
+        ssl_context = httpx.create_ssl_context(verify=verify)
+        super().__init__(verify=ssl_context, limits=limits)
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=ssl_context,
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            http1=True,
+            http2=False,
+            network_backend=PinnedBackend(network),
+        )
+
+
+class _WebhookClient(httpx.Client):
+    def __init__(self, *, limits: httpx.Limits, verify, network: httpcore.NetworkBackend | None):
+        # A transport of its own: httpx then takes no proxy from the environment (a proxy would
+        # look the host up itself).
+        super().__init__(
+            transport=_PinnedTransport(verify=verify, limits=limits, network=network), follow_redirects=False
+        )
+
+
+DEFAULT_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)  # httpx.Client's
+
+
+def webhook_client(
+    *,
+    limits: httpx.Limits = DEFAULT_LIMITS,
+    verify: ssl.SSLContext | bool = True,
+    network: httpcore.NetworkBackend | None = None,
+) -> httpx.Client:
+    """The only client call_webhook sends with: it connects to a webhook's host only at the
+    address call_webhook checked for it, never through a proxy, and follows no redirect.
+    Connections are pooled by scheme, host name and port, as httpx does: a kept-alive connection
+    (https included) serves later requests to its own name only. `verify` as httpx's; `network`
+    for tests (see PinnedBackend)."""
+    return _WebhookClient(limits=limits, verify=verify, network=network)
 
 
 def check_python_target(target: str) -> str:

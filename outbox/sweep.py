@@ -351,7 +351,7 @@ def sweep_once(
 def sweeper():
     """The HTTP client, webhook thread pool and Python-consumer thread that a run of passes shares."""
     with (
-        httpx.Client(follow_redirects=False, limits=httpx.Limits(max_connections=SWEEP_THREADS)) as client,
+        consumers.webhook_client(limits=httpx.Limits(max_connections=SWEEP_THREADS)) as client,
         ThreadPoolExecutor(SWEEP_THREADS, thread_name_prefix="odal-webhook") as pool,
         ThreadPoolExecutor(1, thread_name_prefix="odal-python") as python,
     ):

@@ -557,25 +557,83 @@ GUARDS = [
         "tests/test_security.py::test_a_registration_appearing_after_the_delete_check_is_a_message_not_a_500",
     ),
     Guard(
-        "webhooks: the request connects to the address that was checked (pinned), not to a second lookup",
+        "webhooks: the connection goes to the address that was checked (pinned), not to a second lookup",
         "outbox/consumers.py",
-        '"POST", target.url,',
-        '"POST", consumer.url,',
+        "str(pin.address),",
+        "host,",
         "tests/test_webhook_pinning.py::test_a_name_that_rebinds_after_the_check_is_connected_to_at_the_checked_address",
     ),
     Guard(
-        "webhooks: an https connection verified for one name carries no other name's request",
+        "webhooks: an https connection verified for one name carries no other name's request (pooled by name)",
         "outbox/consumers.py",
-        'return {"host": self.host, "connection": "close"}',
-        'return {"host": self.host}',
+        "        with pinned(target), client.stream(\n"
+        '            "POST", consumer.url, content=body.encode(), headers=headers,\n'
+        "            timeout=consumer.timeout_seconds, follow_redirects=False,\n",
+        "        with pinned(Target(str(target.address), target.address)), client.stream(\n"
+        '            "POST", httpx.URL(consumer.url).copy_with(host=str(target.address)), content=body.encode(),\n'
+        '            headers={**headers, "host": httpx.URL(consumer.url).netloc.decode()},\n'
+        '            timeout=consumer.timeout_seconds, follow_redirects=False, extensions={"sni_hostname": target.name},\n',
         "tests/test_webhook_pinning.py::test_a_tls_connection_verified_for_one_name_does_not_carry_another_names_request",
     ),
     Guard(
         "webhooks: TLS names and verifies the host, not the pinned address",
         "outbox/consumers.py",
-        'return {"sni_hostname": self.name} if self.url.scheme == "https" else {}',
-        "return {}",
+        '        with pinned(target), client.stream(\n            "POST", consumer.url,',
+        "        with pinned(Target(str(target.address), target.address)), client.stream(\n"
+        '            "POST", httpx.URL(consumer.url).copy_with(host=str(target.address)),',
         "tests/test_webhook_pinning.py::test_https_connects_to_the_address_and_verifies_the_name",
+    ),
+    Guard(
+        "webhooks: certificates are verified",
+        "outbox/consumers.py",
+        "ssl_context = httpx.create_ssl_context(verify=verify)",
+        "ssl_context = httpx.create_ssl_context(verify=False)",
+        "tests/test_webhook_pinning.py::test_a_tls_connection_verified_for_one_name_does_not_carry_another_names_request "
+        "tests/test_webhook_pinning.py::test_in_production_the_request_goes_to_the_checked_address_in_the_name_of_the_host",
+    ),
+    Guard(
+        "webhook client: no pin for the host, no connection (never a lookup of its own)",
+        "outbox/consumers.py",
+        'raise httpcore.ConnectError(f"no checked address for {host}: not connected")',
+        "return self.network.connect_tcp(host, port, timeout=timeout)",
+        "tests/test_webhook_pinning.py::test_the_webhook_client_connects_nowhere_without_a_pin_for_the_host",
+    ),
+    Guard(
+        "webhook client: a pin serves its own host name only",
+        "outbox/consumers.py",
+        "if pin is None or pin.name != host:",
+        "if pin is None:",
+        "tests/test_webhook_pinning.py::test_the_webhook_client_connects_nowhere_without_a_pin_for_the_host",
+    ),
+    Guard(
+        "webhook client: its httpx transport sends through the pinning pool",
+        "outbox/consumers.py",
+        "self._pool = httpcore.ConnectionPool(",
+        "self._unused = httpcore.ConnectionPool(",
+        "tests/test_webhook_pinning.py::test_a_name_that_rebinds_after_the_check_is_connected_to_at_the_checked_address",
+    ),
+    Guard(
+        "call_webhook: sends with no client but webhook_client()'s",
+        "outbox/consumers.py",
+        "if not isinstance(client, _WebhookClient):",
+        "if False:",
+        "tests/test_webhook_pinning.py::test_call_webhook_sends_with_no_client_but_the_pinned_one",
+    ),
+    Guard(
+        "webhooks: connections are kept alive and reused, https too",
+        "outbox/consumers.py",
+        '"accept-encoding": "identity"}',
+        '"accept-encoding": "identity", "connection": "close"}',
+        "tests/test_webhook_pinning.py::test_https_connections_are_kept_alive_and_reused "
+        "tests/test_webhook_pinning.py::test_plain_http_connections_are_kept_alive_and_reused_per_name",
+    ),
+    Guard(
+        "webhooks: in production every address is checked, before every request (a pooled connection or not)",
+        "outbox/consumers.py",
+        "    if not settings.ODAL_ALLOW_PRIVATE_WEBHOOKS:\n        for address in addresses:\n",
+        "    if False:\n        for address in addresses:\n",
+        "tests/test_webhook_pinning.py::test_a_name_that_resolves_inside_in_production_is_not_connected_to "
+        "tests/test_webhook_pinning.py::test_in_production_a_kept_alive_connection_is_not_used_once_its_name_resolves_inside",
     ),
     Guard(
         "find_submission: UPIs compared by their canonical form",

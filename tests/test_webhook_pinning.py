@@ -2,12 +2,15 @@
 it still names the consumer's host (Host header; for https the TLS server name and the name the
 certificate is verified against). A second lookup when connecting could answer otherwise: a
 rebinding DNS server answers the check with a public address and the connection with an
-internal one.
+internal one. The pin is made when connecting (the webhook client's network backend), not by
+sending the request to the address, so connections are pooled by name and kept alive, https
+included.
 
 Network rule of these tests: no traffic leaves 127.0.0.0/8. Names are answered by a scripted
-resolver; public addresses appear only where an httpx.MockTransport answers (no connection)."""
+resolver; public addresses appear only under a fake network that never connects (Wire)."""
 
 import ipaddress
+import re
 import shutil
 import socket
 import ssl
@@ -16,6 +19,7 @@ import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpcore
 import httpx
 import pytest
 
@@ -35,6 +39,26 @@ real_getaddrinfo = socket.getaddrinfo
 @pytest.fixture(autouse=True)
 def _no_backoff(settings):
     settings.ODAL_BACKOFF_BASE_SECONDS = 0
+
+
+@pytest.fixture(autouse=True)
+def _loopback_only(monkeypatch):
+    """The network rule, enforced: should the pinning ever be bypassed (a broken build, a mutant),
+    a socket of this process asked to connect to a public address a test names is refused here
+    instead of connecting."""
+    connect = socket.socket.connect
+
+    def loopback_only(sock, address):
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                loopback = ipaddress.ip_address(address[0]).is_loopback
+            except ValueError:
+                loopback = False
+            if not loopback:
+                raise ConnectionRefusedError(f"these tests connect to loopback only, not to {address[0]}")
+        return connect(sock, address)
+
+    monkeypatch.setattr(socket.socket, "connect", loopback_only)
 
 
 class Resolver:
@@ -95,10 +119,11 @@ class Seen:
 
 class Peer:
     """A bare HTTP(S) server on one loopback address: answers 204 and records each request's
-    connection, Host header and (TLS) server name."""
+    connection, Host header and (TLS) server name, and counts TLS handshakes."""
 
     def __init__(self, address="127.0.0.1", port=0, tls: ssl.SSLContext | None = None):
         self.seen: list[Seen] = []
+        self.handshakes = 0
         peer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -124,7 +149,12 @@ class Peer:
 
         self.httpd = Server((address, port), Handler)
         if tls is not None:
-            tls.sni_callback = lambda sock, name, context: setattr(sock, "server_name", name)
+
+            def hello(sock, name, context):
+                peer.handshakes += 1  # (one server thread accepts, and shakes hands, in turn)
+                sock.server_name = name
+
+            tls.sni_callback = hello
             self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
@@ -136,6 +166,10 @@ class Peer:
     def __exit__(self, *exc):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+    @property
+    def connections(self) -> int:
+        return len({seen.client_port for seen in self.seen})
 
 
 def deliver(consumer, client: httpx.Client) -> consumers.Outcome:
@@ -180,7 +214,7 @@ def test_a_name_that_resolves_inside_in_production_is_not_connected_to(settings,
     with Peer() as server:
         resolver({REBIND: [["127.0.0.1"]]})
         consumer = WebhookConsumerFactory(url=f"http://{REBIND}:{server.port}/hooks")
-        with httpx.Client() as client:
+        with consumers.webhook_client() as client:
             outcome = deliver(consumer, client)
     assert server.seen == []
     assert not outcome.ok and outcome.error.startswith(
@@ -188,21 +222,39 @@ def test_a_name_that_resolves_inside_in_production_is_not_connected_to(settings,
     )
 
 
-def test_plain_http_connections_are_still_pooled_across_pinned_requests(resolver):
-    """Two names at one address: one kept-alive connection carries all their requests, each
-    with its own Host header (plain HTTP: the Host header is all that names the site)."""
-    with Peer() as server, httpx.Client() as client:
-        resolver({"a.hooks.test": [["127.0.0.1"]], "b.hooks.test": [["127.0.0.1"]]})
+def test_plain_http_connections_are_kept_alive_and_reused_per_name(resolver):
+    """Two names at one address: each name's requests ride one kept-alive connection of its own
+    (connections are pooled by name), each with its own Host header."""
+    with Peer() as server, consumers.webhook_client() as client:
+        dns = resolver({"a.hooks.test": [["127.0.0.1"]], "b.hooks.test": [["127.0.0.1"]]})
         a = WebhookConsumerFactory(name="a", url=f"http://a.hooks.test:{server.port}/hooks")
         b = WebhookConsumerFactory(name="b", url=f"http://b.hooks.test:{server.port}/hooks")
-        outcomes = [deliver(a, client), deliver(b, client), deliver(a, client)]
+        outcomes = [deliver(a, client), deliver(b, client), deliver(a, client), deliver(b, client)]
     assert all(outcome.ok for outcome in outcomes), outcomes
-    assert [seen.host for seen in server.seen] == [
-        f"a.hooks.test:{server.port}",
-        f"b.hooks.test:{server.port}",
-        f"a.hooks.test:{server.port}",
-    ]
-    assert len({seen.client_port for seen in server.seen}) == 1
+    hosts = [seen.host for seen in server.seen]
+    assert hosts == [f"{name}.hooks.test:{server.port}" for name in "abab"]
+    ports = [seen.client_port for seen in server.seen]
+    assert ports[0] == ports[2] and ports[1] == ports[3] and ports[0] != ports[1]
+    assert server.connections == 2
+    assert dns.of("a.hooks.test") == ["a.hooks.test"] * 2  # checked before every request
+
+
+def test_concurrent_deliveries_on_the_sweeps_threads_each_connect_to_their_own_names_address(
+    settings, resolver
+):
+    """The pin travels with each request on its own pool thread: twenty deliveries at once to two
+    names at two addresses, each arriving where its own name was checked to be."""
+    settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = True
+    with Peer("127.0.0.1") as one, Peer("127.0.0.3", one.port) as three:
+        resolver({"one.hooks.test": [["127.0.0.1"]], "three.hooks.test": [["127.0.0.3"]]})
+        WebhookConsumerFactory(name="one", url=f"http://one.hooks.test:{one.port}/hooks")
+        WebhookConsumerFactory(name="three", url=f"http://three.hooks.test:{one.port}/hooks")
+        for n in range(10):
+            emit("passport.published", {"n": n})
+        report = sweep_once()
+    assert report.delivered == 20, Delivery.objects.exclude(status="delivered").values_list("last_error")
+    assert [seen.host for seen in one.seen] == [f"one.hooks.test:{one.port}"] * 10
+    assert [seen.host for seen in three.seen] == [f"three.hooks.test:{one.port}"] * 10
 
 
 # -- TLS: connected to the address, verified for the name -----------------------------------------
@@ -230,7 +282,7 @@ def test_https_connects_to_the_address_and_verifies_the_name(resolver, certifica
     """The certificate names a.hooks.test and no address: the TLS handshake must send that name
     (SNI) and check the certificate against it, though the connection goes to 127.0.0.1."""
     server_tls, trusted = certificate
-    with Peer(tls=server_tls) as server, httpx.Client(verify=trusted) as client:
+    with Peer(tls=server_tls) as server, consumers.webhook_client(verify=trusted) as client:
         dns = resolver({"a.hooks.test": [["127.0.0.1"], ["127.0.0.2"]]})
         consumer = WebhookConsumerFactory(url=f"https://a.hooks.test:{server.port}/hooks")
         outcome = deliver(consumer, client)
@@ -239,85 +291,153 @@ def test_https_connects_to_the_address_and_verifies_the_name(resolver, certifica
     assert dns.of("a.hooks.test") == ["a.hooks.test"]
 
 
+def test_https_connections_are_kept_alive_and_reused(resolver, certificate):
+    """Three deliveries to one name: one connection, one TLS handshake (the name is checked
+    before each request; the connection was verified when it was made)."""
+    server_tls, trusted = certificate
+    with Peer(tls=server_tls) as server, consumers.webhook_client(verify=trusted) as client:
+        dns = resolver({"a.hooks.test": [["127.0.0.1"]]})
+        consumer = WebhookConsumerFactory(url=f"https://a.hooks.test:{server.port}/hooks")
+        outcomes = [deliver(consumer, client) for _ in range(3)]
+    assert all(outcome.ok for outcome in outcomes), outcomes
+    assert [seen.server_name for seen in server.seen] == ["a.hooks.test"] * 3
+    assert (server.handshakes, server.connections) == (1, 1)
+    assert dns.of("a.hooks.test") == ["a.hooks.test"] * 3
+
+
 def test_a_tls_connection_verified_for_one_name_does_not_carry_another_names_request(resolver, certificate):
     """b.hooks.test is at the same address as a.hooks.test but the server has no certificate for
-    it: b's request must fail its own certificate check, not ride a kept-alive connection that
-    was verified for a (connections are pooled by address, not by server name)."""
+    it: b's request must fail its own certificate check, not ride the kept-alive connection that
+    was verified for a (connections are pooled by name, not by address)."""
     server_tls, trusted = certificate
-    with Peer(tls=server_tls) as server, httpx.Client(verify=trusted) as client:
+    with Peer(tls=server_tls) as server, consumers.webhook_client(verify=trusted) as client:
         resolver({"a.hooks.test": [["127.0.0.1"]], "b.hooks.test": [["127.0.0.1"]]})
         a = WebhookConsumerFactory(name="a", url=f"https://a.hooks.test:{server.port}/hooks")
         b = WebhookConsumerFactory(name="b", url=f"https://b.hooks.test:{server.port}/hooks")
-        first, second = deliver(a, client), deliver(b, client)
-    assert first.ok, first.error
+        first, second, third = deliver(a, client), deliver(b, client), deliver(a, client)
+    assert first.ok and third.ok, (first.error, third.error)
     assert not second.ok and "CERTIFICATE_VERIFY_FAILED" in second.error, second.error
-    assert [seen.host for seen in server.seen] == [f"a.hooks.test:{server.port}"]
+    assert [seen.host for seen in server.seen] == [f"a.hooks.test:{server.port}"] * 2
+    assert server.handshakes == 2  # a's (kept alive for its second request) and b's, refused
 
 
-# -- what the request says, without a connection (httpx.MockTransport) ----------------------------
+# -- where connections go, under a network that never connects (Wire) -------------------------------
 
 
-def sent(consumer) -> tuple[consumers.Outcome, list[httpx.Request]]:
-    requests = []
+class Line(httpcore.NetworkStream):
+    """A connection that is not: keeps what is written on it and answers 204 to each request."""
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        requests.append(request)
-        return httpx.Response(204, content=iter([b""]))  # a stream, as from a connection
+    def __init__(self, address: str, port: int):
+        self.address, self.port = address, port
+        self.server_name: str | None = None  # TLS: the name sent and verified
+        self.ssl_context: ssl.SSLContext | None = None
+        self.written = b""
 
-    with httpx.Client(transport=httpx.MockTransport(answer)) as client:
-        return deliver(consumer, client), requests
+    def write(self, buffer, timeout=None):
+        self.written += buffer
+
+    def read(self, max_bytes, timeout=None):
+        return b"HTTP/1.1 204 No Content\r\n\r\n"
+
+    def close(self):
+        pass
+
+    def start_tls(self, ssl_context, server_hostname=None, timeout=None):
+        self.ssl_context, self.server_name = ssl_context, server_hostname
+        return self
+
+    @property
+    def requests(self) -> list[tuple[str, str]]:
+        """The target and Host header of each request written."""
+        heads = re.findall(rb"POST (\S+) HTTP/1\.1\r\n(.*?)\r\n\r\n", self.written, re.S)
+        return [
+            (target.decode(), re.search(rb"(?im)^host: ([^\r]*)", head).group(1).decode())
+            for target, head in heads
+        ]
+
+
+class Wire(httpcore.NetworkBackend):
+    """The network under the webhook client where public addresses appear: connects nowhere,
+    records each connection it is asked for."""
+
+    def __init__(self):
+        self.lines: list[Line] = []
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        self.lines.append(Line(host, port))
+        return self.lines[-1]
+
+
+def sent(consumer, deliveries=1) -> tuple[list[consumers.Outcome], Wire]:
+    wire = Wire()
+    with consumers.webhook_client(network=wire) as client:
+        return [deliver(consumer, client) for _ in range(deliveries)], wire
+
+
+def verifies(context: ssl.SSLContext) -> bool:
+    return context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
 
 
 @pytest.mark.parametrize(
-    "answer, url, host, server_name",
+    "answer, address",
     [
-        (["93.184.215.14"], "https://93.184.215.14:8443/hooks?x=1", "hooks.example.com:8443", "hooks.example.com"),
+        (["93.184.215.14"], "93.184.215.14"),
         # several addresses: the first (the resolver's order) is connected to
-        (["2606:2800:21f:cb07:6820:80da:af6b:8b2c", "93.184.215.14"],
-         "https://[2606:2800:21f:cb07:6820:80da:af6b:8b2c]:8443/hooks?x=1", "hooks.example.com:8443",
-         "hooks.example.com"),
+        (
+            ["2606:2800:21f:cb07:6820:80da:af6b:8b2c", "93.184.215.14"],
+            "2606:2800:21f:cb07:6820:80da:af6b:8b2c",
+        ),
     ],
     ids=["ipv4", "ipv6_first_of_several"],
-)  # fmt: skip
+)
 def test_in_production_the_request_goes_to_the_checked_address_in_the_name_of_the_host(
-    settings, resolver, answer, url, host, server_name
+    settings, resolver, answer, address
 ):
     settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = False
     # a second lookup would answer an internal address: it must never be made
     dns = resolver({"hooks.example.com": [answer, ["127.0.0.1"]]})
     consumer = WebhookConsumerFactory(url="https://hooks.example.com:8443/hooks?x=1")
-    outcome, requests = sent(consumer)
+    (outcome,), wire = sent(consumer)
     assert outcome.ok, outcome.error
-    (request,) = requests
-    assert str(request.url) == url
-    assert request.headers["host"] == host
-    assert request.extensions["sni_hostname"] == server_name
-    assert request.headers["connection"] == "close"  # a pinned TLS connection serves one request
+    (line,) = wire.lines
+    assert (line.address, line.port) == (address, 8443)
+    assert line.server_name == "hooks.example.com" and verifies(line.ssl_context)
+    assert line.requests == [("/hooks?x=1", "hooks.example.com:8443")]
+    assert b"connection: close" not in line.written.lower()
     assert dns.lookups == ["hooks.example.com"]
 
 
 def test_an_ipv6_literal_is_connected_to_as_it_is(settings, resolver):
     settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = False
     dns = resolver({})
-    outcome, requests = sent(WebhookConsumerFactory(url="https://[2606:4700:4700::1111]/hooks"))
+    (outcome,), wire = sent(WebhookConsumerFactory(url="https://[2606:4700:4700::1111]/hooks"))
     assert outcome.ok, outcome.error
-    (request,) = requests
-    assert str(request.url) == "https://[2606:4700:4700::1111]/hooks"
-    assert request.headers["host"] == "[2606:4700:4700::1111]"
-    assert request.extensions["sni_hostname"] == "2606:4700:4700::1111"
+    (line,) = wire.lines
+    assert (line.address, line.port) == ("2606:4700:4700::1111", 443)
+    assert line.server_name == "2606:4700:4700::1111" and verifies(line.ssl_context)
+    assert line.requests == [("/hooks", "[2606:4700:4700::1111]")]
     assert dns.lookups == []
 
 
 def test_plain_http_names_the_host_and_keeps_alive(settings, resolver):
     settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = False
     resolver({"hooks.example.com": [["93.184.215.14"]]})
-    outcome, requests = sent(WebhookConsumerFactory(url="http://hooks.example.com/hooks"))
-    assert outcome.ok, outcome.error
-    (request,) = requests
-    assert str(request.url) == "http://93.184.215.14/hooks"
-    assert request.headers["host"] == "hooks.example.com"
-    assert "sni_hostname" not in request.extensions
-    assert request.headers["connection"] == "keep-alive"  # httpx's own default
+    outcomes, wire = sent(WebhookConsumerFactory(url="http://hooks.example.com/hooks"), deliveries=2)
+    assert all(outcome.ok for outcome in outcomes), outcomes
+    (line,) = wire.lines
+    assert (line.address, line.port, line.server_name) == ("93.184.215.14", 80, None)
+    assert line.requests == [("/hooks", "hooks.example.com")] * 2
+
+
+def test_in_production_a_kept_alive_connection_is_not_used_once_its_name_resolves_inside(settings, resolver):
+    """The name is checked before every request, a pooled connection or not."""
+    settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = False
+    resolver({"hooks.example.com": [["93.184.215.14"], ["10.0.0.8"]]})
+    (first, second), wire = sent(WebhookConsumerFactory(url="https://hooks.example.com/hooks"), deliveries=2)
+    assert first.ok, first.error
+    assert second.error.startswith("not called: hooks.example.com resolves to 10.0.0.8, an internal address")
+    (line,) = wire.lines
+    assert len(line.requests) == 1
 
 
 @pytest.mark.parametrize(
@@ -328,8 +448,8 @@ def test_plain_http_names_the_host_and_keeps_alive(settings, resolver):
 def test_in_production_a_name_with_any_internal_address_is_not_called(settings, resolver, answer, internal):
     settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = False
     resolver({"hooks.example.com": [answer]})
-    outcome, requests = sent(WebhookConsumerFactory(url="https://hooks.example.com/hooks"))
-    assert requests == []
+    (outcome,), wire = sent(WebhookConsumerFactory(url="https://hooks.example.com/hooks"))
+    assert wire.lines == []
     assert outcome.error.startswith(
         f"not called: hooks.example.com resolves to {internal}, an internal address"
     )
@@ -337,6 +457,40 @@ def test_in_production_a_name_with_any_internal_address_is_not_called(settings, 
 
 def test_a_name_that_does_not_resolve_is_not_called(resolver):
     resolver({"gone.hooks.test": [[]]})
-    outcome, requests = sent(WebhookConsumerFactory(url="http://gone.hooks.test/hooks"))
-    assert requests == []
+    (outcome,), wire = sent(WebhookConsumerFactory(url="http://gone.hooks.test/hooks"))
+    assert wire.lines == []
     assert outcome.error == "not called: The webhook host gone.hooks.test does not resolve."
+
+
+# -- no pin, no connection --------------------------------------------------------------------------
+
+
+def test_the_webhook_client_connects_nowhere_without_a_pin_for_the_host(resolver):
+    """Outside call_webhook (no pin), or pinned for another name, the client refuses to connect:
+    it never looks the host up itself."""
+    dns = resolver({"hooks.example.com": [["93.184.215.14"]], "other.example.com": [["93.184.215.15"]]})
+    wire = Wire()
+    with consumers.webhook_client(network=wire) as client:
+        with pytest.raises(httpx.ConnectError, match="no checked address for hooks.example.com"):
+            client.post("https://hooks.example.com/hooks")
+        other = consumers.webhook_target("https://other.example.com/hooks")
+        with consumers.pinned(other), pytest.raises(httpx.ConnectError, match="no checked address for hooks"):
+            client.post("https://hooks.example.com/hooks")
+    assert wire.lines == []
+    assert dns.lookups == ["other.example.com"]  # by webhook_target only
+
+
+def test_call_webhook_sends_with_no_client_but_the_pinned_one(resolver):
+    """A plain httpx.Client would look the host up again when connecting: refused, loudly."""
+    resolver({"hooks.example.com": [["93.184.215.14"]]})
+    consumer = WebhookConsumerFactory(url="https://hooks.example.com/hooks")
+    requests = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        return httpx.Response(204, content=iter([b""]))  # a stream, as from a connection
+
+    client = httpx.Client(transport=httpx.MockTransport(answer))
+    with client, pytest.raises(TypeError, match=r"client made by webhook_client\(\)"):
+        deliver(consumer, client)
+    assert requests == []

@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from odal import lifecycle
+from odal import lifecycle, rules
 from odal.admin_actions import StorableFormMixin, StorableJSONField, StorableModelForm, reason_action
 from odal.errors import Refused
 from odal.models import ApiToken, AuditEntry, Passport
@@ -101,6 +101,25 @@ class OptionalReasonForm(StorableFormMixin, forms.Form):
             raise forms.ValidationError(exc.detail) from None
 
 
+class PassportAdminForm(PassportForm):
+    """The passport form: the UPI canonical (PassportForm), the other fields through the rules
+    the API and `odal passport create` use (odal.rules)."""
+
+    def clean_operator_id(self):
+        return rules.form_value(rules.operator_id, self.cleaned_data.get("operator_id"))
+
+    def clean_facility_id(self):
+        return rules.form_value(rules.facility_id, self.cleaned_data.get("facility_id"))
+
+    def clean_commodity_code(self):
+        return rules.form_value(rules.commodity_code, self.cleaned_data.get("commodity_code"))
+
+
+class ApiTokenForm(StorableModelForm):
+    def clean_name(self):
+        return rules.form_value(rules.token_name, self.cleaned_data.get("name"))
+
+
 # A passport's place in its lifecycle: changed only by publish and suspend (odal.lifecycle), which
 # also queue the registry work and the events that go with it; never by the admin's form.
 LIFECYCLE_FIELDS = ["status", "published_at", "suspended_at"]
@@ -108,7 +127,7 @@ LIFECYCLE_FIELDS = ["status", "published_at", "suspended_at"]
 
 @admin.register(Passport)
 class PassportAdmin(OdalAdmin):
-    form = PassportForm  # the UPI stored in its canonical form, as the API and the command line do
+    form = PassportAdminForm  # stored as the API and the command line store it (odal.rules)
     list_display = ["upi", "operator_id", "status", "registration_status", "created_at", "published_at"]
     list_filter = ["status", "registration__status"]
     search_fields = ["=id", "upi", "operator_id", "facility_id"]
@@ -367,6 +386,7 @@ class AuditEntryAdmin(ReadOnlyAdmin):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(OdalAdmin):
+    form = ApiTokenForm
     list_display = ["name", "scope", "prefix", "created_at", "last_used_at", "revoked_at"]
     list_filter = ["scope"]
     fields = ["name", "scope"]

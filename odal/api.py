@@ -11,12 +11,12 @@ from ninja import NinjaAPI, Router, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from pydantic import field_validator
 
-from odal import lifecycle
+from odal import lifecycle, rules
 from odal.auth import ScopedAuth, document_access
 from odal.errors import Refused
 from odal.middleware import ParsedBodyParser, bad_request, body_too_large
 from odal.models import AuditEntry, Passport
-from odal.schemas import check_text, check_upi, responses
+from odal.schemas import responses
 from outbox.api import router as outbox_router
 from registry.api import router as registry_router
 from registry.models import Registration
@@ -128,22 +128,22 @@ class PassportIn(Schema):
     @field_validator("upi")
     @classmethod
     def _upi(cls, value: str) -> str:
-        return check_upi(value)
+        return rules.upi(value)
 
     @field_validator("operatorId")
     @classmethod
     def _operator(cls, value: str) -> str:
-        return check_text(value, max_length=200, required=True)
+        return rules.operator_id(value)
 
     @field_validator("facilityId")
     @classmethod
     def _facility(cls, value: str | None) -> str | None:
-        return None if value is None else check_text(value, max_length=200, required=False)
+        return None if value is None else rules.facility_id(value)
 
     @field_validator("commodityCode")
     @classmethod
     def _commodity(cls, value: str | None) -> str | None:
-        return None if value is None else check_text(value, max_length=50, required=False)
+        return None if value is None else rules.commodity_code(value)
 
 
 class PassportOut(Schema):

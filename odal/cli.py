@@ -1,17 +1,50 @@
 """Small helpers shared by odal's management commands."""
 
+import argparse
 import signal
 import uuid
 
-from django.core.management.base import CommandError
+from django.core.management.base import CommandError, CommandParser
 
+from odal import rules
 from odal.errors import Refused
+
+
+class UsageParser(CommandParser):
+    """A subcommand's parser: a usage error exits 2 on the command line (argparse prints the
+    usage and the sentence) and is a CommandError with returncode 2 under call_command, as the
+    rules' refusals in a command's own code are."""
+
+    def error(self, message):
+        if self.called_from_command_line:
+            super().error(message)
+        raise CommandError(f"Error: {message}", returncode=2)
 
 
 def subcommands(parser, dest: str = "action"):
     """Required argparse subcommands. Django's CommandParser passes on how it was called, so a
-    usage error exits 2 on the command line and raises CommandError under call_command."""
-    return parser.add_subparsers(dest=dest, required=True)
+    usage error exits 2 on the command line and raises CommandError (returncode 2) under
+    call_command."""
+    return parser.add_subparsers(dest=dest, required=True, parser_class=UsageParser)
+
+
+def argument(rule, *args):
+    """An argparse type that checks a command-line value with an input rule (odal.rules): a value
+    the rule refuses is a usage error whose sentence names the value and the rule."""
+
+    def check(text: str):
+        try:
+            return rule(text, *args)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{rules.shown(text)} {exc}.") from None
+
+    check.__name__ = rule.__name__  # what argparse calls the type in its own messages
+    return check
+
+
+def usage_error(option: str, value, exc: ValueError) -> CommandError:
+    """A value refused by a rule in a command's own code: the same sentence, exit 2."""
+    return CommandError(f"{option} {rules.shown(value)} {exc}.", returncode=2)
 
 
 def refused(exc: Refused) -> CommandError:
@@ -32,9 +65,23 @@ def run_until_signalled(forever, **options):
     return forever(should_stop=lambda: stop["now"], **options)
 
 
-def parse_uuid(value: str, what: str = "passport id") -> uuid.UUID:
-    """An id typed on the command line; a malformed one is a usage error (exit 2) on every command."""
+def parse_uuid(value, what: str = "passport id") -> uuid.UUID:
+    """An id typed on the command line (odal.rules.uuid_id); a malformed one is a usage error
+    (exit 2) on every command."""
     try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise CommandError(f"{value!r} is not a {what} (a UUID).", returncode=2) from None
+        return rules.uuid_id(value, what)
+    except ValueError as exc:
+        raise CommandError(f"{rules.shown(value)} {exc}.", returncode=2) from None
+
+
+def serving(make_server, port: int, what: str):
+    """`make_server()`, or a refusal (exit 1) saying why `what` cannot listen on `port` (a port
+    in use, or one this user may not open)."""
+    try:
+        return make_server()
+    except OSError as exc:
+        raise CommandError(
+            f"The {what} cannot listen on port {port}: {exc.strerror or exc}. "
+            "Stop what is using it, or choose another --port.",
+            returncode=1,
+        ) from None

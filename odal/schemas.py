@@ -1,8 +1,10 @@
-"""Schemas shared by every router: the error body, and small field checks."""
+"""Schemas shared by every router: the error body, and the field checks (odal.rules) under their
+older names."""
 
 from ninja import Schema
 
-from odal.upi import MAX_UPI_LENGTH, canonical_upi  # noqa: F401 (MAX_UPI_LENGTH is still importable here)
+from odal import rules
+from odal.upi import MAX_UPI_LENGTH  # noqa: F401 (still importable here)
 
 
 class Error(Schema):
@@ -11,19 +13,13 @@ class Error(Schema):
 
 
 def check_upi(value: str) -> str:
-    """The UPI in its canonical form (odal.upi), or ValueError saying what is wrong with it."""
-    return canonical_upi(value)
+    """The UPI in its canonical form (odal.rules.upi), or ValueError saying what is wrong with it."""
+    return rules.upi(value)
 
 
 def check_text(value: str, *, max_length: int, required: bool) -> str:
-    value = value.strip()
-    if required and not value:
-        raise ValueError("must not be blank")
-    if len(value) > max_length:
-        raise ValueError(f"must be at most {max_length} characters")
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
-        raise ValueError("must not contain control characters")
-    return value
+    """One line of text (odal.rules.text), or ValueError saying what is wrong with it."""
+    return rules.text(value, max_length=max_length, required=required)
 
 
 def responses(ok: dict, *errors: int, body: bool = False) -> dict:

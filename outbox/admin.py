@@ -2,6 +2,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
 
+from odal import rules
 from odal.admin import OdalAdmin, ReadOnlyAdmin, ReadOnlyInline, actor_of
 from odal.admin_actions import StorableFormMixin, reason_action
 from odal.errors import Refused
@@ -12,11 +13,34 @@ from outbox.models import Consumer, DeadLetter, Delivery, DeliveryAttempt, Event
 
 
 class ConsumerForm(StorableFormMixin, forms.ModelForm):
+    """A consumer as the API and `odal outbox consumer add` take it: each field through its rule
+    (odal.rules), the URL or target through the consumer's own checks."""
+
     url = forms.URLField(max_length=2000, required=False, assume_scheme="https")
 
     class Meta:
         model = Consumer
         fields = ["name", "kind", "url", "target", "event_types", "max_attempts", "timeout_seconds", "active"]
+
+    def clean_name(self):
+        return rules.form_value(rules.consumer_name, self.cleaned_data.get("name"))
+
+    def clean_max_attempts(self):
+        return rules.form_value(rules.attempt_budget, self.cleaned_data.get("max_attempts"))
+
+    def clean_timeout_seconds(self):
+        return rules.form_value(rules.timeout_seconds, self.cleaned_data.get("timeout_seconds"))
+
+    def clean_event_types(self):
+        patterns = self.cleaned_data.get("event_types")
+        if patterns is None:
+            return []
+        if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+            raise forms.ValidationError('Event types must be a JSON list of names, e.g. ["passport.*"].')
+        try:
+            return [check_event_pattern(pattern) for pattern in patterns]
+        except Refused as exc:
+            raise forms.ValidationError(exc.detail) from None
 
     def clean(self):
         data = super().clean()
@@ -26,13 +50,6 @@ class ConsumerForm(StorableFormMixin, forms.ModelForm):
                 check_webhook_url(data.get("url") or "")
             elif kind == Consumer.Kind.PYTHON:
                 check_python_target(data.get("target") or "")
-            patterns = data.get("event_types") or []
-            if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
-                raise Refused(
-                    'Event types must be a JSON list of names, e.g. ["passport.*"].', code="invalid"
-                )
-            for pattern in patterns:
-                check_event_pattern(pattern)
         except Refused as exc:
             raise forms.ValidationError(exc.detail) from None
         return data

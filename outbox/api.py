@@ -11,6 +11,7 @@ from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 from pydantic import field_validator
 
+from odal import rules
 from odal.auth import ScopedAuth
 from odal.errors import Refused
 from odal.models import AuditEntry
@@ -142,17 +143,30 @@ class ConsumerIn(Schema):
     kind: str = "webhook"
     url: str | None = None
     target: str | None = None
-    eventTypes: list[str] = Field(default_factory=list)
-    maxAttempts: int | None = Field(default=None, ge=1, le=1000)
-    timeoutSeconds: int = Field(default=10, ge=1, le=60)
+    eventTypes: list[str] = Field(default_factory=list)  # checked by create_consumer: invalid_event_type
+    # The bounds are documented here and checked by the rule (odal.rules), which runs first.
+    maxAttempts: int | None = Field(default=None, ge=rules.ATTEMPTS[0], le=rules.ATTEMPTS[1])
+    timeoutSeconds: int = Field(default=10, ge=rules.TIMEOUT_SECONDS[0], le=rules.TIMEOUT_SECONDS[1])
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        value = value.strip()
-        if not value or len(value) > 100 or not all(ch.isalnum() or ch in "-_" for ch in value):
-            raise ValueError("must be 1 to 100 letters, digits, - or _")
-        return value
+        return rules.consumer_name(value)
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, value: str | None) -> str | None:
+        return value if not value else rules.python_target(value)
+
+    @field_validator("maxAttempts", mode="before")
+    @classmethod
+    def _max_attempts(cls, value) -> int | None:
+        return None if value is None else rules.attempt_budget(value)
+
+    @field_validator("timeoutSeconds", mode="before")
+    @classmethod
+    def _timeout(cls, value) -> int:
+        return rules.timeout_seconds(value)
 
     @field_validator("kind")
     @classmethod
@@ -185,6 +199,21 @@ class BulkReplayIn(Schema):
     eventType: str | None = None
     deadSince: datetime | None = None
     dryRun: bool = False
+
+    @field_validator("consumer")
+    @classmethod
+    def _consumer(cls, value: str | None) -> str | None:
+        return None if value is None else rules.consumer_filter(value)
+
+    @field_validator("eventType")
+    @classmethod
+    def _event_type(cls, value: str | None) -> str | None:
+        return None if value is None else rules.event_type_filter(value)
+
+    @field_validator("deadSince")
+    @classmethod
+    def _dead_since(cls, value: datetime | None) -> datetime | None:
+        return None if value is None else rules.moment(value)
 
 
 class BulkReplayOut(Schema):
@@ -253,7 +282,7 @@ def encode_cursor(d: Delivery) -> str:
 def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
     try:
         at, pk = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
-        return datetime.fromisoformat(at), uuid.UUID(pk)
+        return rules.moment(at), rules.uuid_id(pk)
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise Refused("The cursor is not one this API gave out.", code="invalid_cursor", status=422) from None
 

@@ -1,32 +1,34 @@
 """Emitting an event: the event row and its deliveries, in the caller's transaction."""
 
-import re
-
 from django.db import transaction
 
+from odal import rules
 from odal.errors import Refused
 from outbox.kick import kick_sweep_on_commit
 from outbox.models import Consumer, Delivery, Event
 
-EVENT_TYPE = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)*$")
+EVENT_TYPE = rules.EVENT_TYPE  # matched with fullmatch: `$` would let a final newline through
 
 
 def check_event_type(value: str) -> str:
-    if not isinstance(value, str) or not EVENT_TYPE.match(value) or len(value) > 100:
+    """An event type (odal.rules.event_type), or Refused (422 invalid_event_type) saying why not."""
+    try:
+        return rules.event_type(value)
+    except ValueError as exc:
         raise Refused(
-            f"{value!r} is not an event type: use lower-case dotted names such as passport.published "
-            "(at most 100 characters).",
-            code="invalid_event_type",
-            status=422,
-        )
-    return value
+            f"{rules.shown(value)} is not an event type: it {exc}.", code="invalid_event_type", status=422
+        ) from None
 
 
 def check_event_pattern(value: str) -> str:
-    """What a consumer subscribes to: an event type, a prefix such as passport.*, or *."""
-    if value != "*":
-        check_event_type(value.removesuffix(".*"))
-    return value
+    """What a consumer subscribes to (odal.rules.event_pattern): an event type, a prefix such as
+    passport.*, or *; or Refused (422 invalid_event_type) saying why not."""
+    try:
+        return rules.event_pattern(value)
+    except ValueError as exc:
+        raise Refused(
+            f"{rules.shown(value)} is not an event pattern: it {exc}.", code="invalid_event_type", status=422
+        ) from None
 
 
 def emit(event_type: str, payload: dict) -> tuple[Event, int]:

@@ -54,7 +54,10 @@ def test_a_webhook_500_with_a_nul_byte_in_its_body_fails_only_its_own_delivery()
 
 def test_a_webhook_answer_is_made_storable_where_it_is_read():
     """Storable where call_webhook writes the error, not only where a model stores it."""
-    with WebhookServer([Answer(500, b"upstream\x00exploded \xff")]) as server, consumers.webhook_client() as client:
+    with (
+        WebhookServer([Answer(500, b"upstream\x00exploded \xff")]) as server,
+        consumers.webhook_client() as client,
+    ):
         consumer = WebhookConsumerFactory(url=server.url)
         event, _ = emit("passport.published", {})
         outcome = consumers.call(consumer, Delivery.objects.get().pk, event, client)

@@ -4,11 +4,10 @@ from django.apps import apps as django_apps
 from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError, transaction
 
-from odal import lifecycle
-from odal.cli import parse_uuid, refused, subcommands
+from odal import lifecycle, rules
+from odal.cli import argument, refused, subcommands
 from odal.errors import Refused
 from odal.models import AuditEntry, Passport
-from odal.schemas import check_text, check_upi
 from odal.upi import canonicalise_upis
 
 
@@ -18,15 +17,17 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         sub = subcommands(parser)
         create = sub.add_parser("create", help="create a draft passport")
-        create.add_argument("--upi", required=True, help="an https URL, e.g. a GS1 Digital Link")
-        create.add_argument("--operator", required=True, help="operator id")
-        create.add_argument("--facility", default="")
-        create.add_argument("--commodity", default="")
+        create.add_argument(
+            "--upi", required=True, type=argument(rules.upi), help="an https URL, e.g. a GS1 Digital Link"
+        )
+        create.add_argument("--operator", required=True, type=argument(rules.operator_id), help="operator id")
+        create.add_argument("--facility", type=argument(rules.facility_id), default="")
+        create.add_argument("--commodity", type=argument(rules.commodity_code), default="")
         create.add_argument("--json", action="store_true")
         for name in ("publish", "suspend", "show"):
             p = sub.add_parser(name, help=f"{name} a passport")
-            p.add_argument("passport_id")
-            p.add_argument("--actor", default="cli")
+            p.add_argument("passport_id", type=argument(rules.passport_id))
+            p.add_argument("--actor", type=argument(rules.actor), default="cli")
             p.add_argument("--json", action="store_true")
         sub.add_parser(
             "canonicalise",
@@ -49,11 +50,6 @@ class Command(BaseCommand):
 
     def do_create(self, *, upi, operator, facility, commodity, json, **_):
         try:
-            upi = check_upi(upi)
-            operator = check_text(operator, max_length=200, required=True)
-        except ValueError as exc:
-            raise CommandError(f"Invalid passport: {exc}.") from None
-        try:
             with transaction.atomic():
                 passport = Passport.objects.create(
                     upi=upi, operator_id=operator, facility_id=facility, commodity_code=commodity
@@ -64,11 +60,11 @@ class Command(BaseCommand):
         self.emit(passport, json, f"Created draft passport {passport.pk} for {passport.upi}")
 
     def do_publish(self, *, passport_id, actor, json, **_):
-        result = lifecycle.publish(parse_uuid(passport_id), actor=f"cli:{actor}")
+        result = lifecycle.publish(passport_id, actor=f"cli:{actor}")
         self.emit(result.passport, json, f"{result.passport.pk}: {result.detail}")
 
     def do_suspend(self, *, passport_id, actor, json, **_):
-        result = lifecycle.suspend(parse_uuid(passport_id), actor=f"cli:{actor}")
+        result = lifecycle.suspend(passport_id, actor=f"cli:{actor}")
         self.emit(result.passport, json, f"{result.passport.pk}: {result.detail}")
 
     def do_canonicalise(self, **_):
@@ -82,7 +78,7 @@ class Command(BaseCommand):
             )
 
     def do_show(self, *, passport_id, json, **_):
-        passport = Passport.objects.filter(pk=parse_uuid(passport_id)).first()
+        passport = Passport.objects.filter(pk=passport_id).first()
         if passport is None:
             raise CommandError(f"No passport {passport_id}.")
         self.emit(passport, json, f"{passport.pk} {passport.status} {passport.upi}")

@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from odal.cli import subcommands
+from odal import rules
+from odal.cli import argument, subcommands
 from odal.models import ApiToken, AuditEntry
 
 
@@ -10,20 +11,19 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         sub = subcommands(parser)
         create = sub.add_parser("create", help="create a token and print it once")
-        create.add_argument("--name", required=True)
+        create.add_argument("--name", required=True, type=argument(rules.token_name))
         create.add_argument("--scope", required=True, choices=[s.value for s in ApiToken.Scope])
         revoke = sub.add_parser("revoke", help="revoke a token by its prefix (the 8 characters after odal_)")
         revoke.add_argument("prefix")
-        revoke.add_argument("--actor", help="who revokes it, for the audit trail (default: cli)")
+        revoke.add_argument(
+            "--actor", type=argument(rules.actor), help="who revokes it, for the audit trail (default: cli)"
+        )
         sub.add_parser("list", help="list tokens (never their secrets)")
 
     def handle(self, *args, action, **options):
         getattr(self, f"do_{action}")(**options)
 
     def do_create(self, *, name, scope, **_):
-        name = name.strip()
-        if not name or len(name) > 100:
-            raise CommandError("--name must be 1 to 100 characters.")
         token, plaintext = ApiToken.objects.issue(name=name, scope=scope)
         AuditEntry.objects.record(
             actor="cli", action="token_created", obj=token, details={"name": name, "scope": scope}
@@ -34,7 +34,7 @@ class Command(BaseCommand):
     def do_revoke(self, *, prefix, actor=None, **_):
         actor = f"cli:{actor}" if actor else "cli"
         if ApiToken.objects.filter(prefix=prefix).revoke(actor=actor) != 1:
-            raise CommandError(f"No live token with prefix {prefix!r}.")
+            raise CommandError(f"No live token with prefix {rules.shown(prefix)}.")
         self.stdout.write(f"Revoked token odal_{prefix}_…")
 
     def do_list(self, **_):

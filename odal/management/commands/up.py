@@ -5,6 +5,9 @@ import time
 
 from django.core.management.base import BaseCommand
 
+from odal import rules
+from odal.cli import usage_error
+
 
 class Command(BaseCommand):
     help = (
@@ -13,7 +16,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--addr", default="127.0.0.1:8000")
+        parser.add_argument("--addr", default="127.0.0.1:8000", help="HOST:PORT of the web server")
 
     def processes(self, addr: str) -> list[tuple[str, list[str]]]:
         python = sys.executable
@@ -40,6 +43,10 @@ class Command(BaseCommand):
         ]
 
     def handle(self, *args, addr, **options):
+        try:  # checked here, not by argparse, so that call_command too sees a usage error (exit 2)
+            addr = rules.address(addr)
+        except ValueError as exc:
+            raise usage_error("--addr", addr, exc) from None
         children = []
         stopping = False
 

@@ -1,12 +1,11 @@
 import json
-import uuid
-from datetime import UTC, datetime
 
 from django.core.management.base import BaseCommand, CommandError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
-from odal.cli import parse_uuid, refused, run_until_signalled, subcommands
+from odal import rules
+from odal.cli import argument, refused, run_until_signalled, serving, subcommands
 from odal.errors import Refused
 from outbox.api import create_consumer, deliveries_matching, outbox_counts
 from outbox.models import Delivery
@@ -21,37 +20,53 @@ class Command(BaseCommand):
 
         sweep = sub.add_parser("sweep", help="claim due deliveries and run them")
         sweep.add_argument("--once", action="store_true", help="one pass, then exit")
-        sweep.add_argument("--batch", type=int, default=100)
+        sweep.add_argument(
+            "--batch", type=argument(rules.batch_size), default=100, help="rows per pass (1 to 10,000)"
+        )
 
         status = sub.add_parser("status", help="deliveries per status, overall and per consumer")
         status.add_argument("--json", action="store_true")
 
         replay = sub.add_parser("replay", help="replay dead deliveries, with a reason")
-        replay.add_argument("ids", nargs="*", metavar="delivery-id")
+        replay.add_argument("ids", nargs="*", metavar="delivery-id", type=argument(rules.delivery_id))
         replay.add_argument("--dead", action="store_true", help="every dead delivery matching the filters")
-        replay.add_argument("--consumer")
-        replay.add_argument("--event-type")
-        replay.add_argument("--since", help="dead since (ISO 8601)")
+        replay.add_argument("--consumer", type=argument(rules.consumer_filter))
+        replay.add_argument("--event-type", type=argument(rules.event_type_filter))
+        replay.add_argument("--since", type=argument(rules.moment), help="dead since (ISO 8601)")
         replay.add_argument("--reason", required=True)
-        replay.add_argument("--actor", default="")
+        replay.add_argument("--actor", type=argument(rules.actor), help="who replays, for the audit trail")
         replay.add_argument("--dry-run", action="store_true")
 
         receive = sub.add_parser(
             "receive", help="run the demo webhook receiver (verifies signatures, prints events)"
         )
-        receive.add_argument("--port", type=int, default=8200)
-        receive.add_argument("--consumer", default="demo-receiver", help="whose secret to verify with")
+        receive.add_argument("--port", type=argument(rules.port), default=8200)
+        receive.add_argument(
+            "--consumer",
+            type=argument(rules.consumer_filter),
+            default="demo-receiver",
+            help="whose secret to verify with",
+        )
 
         consumer = sub.add_parser("consumer", help="manage consumers")
         consumer_sub = subcommands(consumer, dest="consumer_action")
         add = consumer_sub.add_parser("add", help="add a consumer (prints its signing secret once)")
-        add.add_argument("name")
+        add.add_argument("name", type=argument(rules.consumer_name))
         target = add.add_mutually_exclusive_group(required=True)
         target.add_argument("--url", help="webhook URL")
-        target.add_argument("--target", help="dotted path of a Python callable")
-        add.add_argument("--events", default="", help="comma-separated event types (default: all)")
-        add.add_argument("--max-attempts", type=int)
-        add.add_argument("--timeout", type=int, default=10, help="seconds")
+        target.add_argument(
+            "--target", type=argument(rules.python_target), help="dotted path of a Python callable"
+        )
+        add.add_argument(
+            "--events",
+            type=argument(event_patterns),
+            default=[],
+            help="comma-separated event types (default: all)",
+        )
+        add.add_argument("--max-attempts", type=argument(rules.attempt_budget), help="1 to 1,000")
+        add.add_argument(
+            "--timeout", type=argument(rules.timeout_seconds), default=10, help="seconds, 1 to 60"
+        )
 
     def handle(self, *args, action, **options):
         try:
@@ -98,14 +113,14 @@ class Command(BaseCommand):
         if ids:
             if consumer or event_type or since:
                 raise CommandError("--consumer, --event-type and --since go with --dead.", returncode=2)
-            rows = Delivery.objects.filter(pk__in=[_delivery_id(i) for i in ids])
+            rows = Delivery.objects.filter(pk__in=ids)
             found = rows.count()
             if found != len(set(ids)):
                 raise CommandError(
                     f"{len(set(ids)) - found} of the named deliveries do not exist; nothing replayed."
                 )
         else:
-            rows = deliveries_matching(consumer=consumer, event_type=event_type, dead_since=_since(since))
+            rows = deliveries_matching(consumer=consumer, event_type=event_type, dead_since=since)
         if dry_run:
             self.stdout.write(
                 f"Would replay {rows.filter(status=Delivery.Status.DEAD).count()} dead deliveries."
@@ -124,7 +139,7 @@ class Command(BaseCommand):
         row = Consumer.objects.filter(name=consumer).first()
         if row is None:
             raise CommandError(f"No consumer named {consumer!r}: its secret verifies the signatures.")
-        server = make_server(port, row.secret, self.stdout)
+        server = serving(lambda: make_server(port, row.secret, self.stdout), port, "demo receiver")
         self.stdout.write(f"Demo receiver for {consumer} on http://127.0.0.1:{port}/hooks")
         try:
             server.serve_forever()
@@ -137,13 +152,12 @@ class Command(BaseCommand):
 
     def do_consumer(self, *, consumer_action, **options):
         if consumer_action == "add":
-            events = [e.strip() for e in options["events"].split(",") if e.strip()]
             consumer = create_consumer(
                 name=options["name"],
                 kind="webhook" if options["url"] else "python",
                 url=options["url"],
                 target=options["target"],
-                event_types=events,
+                event_types=options["events"],
                 max_attempts=options["max_attempts"],
                 timeout_seconds=options["timeout"],
                 actor="cli",
@@ -156,17 +170,12 @@ def _dumps(value) -> str:
     return json.dumps(value, cls=DjangoJSONEncoder, indent=2)
 
 
-def _delivery_id(value: str) -> uuid.UUID:
-    return parse_uuid(value, "delivery id")
-
-
-def _since(value: str | None):
-    if not value:
-        return None
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise CommandError(
-            f"--since {value!r} is not an ISO 8601 time, e.g. 2026-11-29T08:00:00Z.", returncode=2
-        ) from None
-    return moment if moment.tzinfo else timezone.make_aware(moment, UTC)
+def event_patterns(value: str) -> list[str]:
+    """--events: comma-separated patterns (odal.rules.event_pattern), spaces around them ignored."""
+    patterns = [p for p in (p.strip(" ") for p in value.split(",")) if p]
+    for pattern in patterns:
+        try:
+            rules.event_pattern(pattern)
+        except ValueError as exc:
+            raise ValueError(f"names {rules.shown(pattern)}, which {exc}") from None
+    return patterns

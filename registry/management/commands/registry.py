@@ -4,7 +4,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.core.serializers.json import DjangoJSONEncoder
 
-from odal.cli import parse_uuid, refused, run_until_signalled, subcommands
+from odal import rules
+from odal.cli import argument, refused, run_until_signalled, serving, subcommands
 from odal.errors import Refused
 from registry import service
 from registry.drain import drain_forever, drain_until_idle
@@ -19,7 +20,9 @@ class Command(BaseCommand):
 
         drain = sub.add_parser("drain", help="claim due registrations and do what each owes")
         drain.add_argument("--once", action="store_true", help="one pass, then exit")
-        drain.add_argument("--batch", type=int, default=50)
+        drain.add_argument(
+            "--batch", type=argument(rules.batch_size), default=50, help="rows per pass (1 to 10,000)"
+        )
 
         status = sub.add_parser("status", help="registrations per status, stalled and abandoned apart")
         status.add_argument("--json", action="store_true")
@@ -27,19 +30,21 @@ class Command(BaseCommand):
         abandon = sub.add_parser(
             "abandon", help="give up a registration the registry provably never accepted"
         )
-        abandon.add_argument("passport_id")
+        abandon.add_argument("passport_id", type=argument(rules.passport_id))
         abandon.add_argument("--reason", required=True)
-        abandon.add_argument("--actor", default="")
+        abandon.add_argument(
+            "--actor", type=argument(rules.actor), help="who abandons it, for the audit trail"
+        )
         abandon.add_argument("--json", action="store_true")
 
         handle = sub.add_parser("handle", help="record the registry handle of a submitted registration")
-        handle.add_argument("passport_id")
+        handle.add_argument("passport_id", type=argument(rules.passport_id))
         handle.add_argument("handle")
         handle.add_argument("--reason", required=True)
-        handle.add_argument("--actor", default="")
+        handle.add_argument("--actor", type=argument(rules.actor), help="who records it, for the audit trail")
 
         simulate = sub.add_parser("simulate", help="run the registry simulator")
-        simulate.add_argument("--port", type=int, default=8100)
+        simulate.add_argument("--port", type=argument(rules.port), default=8100)
         simulate.add_argument(
             "--fault", action="append", default=[], metavar="NAME=VALUE",
             help=f"switch a fault on at start (repeatable); one of: {', '.join(DEFAULT_FAULTS)}. "
@@ -76,7 +81,7 @@ class Command(BaseCommand):
 
     def do_abandon(self, *, passport_id, reason, actor, json, **_):
         actor = f"cli:{actor}" if actor else "cli"
-        result = service.abandon(parse_uuid(passport_id), actor=actor, reason=reason)
+        result = service.abandon(passport_id, actor=actor, reason=reason)
         if json:
             self.stdout.write(_dumps(result.as_json()))
             return
@@ -84,7 +89,7 @@ class Command(BaseCommand):
 
     def do_handle(self, *, passport_id, handle, reason, actor, **_):
         actor = f"cli:{actor}" if actor else "cli"
-        reg = service.record_handle(parse_uuid(passport_id), handle=handle, actor=actor, reason=reason)
+        reg = service.record_handle(passport_id, handle=handle, actor=actor, reason=reason)
         self.stdout.write(f"{passport_id}: registered with handle {reg.handle}.")
 
     def do_simulate(self, *, port, fault, **_):
@@ -93,16 +98,20 @@ class Command(BaseCommand):
             name, sep, value = item.partition("=")
             if not sep or name not in DEFAULT_FAULTS:
                 raise CommandError(
-                    f"--fault {item!r}: use NAME=VALUE with NAME one of {', '.join(DEFAULT_FAULTS)}."
+                    f"--fault {item!r}: use NAME=VALUE with NAME one of {', '.join(DEFAULT_FAULTS)}.",
+                    returncode=2,
                 )
-            kind = type(DEFAULT_FAULTS[name])
             try:
-                faults[name] = value.lower() in ("1", "true", "yes", "on") if kind is bool else kind(value)
-            except ValueError:
-                raise CommandError(f"--fault {item!r}: {name} takes a {kind.__name__}.") from None
+                faults[name] = fault_value(DEFAULT_FAULTS[name], value)
+            except ValueError as exc:
+                raise CommandError(f"--fault {item!r}: {name} {exc}.", returncode=2) from None
             if problem := fault_problem(name, faults[name]):
-                raise CommandError(f"--fault {item!r}: {problem}.")
-        server = make_server(port=port, token=settings.ODAL_REGISTRY_TOKEN, faults=faults)
+                raise CommandError(f"--fault {item!r}: {problem}.", returncode=2)
+        server = serving(
+            lambda: make_server(port=port, token=settings.ODAL_REGISTRY_TOKEN, faults=faults),
+            port,
+            "registry simulator",
+        )
         self.stdout.write(f"Registry simulator on http://127.0.0.1:{port} (faults: {faults or 'none'})")
         try:
             server.serve_forever()
@@ -110,6 +119,24 @@ class Command(BaseCommand):
             pass
         finally:
             server.server_close()
+
+
+def fault_value(default, value: str):
+    """A fault's value typed as its default is: a switch, a count (0 to 1,000,000), seconds (0 to
+    3,600) or text."""
+    if isinstance(default, bool):
+        return value.lower() in ("1", "true", "yes", "on")
+    if isinstance(default, int):
+        return rules.whole_number(value, 0, 1_000_000)
+    if isinstance(default, float):
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if not 0 <= seconds <= 3600:  # NaN fails too
+            raise ValueError("takes seconds, from 0 to 3,600")
+        return seconds
+    return rules.text(value, max_length=200)
 
 
 def _dumps(value) -> str:

@@ -1,0 +1,297 @@
+"""The input rules: what odal accepts from a person or a client, each defined once.
+
+Every surface checks what it is given through these functions, so the API, the admin and the
+command line accept and refuse the same values:
+- the API's schemas, in pydantic field validators (a refusal is 422 `invalid_request`, naming
+  the field);
+- the admin's forms, in `clean_<field>` through `form_value()` (a form error under the field);
+- the `odal` command line, as argparse types through `odal.cli.argument()` (a usage error: the
+  sentence on stderr, exit 2).
+
+A rule takes the value as it came (text from the command line, a number or text from JSON, a
+form's cleaned value), returns it cleaned, and raises ValueError with a phrase that reads after
+the value's name: "must be a whole number from 1 to 1,000". Lengths are the sizes of the columns
+the values are stored in (tests/test_input_rules.py checks them against the models), so a value
+that passes its rule is one PostgreSQL can store: a refusal, never a DataError.
+
+Reasons are refused the same way on every surface, but as the write's own refusal (`Refused`,
+422 `invalid_reason`, exit 1: odal.reasons.clean_reason), as CONTRACT.md lists them.
+UPIs have their own module (odal.upi.canonical_upi): `upi()` here is that rule.
+"""
+
+import re
+import unicodedata
+import uuid
+from datetime import UTC, datetime
+
+from django import forms
+
+from odal.text import unstorable
+
+# -- the sizes: the columns the values are stored in ------------------------------------------------
+
+CONSUMER_NAME_LENGTH = 100  # outbox.Consumer.name
+PYTHON_TARGET_LENGTH = 200  # outbox.Consumer.target
+EVENT_TYPE_LENGTH = 100  # outbox.Event.type
+OPERATOR_ID_LENGTH = 200  # odal.Passport.operator_id
+FACILITY_ID_LENGTH = 200  # odal.Passport.facility_id
+COMMODITY_CODE_LENGTH = 50  # odal.Passport.commodity_code
+TOKEN_NAME_LENGTH = 100  # odal.ApiToken.name
+ACTOR_LENGTH = 100  # "cli:<actor>" in odal.AuditEntry.actor (200), with room to spare
+MAX_REASON_LENGTH = 500  # what a person writes as a reason (the audit trail keeps it whole)
+HOST_LENGTH = 253  # the longest DNS name
+
+# -- the ranges -----------------------------------------------------------------------------------
+
+ATTEMPTS = (1, 1000)  # a delivery's attempt budget: 0 would dead-letter it unattempted
+TIMEOUT_SECONDS = (1, 60)  # a webhook's timeout
+BATCH = (1, 10_000)  # rows a sweep or a drain claims per pass
+PORT = (1, 65_535)  # a TCP port to listen on (0, "any free one", is not a port a person asks for)
+
+# A control character: C0/C1 controls, format characters (zero-width, bidi overrides), surrogates,
+# private use, and the Unicode line and paragraph separators. None belongs in one line of text.
+CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Zl", "Zp"})
+CONTROL_PROBLEM = "must not contain control characters (a line break, a tab or an escape)"
+
+NAME = re.compile(r"[A-Za-z0-9_-]+")  # a consumer's name: it is also a URL path segment
+EVENT_TYPE = re.compile(r"[a-z0-9_]+(?:\.[a-z0-9_]+)*")  # always fullmatch: `$` allows a final \n
+WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]{1,30}\s*")
+HOST = re.compile(r"[A-Za-z0-9.:\[\]_-]+")
+
+
+def has_control_character(value: str) -> bool:
+    return any(unicodedata.category(ch) in CONTROL_CATEGORIES for ch in value)
+
+
+def shown(value, limit: int = 40) -> str:
+    """`value` quoted for a message, control characters escaped, cut to about `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# -- text -------------------------------------------------------------------------------------------
+
+
+def text(value, *, max_length: int, required: bool = False) -> str:
+    """One line of plain text: stripped, at most `max_length` characters, no control characters."""
+    if not isinstance(value, str):
+        raise ValueError("must be text")
+    value = value.strip()
+    if required and not value:
+        raise ValueError("must not be blank")
+    if len(value) > max_length:
+        raise ValueError(f"must be at most {max_length:,} characters (it has {len(value):,})")
+    if problem := unstorable(value):
+        raise ValueError(problem)
+    if has_control_character(value):
+        raise ValueError(CONTROL_PROBLEM)
+    return value
+
+
+def operator_id(value) -> str:
+    return text(value, max_length=OPERATOR_ID_LENGTH, required=True)
+
+
+def facility_id(value) -> str:
+    return text(value, max_length=FACILITY_ID_LENGTH)
+
+
+def commodity_code(value) -> str:
+    return text(value, max_length=COMMODITY_CODE_LENGTH)
+
+
+def token_name(value) -> str:
+    return text(value, max_length=TOKEN_NAME_LENGTH, required=True)
+
+
+def actor(value) -> str:
+    """Who did it, as an operator names themself (`--actor`): kept in the audit trail."""
+    return text(value, max_length=ACTOR_LENGTH, required=True)
+
+
+def python_target(value) -> str:
+    """A python consumer's dotted path (whether it imports is the consumer's own check)."""
+    return text(value, max_length=PYTHON_TARGET_LENGTH, required=True)
+
+
+def consumer_name(value) -> str:
+    """A new consumer's name: ASCII letters, digits, - and _ (it is addressed in URLs)."""
+    problem = f"must be 1 to {CONSUMER_NAME_LENGTH} letters (a-z, A-Z), digits, - or _, without spaces"
+    if not isinstance(value, str):
+        raise ValueError(problem)
+    value = value.strip()
+    if len(value) > CONSUMER_NAME_LENGTH or not NAME.fullmatch(value):
+        raise ValueError(problem)
+    return value
+
+
+def consumer_filter(value) -> str:
+    """A consumer named to look it up (a filter; blank: no filter): text that fits the name's
+    column. Not consumer_name(): a name that breaks it finds nothing (or a consumer made before
+    the rule), but a value no column could hold is malformed."""
+    return text(value, max_length=CONSUMER_NAME_LENGTH)
+
+
+def event_type_filter(value) -> str:
+    """An event type named to filter by (blank: no filter): text that fits the type's column."""
+    return text(value, max_length=EVENT_TYPE_LENGTH)
+
+
+# -- event types ------------------------------------------------------------------------------------
+
+
+def event_type(value) -> str:
+    """An event type: lower-case dotted names, e.g. passport.published. Not stripped: the type is
+    what consumers match exactly."""
+    if isinstance(value, str) and (problem := unstorable(value)):
+        raise ValueError(problem)
+    if not isinstance(value, str) or len(value) > EVENT_TYPE_LENGTH or not EVENT_TYPE.fullmatch(value):
+        raise ValueError(
+            "must be lower-case dotted names such as passport.published "
+            f"(letters a-z, digits and _; at most {EVENT_TYPE_LENGTH} characters)"
+        )
+    return value
+
+
+def event_pattern(value) -> str:
+    """What a consumer subscribes to: an event type, a prefix such as passport.*, or *."""
+    if value == "*":
+        return value
+    if not isinstance(value, str):
+        raise ValueError("must be an event type, a prefix such as passport.*, or *")
+    if problem := unstorable(value):
+        raise ValueError(problem)
+    try:
+        event_type(value.removesuffix(".*"))
+    except ValueError:
+        raise ValueError(
+            "must be an event type such as passport.published, a prefix such as passport.*, or * "
+            f"(lower-case dotted names; at most {EVENT_TYPE_LENGTH} characters)"
+        ) from None
+    return value
+
+
+# -- numbers ----------------------------------------------------------------------------------------
+
+
+def whole_number(value, low: int, high: int) -> int:
+    """A whole number from `low` to `high`: an int, an integral float (JSON's 5.0), or its digits
+    as text (the command line's)."""
+    problem = f"must be a whole number from {low:,} to {high:,}"
+    digits = isinstance(value, str) and WHOLE_NUMBER.fullmatch(value)
+    if digits or (isinstance(value, float) and value.is_integer()):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(problem)
+    return value
+
+
+def attempt_budget(value) -> int:
+    return whole_number(value, *ATTEMPTS)
+
+
+def timeout_seconds(value) -> int:
+    return whole_number(value, *TIMEOUT_SECONDS)
+
+
+def batch_size(value) -> int:
+    return whole_number(value, *BATCH)
+
+
+def port(value) -> int:
+    return whole_number(value, *PORT)
+
+
+def address(value) -> str:
+    """HOST:PORT (or PORT alone) to serve on, e.g. 127.0.0.1:8000; returned as HOST:PORT."""
+    problem = "must be HOST:PORT (or a port alone), e.g. 127.0.0.1:8000, with a port from 1 to 65,535"
+    if not isinstance(value, str):
+        raise ValueError(problem)
+    host, sep, number = value.strip().rpartition(":")
+    host = host if sep else "127.0.0.1"
+    if not host or len(host) > HOST_LENGTH or not HOST.fullmatch(host):
+        raise ValueError(problem)
+    try:
+        return f"{host}:{port(number)}"
+    except ValueError:
+        raise ValueError(problem) from None
+
+
+# -- ids, UPIs, times -------------------------------------------------------------------------------
+
+
+def uuid_id(value, what: str = "id") -> uuid.UUID:
+    """A row's id (a UUID), e.g. a passport's or a delivery's."""
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(value.strip())
+    except (AttributeError, ValueError):
+        raise ValueError(f"is not a {what} (a UUID)") from None
+
+
+def passport_id(value) -> uuid.UUID:
+    return uuid_id(value, "passport id")
+
+
+def delivery_id(value) -> uuid.UUID:
+    return uuid_id(value, "delivery id")
+
+
+def upi(value) -> str:
+    """A passport's UPI, in its canonical form (odal.upi)."""
+    from odal.upi import canonical_upi  # odal.upi imports the admin's form helpers; rules stays a leaf
+
+    return canonical_upi(value)
+
+
+def moment(value) -> datetime:
+    """A point in time in ISO 8601 (a datetime, or its text), returned in UTC; one without an
+    offset is read as UTC. A time that cannot be made UTC (0001-01-01T00:00:00+14:00 is before
+    year 1 there) is refused, not an OverflowError later."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise ValueError("is not an ISO 8601 time, e.g. 2026-11-29T08:00:00Z") from None
+    if not isinstance(value, datetime):
+        raise ValueError("is not an ISO 8601 time, e.g. 2026-11-29T08:00:00Z")
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("is out of range once made UTC (years 1 to 9999 only)") from None
+
+
+# -- reasons ----------------------------------------------------------------------------------------
+
+
+def reason(value) -> str:
+    """A person's reason for an override: required, one line, printable, at most 500 characters.
+    The phrases read after "A reason" (odal.reasons.clean_reason makes the sentence)."""
+    if value is None:
+        raise ValueError("is required")
+    if not isinstance(value, str):
+        raise ValueError("must be text")
+    value = value.strip()
+    if not value:
+        raise ValueError("is required: say why, in a sentence")
+    if len(value) > MAX_REASON_LENGTH:
+        raise ValueError(f"must be at most {MAX_REASON_LENGTH} characters (it has {len(value):,})")
+    if problem := unstorable(value):
+        raise ValueError(problem)
+    if has_control_character(value):
+        raise ValueError(f"{CONTROL_PROBLEM}: write it on one line of plain text")
+    return value
+
+
+# -- the admin's forms ------------------------------------------------------------------------------
+
+
+def form_value(rule, value, *args):
+    """`rule(value)` for a form's clean_<field>: a refusal is the field's error."""
+    try:
+        return rule(value, *args)
+    except ValueError as exc:
+        raise forms.ValidationError(f"This value {exc}.") from None

@@ -1,0 +1,180 @@
+"""Issue 17.5: every `odal` subcommand, given malformed arguments, says what is wrong in a sentence
+and exits non-zero: no traceback, and no worker loop or server started on a bad value.
+
+Each case runs as a real subprocess (`python -m odal …`) against the test database. The cases run
+concurrently once per module (a fixture), and each is then checked as its own test; none may
+write a row. The table must
+name every subcommand the commands define (their argparse subparsers are discovered), so a new
+subcommand without malformed cases fails test_every_subcommand_has_malformed_cases."""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from django.core.management import get_commands, load_command_class
+from django.db import connection
+
+from odal.models import ApiToken, AuditEntry, Passport
+from outbox.models import Consumer, Delivery, Event
+from registry.models import Registration
+
+OUR_APPS = {"odal", "outbox", "registry"}
+TIMEOUT = 30  # seconds: a malformed argument must fail long before this
+ID = str(uuid.UUID(int=17))  # well-formed, names nothing
+UPI = "https://id.example.eu/01/09506000134352/21/MALFORMED-1"
+LONG = "x" * 300
+TARGET = "tests.consumers.accept"
+
+# subcommand -> malformed argument lists (after the subcommand's own words). Each case costs a
+# Python start (about a second): the wider table of bad values per rule is tests/test_input_rules.py,
+# in-process. The worker loops and servers (sweep, drain, receive, simulate, up) are given only
+# bad values, without --once: they must refuse at once rather than start.
+MALFORMED = {
+    ("outbox", "sweep"): [["--batch", "-1"], ["--batch", "0"]],
+    ("outbox", "status"): [["--bogus"]],
+    ("outbox", "replay"): [
+        ["not-a-uuid", "--reason", "r"],
+        ["--dead", "--since", "0001-01-01T00:00:00+14:00", "--reason", "r"],
+        ["--dead", "--reason", "r", "--actor", LONG],
+    ],
+    ("outbox", "receive"): [["--port", "0"]],
+    ("outbox", "consumer", "add"): [
+        ["bad name", "--target", TARGET],
+        ["c-attempts", "--target", TARGET, "--max-attempts", "0"],
+        ["c-timeout", "--target", TARGET, "--timeout", "99999999999"],
+    ],
+    ("registry", "drain"): [["--batch", "0"], ["--batch", "1e3"]],
+    ("registry", "status"): [["--bogus"]],
+    ("registry", "abandon"): [["42", "--reason", "r"], [ID]],
+    ("registry", "handle"): [[ID, "h", "--reason", "r", "--actor", "a\nb"]],
+    ("registry", "simulate"): [["--port", "99999"], ["--port", "0"]],
+    ("passport", "create"): [
+        ["--upi", UPI, "--operator", "OP", "--facility", LONG],
+        ["--upi", "ftp://id.example.eu/01/1", "--operator", "OP"],
+    ],
+    ("passport", "publish"): [["42"]],
+    ("passport", "suspend"): [[ID, "--actor", "\x1b[2J"]],
+    ("passport", "show"): [[]],
+    ("passport", "canonicalise"): [["--bogus"]],
+    ("token", "create"): [["--name", "ci\x07", "--scope", "read"]],
+    ("token", "revoke"): [["abcdefgh", "--actor", LONG]],
+    ("token", "list"): [["--bogus"]],
+    ("demo",): [["--bogus"]],
+    ("up",): [["--addr", "nonsense"], ["--addr", "127.0.0.1:99999"]],
+}
+
+
+def database_url() -> str:
+    s = connection.settings_dict
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def our_commands() -> list[str]:
+    return sorted(name for name, app in get_commands().items() if app in OUR_APPS)
+
+
+def subcommands() -> set[tuple]:
+    """Every leaf of every odal command's argparse tree, e.g. ("outbox", "consumer", "add")."""
+
+    def walk(parser, path):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            yield path
+            return
+        for word, sub in subs[0].choices.items():
+            yield from walk(sub, (*path, word))
+
+    found = set()
+    for name in our_commands():
+        parser = load_command_class(get_commands()[name], name).create_parser("odal", name)
+        found.update(walk(parser, (name,)))
+    return found
+
+
+CASES = [(path, args) for path, cases in MALFORMED.items() for args in cases]
+
+
+def case_id(path, args) -> str:
+    shown = " ".join(a if len(a) <= 20 else a[:12] + "…" for a in args)
+    return f"{' '.join(path)} {shown}".strip().encode("unicode_escape").decode()
+
+
+@pytest.fixture(scope="module")
+def results(django_db_setup, django_db_blocker):
+    """Run every case once, concurrently, against the test database."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "ODAL_REGISTRY_URL": "http://127.0.0.1:9",  # nothing answers: no case may reach a registry
+        "PYTHONWARNINGS": "ignore",
+    }
+
+    def one(case):
+        path, args = case
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "odal", *path, *args],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=TIMEOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired as exc:
+            return None, exc.stdout or "", exc.stderr or ""
+        return done.returncode, done.stdout, done.stderr
+
+    with django_db_blocker.unblock():
+        before = written()
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            ran = dict(zip(range(len(CASES)), pool.map(one, CASES), strict=True))
+        ran["written"] = (before, written())
+    yield ran
+    if ran["written"][0] != ran["written"][1]:
+        # A case wrongly went through and wrote outside any test's transaction: empty those
+        # tables (not a flush, which would take the groups and schedules migrations made).
+        with django_db_blocker.unblock(), connection.cursor() as cursor:
+            cursor.execute(f"TRUNCATE {', '.join(m._meta.db_table for m in WRITABLE)} CASCADE")
+
+
+WRITABLE = [Passport, AuditEntry, ApiToken, Consumer, Delivery, Event, Registration]
+
+
+def written() -> dict:
+    """How many rows of each kind a malformed command could have written."""
+    return {model.__name__: model.objects.count() for model in WRITABLE}
+
+
+def sentence(stderr: str) -> str | None:
+    """What the last line of stderr says after "error:", if it is a sentence of a few words."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    if not lines:
+        return None
+    said = re.split(r"(?i)error: ", lines[-1])[-1]
+    return said if len(said.split()) >= 3 else None
+
+
+def test_every_subcommand_has_malformed_cases():
+    assert subcommands() == set(MALFORMED)
+
+
+@pytest.mark.django_db  # also what makes pytest-django set up the database the cases run against
+def test_no_malformed_command_wrote_anything(results):
+    before, after = results["written"]
+    assert after == before
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[case_id(*case) for case in CASES])
+def test_a_malformed_argument_is_a_sentence_and_a_non_zero_exit(results, index):
+    returncode, stdout, stderr = results[index]
+    assert returncode is not None, f"still running after {TIMEOUT} s: a malformed argument must fail fast"
+    assert "Traceback" not in stdout + stderr, stderr[-2000:]
+    assert returncode != 0, f"exit 0; stdout: {stdout[-500:]!r}"
+    assert returncode in (1, 2), f"exit {returncode}; stderr: {stderr[-500:]!r}"
+    assert sentence(stderr), f"no sentence on stderr: {stderr[-500:]!r}"

@@ -5,13 +5,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import urlencode
 
-from django.db.models import Count, Min
-from django.db.models.functions import TruncHour
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import mark_safe
 
-from outbox.models import Consumer, Delivery, DeliveryAttempt
+from odal import tally
+from outbox.models import Consumer, Delivery
+from outbox.service import outbox_counts
 from registry.service import registry_counts
 
 
@@ -40,14 +40,8 @@ def age(moment, now) -> str:
 
 
 def outbox_figures(now) -> dict:
-    counts = dict.fromkeys(Delivery.Status.values, 0)
-    per_consumer: dict[int, dict] = {}
-    for row in Delivery.objects.values("consumer_id", "status").annotate(n=Count("pk")).order_by():
-        counts[row["status"]] += row["n"]
-        per_consumer.setdefault(row["consumer_id"], dict.fromkeys(Delivery.Status.values, 0))[
-            row["status"]
-        ] = row["n"]
-    oldest = Delivery.objects.filter(status=Delivery.Status.PENDING).aggregate(at=Min("created_at"))["at"]
+    counts = outbox_counts()
+    oldest = counts["oldestPendingAt"]
     figures = [
         Figure("pending", counts["pending"], changelist("outbox", "delivery", status__exact="pending")),
         Figure(
@@ -69,25 +63,25 @@ def outbox_figures(now) -> dict:
             "warn" if oldest and now - oldest > timedelta(minutes=15) else "",
         ),
     ]
-    consumers = []
-    for consumer in Consumer.objects.order_by("name"):
-        row = per_consumer.get(consumer.pk, dict.fromkeys(Delivery.Status.values, 0))
-        consumers.append(
-            {
-                "name": consumer.name,
-                "active": consumer.active,
-                "cells": [
-                    Figure(
-                        status,
-                        row[status],
-                        changelist(
-                            "outbox", "delivery", status__exact=status, consumer__id__exact=consumer.pk
-                        ),
-                    )  # fmt: skip
-                    for status in Delivery.Status.values
-                ],
-            }
-        )
+    ids = dict(Consumer.objects.values_list("name", "pk"))
+    consumers = [
+        {
+            "name": row["name"],
+            "active": row["active"],
+            "cells": [
+                Figure(
+                    status,
+                    row[status],
+                    changelist(
+                        "outbox", "delivery", status__exact=status, consumer__id__exact=ids[row["name"]]
+                    ),
+                )
+                for status in Delivery.Status.values
+            ],
+        }
+        for row in counts["consumers"]
+        if row["name"] in ids
+    ]
     return {"figures": figures, "consumers": consumers}
 
 
@@ -117,20 +111,14 @@ def registry_figures() -> dict:
 
 
 def hourly_attempts(now) -> list[tuple]:
-    """(hour, delivered, failed) for each of the last 24 hours, oldest first."""
+    """(hour, delivered, failed) for each of the last 24 hours, oldest first, from the tally's
+    hourly buckets (odal.tally): the cost of 24 rows, not of the attempt log."""
     start = (now - timedelta(hours=23)).replace(minute=0, second=0, microsecond=0)
-    rows = (
-        DeliveryAttempt.objects.filter(finished_at__gte=start)
-        .annotate(hour=TruncHour("finished_at"))
-        .values("hour", "outcome")
-        .annotate(n=Count("pk"))
-        .order_by()
-    )
     buckets = {start + timedelta(hours=i): [0, 0] for i in range(24)}
-    for row in rows:
-        hour = row["hour"]
-        if hour in buckets:
-            buckets[hour][0 if row["outcome"] == "delivered" else 1] += row["n"]
+    for (hour, key), n in tally.hourly("outbox.attempts", start).items():
+        outcome = key.split(":")[0]
+        if hour in buckets and outcome in ("delivered", "failed"):
+            buckets[hour][0 if outcome == "delivered" else 1] += n
     return [(hour, d, f) for hour, (d, f) in sorted(buckets.items())]
 
 

@@ -189,3 +189,45 @@ class ApiToken(models.Model):
     def allows(self, scope: str) -> bool:
         """admin implies write, write implies read."""
         return SCOPE_ORDER[self.scope] >= SCOPE_ORDER[scope]
+
+
+class Tally(models.Model):
+    """Counts kept by the writes themselves, so that no page view or scrape counts a big table.
+
+    Database triggers (migration 0005) add to it in the same transaction as the write they
+    count: deliveries that became delivered, attempt-log lines by outcome, registrations by
+    status. Python adds what no single table write says (rows purged, see odal.tally.bump).
+    Each database session adds to rows of its own (`shard` is its backend pid), in hourly
+    buckets, so no row is hot; `odal.tally.compact` folds buckets older than two days into one
+    row per figure. A figure is the sum of its rows: deleting counted rows never lowers it.
+    """
+
+    metric = models.CharField(max_length=64)
+    key = models.CharField(max_length=200, blank=True, default="")
+    hour = models.DateTimeField()
+    shard = models.IntegerField(default=0)
+    value = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["metric", "key", "hour", "shard"], name="tally_bucket")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.metric}[{self.key}] {self.hour:%Y-%m-%d %H}:00 = {self.value}"
+
+
+class Heartbeat(models.Model):
+    """When each worker process last finished a pass of the sweep or the drain: one row per
+    (role, worker), written at most once a second by that worker, so none is hot."""
+
+    role = models.CharField(max_length=32)  # "outbox.sweep" or "registry.drain"
+    worker = models.CharField(max_length=200)  # host:pid
+    at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["role", "worker"], name="one_heartbeat_per_worker")]
+        indexes = [models.Index(fields=["role", "-at"], name="heartbeat_latest_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.worker} {self.at:%Y-%m-%d %H:%M:%S}"

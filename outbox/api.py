@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Min, Q
+from django.db.models import Q
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 from pydantic import field_validator
@@ -19,6 +19,7 @@ from odal.schemas import responses
 from outbox.consumers import check_python_target, check_webhook_url
 from outbox.events import check_event_pattern, emit
 from outbox.models import Consumer, Delivery
+from outbox.service import outbox_counts
 
 router = Router(tags=["outbox"])
 
@@ -62,21 +63,6 @@ def delivery_detail_json(d: Delivery) -> dict:
     }
 
 
-def outbox_counts() -> dict:
-    statuses = [s.value for s in Delivery.Status]
-    total = dict.fromkeys(statuses, 0)
-    per_consumer: dict[str, dict] = {}
-    for row in Delivery.objects.values("consumer__name", "status").annotate(n=Count("pk")).order_by():
-        total[row["status"]] += row["n"]
-        per_consumer.setdefault(row["consumer__name"], dict.fromkeys(statuses, 0))[row["status"]] = row["n"]
-    oldest = Delivery.objects.filter(status=Delivery.Status.PENDING).aggregate(at=Min("created_at"))["at"]
-    return {
-        **total,
-        "oldestPendingAt": oldest,
-        "consumers": [{"name": name, **counts} for name, counts in sorted(per_consumer.items())],
-    }
-
-
 class DeliveryOut(Schema):
     id: uuid.UUID
     eventId: uuid.UUID
@@ -114,9 +100,11 @@ class DeliveryPage(Schema):
 
 class ConsumerCounts(Schema):
     name: str
+    active: bool
     pending: int
     delivered: int
     dead: int
+    oldestPendingAt: datetime | None
 
 
 class OutboxCountsOut(Schema):

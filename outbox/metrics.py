@@ -1,21 +1,42 @@
-"""Outbox figures for /metrics, read from the database at scrape time."""
+"""Outbox figures for /metrics, read at scrape time from what stays small at any table size:
+the tally the writes keep (odal.tally), the pending and dead rows (partial indexes) and the
+sweep's heartbeats. Counters here never go down: retention deletes rows, not figures."""
 
-from django.db.models import Count
+from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+PURGED = ("deliveries", "attempts", "events", "registry_attempts")
 
 
 class OutboxCollector:
     def collect(self):
-        from outbox.models import Delivery, DeliveryAttempt
+        from odal import tally
+        from outbox.service import oldest_pending_seconds, outbox_counts
 
+        now = timezone.now()
+        counts = outbox_counts()
         deliveries = GaugeMetricFamily(
-            "outbox_deliveries", "Deliveries by status and consumer.", labels=["status", "consumer"]
+            "outbox_deliveries",
+            "Deliveries by status and consumer: pending and dead rows now; delivered counts every delivery "
+            "ever delivered (rows retention deleted included).",
+            labels=["status", "consumer"],
         )
-        for row in Delivery.objects.values("status", "consumer__name").annotate(n=Count("pk")).order_by():
-            deliveries.add_metric([row["status"], row["consumer__name"]], row["n"])
+        oldest = GaugeMetricFamily(
+            "outbox_oldest_pending_seconds",
+            "Age of each consumer's oldest pending delivery, in seconds (0 when none is pending).",
+            labels=["consumer"],
+        )
+        ages = oldest_pending_seconds(counts, now=now)
+        for c in counts["consumers"]:
+            for status in ("pending", "delivered", "dead"):
+                deliveries.add_metric([status, c["name"]], c[status])
+            oldest.add_metric([c["name"]], ages[c["name"]])
         yield deliveries
+        yield oldest
 
-        attempts = CounterMetricFamily(
+        figures = tally.totals("outbox.attempts", "outbox.purged")
+        attempts = figures["outbox.attempts"]
+        counter = CounterMetricFamily(
             "outbox_attempts", "Delivery attempts that reported, by outcome.", labels=["outcome"]
         )
         late = CounterMetricFamily(
@@ -23,20 +44,30 @@ class OutboxCollector:
             "Attempts whose outcome arrived after their claim was superseded: refused, kept only in the log.",
             labels=["outcome"],
         )
-        counts = {(o, False): 0 for o in ("delivered", "failed")} | {
-            (o, True): 0 for o in ("delivered", "failed")
-        }
-        for row in DeliveryAttempt.objects.values("outcome", "late").annotate(n=Count("pk")).order_by():
-            counts[(row["outcome"], row["late"])] = row["n"]
         for outcome in ("delivered", "failed"):
-            attempts.add_metric([outcome], counts[(outcome, False)] + counts[(outcome, True)])
-            late.add_metric([outcome], counts[(outcome, True)])
-        yield attempts
+            counter.add_metric([outcome], attempts.get(outcome, 0) + attempts.get(f"{outcome}:late", 0))
+            late.add_metric([outcome], attempts.get(f"{outcome}:late", 0))
+        yield counter
         yield late
         yield CounterMetricFamily(
             "outbox_write_errors",
             "Attempt outcomes the database refused to store (the row kept its claim until the hold ran out).",
-            value=sum(
-                n for (outcome, _), n in counts.items() if outcome == DeliveryAttempt.Outcome.WRITE_ERROR
-            ),
+            value=attempts.get("write_error", 0) + attempts.get("write_error:late", 0),
+        )
+        purged = CounterMetricFamily(
+            "outbox_purged",
+            "Rows retention deleted, by what they were (deliveries, their attempt lines, events, registry "
+            "attempt lines).",
+            labels=["what"],
+        )
+        for what in PURGED:
+            purged.add_metric([what], figures["outbox.purged"].get(what, 0))
+        yield purged
+
+        last = tally.last_pass(tally.SWEEP)
+        yield GaugeMetricFamily(
+            "outbox_last_pass_timestamp_seconds",
+            "When a sweep last finished a pass (Unix time; 0 if none ever did). Every pass writes it, idle "
+            "ones included: alert when it stops moving.",
+            value=last.timestamp() if last else 0,
         )

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection, connections, transaction
 from django.utils import timezone
 
+from odal import tally
 from odal.text import error_text, storable
 from outbox import consumers
 from outbox.claims import backoff_delay
@@ -334,6 +335,7 @@ def sweep_once(
     claim = Delivery.objects.claim(limit=batch, select_related=("event",))
     report.claimed = len(claim.rows)
     if not claim.rows:
+        tally.beat(tally.SWEEP)
         return report
     with ExitStack() as stack:
         if client is None or pool is None or python is None:  # a pass on its own
@@ -344,6 +346,7 @@ def sweep_once(
                 python or shared["python"],
             )
         Pass(claim, report, client, pool, python).run()
+    tally.beat(tally.SWEEP)
     return report
 
 

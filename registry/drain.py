@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 
+from odal import tally
 from odal.models import Passport
 from odal.text import error_text, storable
 from outbox.claims import backoff_delay
@@ -250,6 +251,7 @@ def drain_once(*, batch: int = 50, adapter=None) -> DrainReport:
     claim = Registration.objects.claim(limit=batch, select_related=("passport",))
     report.claimed = len(claim.rows)
     if not claim.rows:
+        tally.beat(tally.DRAIN)
         return report
     own = adapter is None
     adapter = adapter or adapters.get_adapter()
@@ -282,6 +284,7 @@ def drain_once(*, batch: int = 50, adapter=None) -> DrainReport:
             log.warning(
                 "%s claimed registrations not started: the claim's hold ran out first", report.not_started
             )
+    tally.beat(tally.DRAIN)
     return report
 
 

@@ -1,14 +1,16 @@
 """Registry figures for /metrics: registry_outbox_<status> gauges (and _stalled), late answers,
-protocol errors and write errors."""
+protocol errors, write errors and the drain's heartbeat, all from what stays small at any table
+size (the tally the writes keep, the pending rows, the heartbeats)."""
 
-from django.db.models import Count
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+OPERATIONS = ("check", "deactivate", "register")
 
 
 class RegistryCollector:
     def collect(self):
-        from registry.adapters import MAX_ID, PROTOCOL_ERROR
-        from registry.models import RegistrationAttempt
+        from odal import tally
+        from registry.adapters import MAX_ID
         from registry.service import registry_counts
 
         for status, n in registry_counts().items():
@@ -18,20 +20,14 @@ class RegistryCollector:
                 else f"Registrations whose status is {status}."
             )
             yield GaugeMetricFamily(f"registry_outbox_{status}", help_text, value=n)
+        figures = tally.totals("registry.late", "registry.protocol_errors", "registry.write_errors")
         late = CounterMetricFamily(
             "registry_late_writes",
             "Registry answers that arrived after their claim was superseded or the row settled: kept only in the log.",
             labels=["operation"],
         )
-        rows = (
-            RegistrationAttempt.objects.filter(late=True)
-            .values("operation")
-            .annotate(n=Count("pk"))
-            .order_by()
-        )
-        counts = {"register": 0, "check": 0, "deactivate": 0} | {r["operation"]: r["n"] for r in rows}
-        for operation, n in sorted(counts.items()):
-            late.add_metric([operation], n)
+        for operation in OPERATIONS:
+            late.add_metric([operation], figures["registry.late"].get(operation, 0))
         yield late
         protocol = CounterMetricFamily(
             "registry_protocol_errors",
@@ -39,18 +35,17 @@ class RegistryCollector:
             f"than {MAX_ID} characters, ...): each failed its attempt, saying why in the attempt log.",
             labels=["operation"],
         )
-        rows = (
-            RegistrationAttempt.objects.filter(outcome="failed", answer__startswith=PROTOCOL_ERROR)
-            .values("operation")
-            .annotate(n=Count("pk"))
-            .order_by()
-        )
-        counts = {"register": 0, "check": 0, "deactivate": 0} | {r["operation"]: r["n"] for r in rows}
-        for operation, n in sorted(counts.items()):
-            protocol.add_metric([operation], n)
+        for operation in OPERATIONS:
+            protocol.add_metric([operation], figures["registry.protocol_errors"].get(operation, 0))
         yield protocol
         yield CounterMetricFamily(
             "registry_write_errors",
             "Registry answers the database refused to store (the row kept its claim until the hold ran out).",
-            value=RegistrationAttempt.objects.filter(outcome=RegistrationAttempt.WRITE_ERROR).count(),
+            value=figures["registry.write_errors"].get("", 0),
+        )
+        last = tally.last_pass(tally.DRAIN)
+        yield GaugeMetricFamily(
+            "registry_last_pass_timestamp_seconds",
+            "When a registry drain last finished a pass (Unix time; 0 if none ever did).",
+            value=last.timestamp() if last else 0,
         )

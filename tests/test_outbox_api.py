@@ -115,11 +115,14 @@ def test_counts_overall_and_per_consumer(api_as):
     DeliveryFactory(consumer=b, status="delivered")
     body = api_as("read").get("outbox").json()
     assert (body["pending"], body["delivered"], body["dead"]) == (1, 1, 1)
-    assert body["consumers"] == [
-        {"name": "a", "pending": 1, "delivered": 0, "dead": 1},
-        {"name": "b", "pending": 0, "delivered": 1, "dead": 0},
+    rows = [{k: c[k] for k in ("name", "active", "pending", "delivered", "dead")} for c in body["consumers"]]
+    assert rows == [
+        {"name": "a", "active": True, "pending": 1, "delivered": 0, "dead": 1},
+        {"name": "b", "active": True, "pending": 0, "delivered": 1, "dead": 0},
     ]
     assert body["oldestPendingAt"] is not None
+    assert body["consumers"][0]["oldestPendingAt"] == body["oldestPendingAt"]
+    assert body["consumers"][1]["oldestPendingAt"] is None
 
 
 def test_dead_letter_list_pages_with_a_cursor(api_as):

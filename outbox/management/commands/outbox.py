@@ -7,8 +7,9 @@ from django.utils import timezone
 from odal import rules
 from odal.cli import argument, refused, run_until_signalled, serving, subcommands
 from odal.errors import Refused
-from outbox.api import create_consumer, deliveries_matching, outbox_counts
+from outbox.api import create_consumer, deliveries_matching
 from outbox.models import Delivery
+from outbox.service import outbox_counts
 from outbox.sweep import sweep_forever, sweep_until_idle
 
 

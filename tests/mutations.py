@@ -693,10 +693,10 @@ GUARDS = [
     ),
     Guard(
         "metrics: protocol errors counted",
-        "registry/metrics.py",
-        "answer__startswith=PROTOCOL_ERROR",
-        'answer__startswith="registry"',
-        "tests/test_registry_answers.py::test_a_request_id_over_500_characters_is_a_protocol_error_and_the_row_stays_fixable",
+        "odal/migrations/0005_tally_and_heartbeats.py",
+        "operation FROM new_rows\n            WHERE outcome = 'failed' AND left(",
+        "operation FROM new_rows\n            WHERE outcome = 'failed' OR left(",
+        "tests/test_registry_answers.py::test_a_request_id_over_500_characters_is_a_protocol_error_and_the_row_stays_fixable tests/test_tally.py::test_registry_attempt_lines_count_late_answers_protocol_errors_and_write_errors",
     ),
     Guard(
         "canonical_upi: no default port",
@@ -1139,6 +1139,34 @@ GUARDS = [
         "        return self.filter(status=Passport.Status.PUBLISHED).update(\n",
         "        return self.all().update(\n",
         "tests/test_passports_api.py::test_suspending_a_draft_is_409",
+    ),
+    Guard(
+        "tally: a delivery is counted when it becomes delivered, not on every write to a delivered row",
+        "odal/migrations/0005_tally_and_heartbeats.py",
+        "WHERE n.status = 'delivered' AND o.status <> 'delivered'",
+        "WHERE n.status = 'delivered'",
+        "tests/test_tally.py::test_a_delivery_is_counted_once_when_it_becomes_delivered_and_never_again",
+    ),
+    Guard(
+        "tally: each session adds to rows of its own (no hot counter row)",
+        "odal/migrations/0005_tally_and_heartbeats.py",
+        "pg_backend_pid(), count(*)\n    FROM new_rows n JOIN old_rows o",
+        "0, count(*)\n    FROM new_rows n JOIN old_rows o",
+        "tests/test_tally.py::test_two_sessions_count_deliveries_of_one_consumer_at_once_without_waiting",
+    ),
+    Guard(
+        "tally: a registration's move takes it out of its old status",
+        "odal/migrations/0005_tally_and_heartbeats.py",
+        "SELECT o.status, -1 AS d",
+        "SELECT o.status, 0 AS d",
+        "tests/test_tally.py::test_registration_status_figures_follow_every_move",
+    ),
+    Guard(
+        "heartbeats: forgetting idle workers keeps each role's newest",
+        "odal/tally.py",
+        ".exclude(pk=Subquery(newest))",
+        "",
+        "tests/test_tally.py::test_forgetting_idle_workers_keeps_each_roles_newest",
     ),
 ]
 

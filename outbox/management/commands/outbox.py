@@ -99,9 +99,13 @@ class Command(BaseCommand):
             f"pending {counts['pending']}  delivered {counts['delivered']}  dead {counts['dead']}{age}"
         )
         for c in counts["consumers"]:
+            since = c["oldestPendingAt"]
             self.stdout.write(
-                f"  {c['name']:<24} pending {c['pending']:<6} delivered {c['delivered']:<8} dead {c['dead']}"
+                f"  {c['name']:<24} pending {c['pending']:<6} delivered {c['delivered']:<8} dead {c['dead']:<6}"
+                + (f" oldest pending since {since:%Y-%m-%d %H:%M:%S}Z" if since else "")
+                + ("" if c["active"] else "  (inactive)")
             )
+        self.stdout.write("(delivered counts every delivery made, including rows retention has deleted)")
 
     # -- replay --------------------------------------------------------------------------------
 

@@ -398,6 +398,33 @@ def check(figures) -> list[str]:
     )
     figures["registry_late_writes_refused"] = RegistrationAttempt.objects.filter(late=True).count()
     figures["audit_entries"] = {k: audit[k] for k in expected}
+
+    # The counts the writes keep (odal.tally) must equal the rows they count, after every kill
+    # and every refused late write (nothing is purged here, and no delivered row moves again).
+    from odal import tally
+
+    kept = tally.totals("outbox.delivered", "outbox.attempts", "registry.status")
+    rows = {
+        "outbox.delivered": {
+            str(c): n
+            for c, n in Delivery.objects.filter(status="delivered")
+            .values_list("consumer_id")
+            .annotate(n=Count("pk"))
+            .order_by()
+        },
+        "outbox.attempts": {
+            outcome + (":late" if late else ""): n
+            for outcome, late, n in DeliveryAttempt.objects.values_list("outcome", "late")
+            .annotate(n=Count("pk"))
+            .order_by()
+        },
+        "registry.status": dict(figures["registrations_by_status"]),
+    }
+    for metric, expected_rows in rows.items():
+        found = {k: n for k, n in kept[metric].items() if n}
+        if found != expected_rows:
+            violations.append(f"tally {metric} says {found}, the rows say {expected_rows}")
+    figures["tally_checked"] = sorted(rows)
     figures["violations"] = len(violations)
     return violations
 

@@ -1168,6 +1168,20 @@ GUARDS = [
         "",
         "tests/test_tally.py::test_forgetting_idle_workers_keeps_each_roles_newest",
     ),
+    Guard(
+        "admin lists: the count stops at the cap",
+        "odal/admin.py",
+        "    paginator = CappedPaginator\n",
+        "",
+        "tests/test_admin_lists.py::test_a_list_longer_than_the_cap_says_more_than_and_counts_no_further",
+    ),
+    Guard(
+        "admin lists: no second count of the whole table",
+        "odal/admin.py",
+        "    show_full_result_count = False  # (another count of the whole table)\n",
+        "",
+        "tests/test_admin_lists.py::test_a_list_longer_than_the_cap_says_more_than_and_counts_no_further",
+    ),
 ]
 
 

@@ -1,6 +1,6 @@
 from django import forms
 from django.contrib import admin, messages
-from django.db import transaction
+from django.db import connection, transaction
 
 from odal import rules
 from odal.admin import OdalAdmin, ReadOnlyAdmin, ReadOnlyInline, actor_of
@@ -94,6 +94,46 @@ class AttemptInline(ReadOnlyInline):
     ordering = ["started_at", "id"]
 
 
+def event_types() -> list[str]:
+    """The distinct event types, found by hopping through the index on outbox_event.type (a
+    recursive query: one index probe per type), not by reading every event as SELECT DISTINCT
+    does: the same cost over ten million events as over ten thousand."""
+    table = Event._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH RECURSIVE types(type) AS (
+                SELECT (SELECT type FROM {table} ORDER BY type LIMIT 1)
+                UNION ALL
+                SELECT (SELECT type FROM {table} WHERE type > types.type ORDER BY type LIMIT 1)
+                FROM types WHERE types.type IS NOT NULL
+            )
+            SELECT type FROM types WHERE type IS NOT NULL
+            """
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+class EventTypeFilter(admin.SimpleListFilter):
+    """Filter by event type, listing the types without a scan (see event_types)."""
+
+    title = "event type"
+    parameter_name = "event_type"
+    field = "event__type"
+
+    def lookups(self, request, model_admin):
+        return [(t, t) for t in event_types()]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        return queryset.filter(**{self.field: value}) if value else queryset
+
+
+class TypeFilter(EventTypeFilter):
+    parameter_name = "type"
+    field = "type"
+
+
 @admin.register(Delivery)
 class DeliveryAdmin(ReadOnlyAdmin):
     list_display = [
@@ -106,7 +146,7 @@ class DeliveryAdmin(ReadOnlyAdmin):
         "next_attempt_at",
         "short_error",
     ]
-    list_filter = ["status", "consumer", "event__type"]
+    list_filter = ["status", "consumer", EventTypeFilter]
     search_fields = [
         "=id",
         "=event__id",
@@ -177,7 +217,7 @@ class DeliveryAdmin(ReadOnlyAdmin):
 @admin.register(Event)
 class EventAdmin(ReadOnlyAdmin):
     list_display = ["id", "type", "created_at"]
-    list_filter = ["type"]
+    list_filter = [TypeFilter]
     search_fields = ["=id", "type"]
     readonly_fields = ["id", "type", "payload", "created_at"]
 
@@ -212,7 +252,7 @@ class DeadLetterAdmin(DeliveryAdmin):
     """The dead-letter list: dead deliveries, by consumer and kind of error, replayable."""
 
     list_display = ["id", "event_type", "consumer", "attempts", "dead_at", "short_error"]
-    list_filter = ["consumer", ErrorKindFilter, "event__type"]
+    list_filter = ["consumer", ErrorKindFilter, EventTypeFilter]
     ordering = ["-dead_at"]
 
     def get_queryset(self, request):

@@ -40,3 +40,20 @@ def test_a_list_within_the_cap_says_how_many(admin_client, small_cap):
     text = page.content.decode()
     assert "2 deliveries" in text
     assert "more than" not in text
+
+
+def test_the_event_type_filter_lists_each_type_without_reading_every_event(admin_client):
+    consumer = ConsumerFactory()
+    for event_type in ("passport.published", "passport.registered", "passport.published", "zeta.z"):
+        DeliveryFactory(consumer=consumer, event__type=event_type)
+    with CaptureQueriesContext(connection) as queries:
+        page = admin_client.get(reverse("admin:outbox_delivery_changelist"))
+    text = page.content.decode()
+    for event_type in ("passport.published", "passport.registered", "zeta.z"):
+        assert f"?event_type={event_type}" in text
+    assert not [q for q in queries.captured_queries if "DISTINCT" in q["sql"].upper()]
+
+    only = admin_client.get(reverse("admin:outbox_delivery_changelist"), {"event_type": "passport.published"})
+    assert "2 deliveries" in only.content.decode()
+    events = admin_client.get(reverse("admin:outbox_event_changelist"), {"type": "zeta.z"})
+    assert "1 event" in events.content.decode()

@@ -15,6 +15,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
 DEFAULT_SECRET_KEY = "odal-development-only-secret-key-change-me"  # refused when ODAL_ENV=production
+DB_CONNECT_TIMEOUT_SECONDS = 3  # PostgreSQL's connect_timeout unless DATABASE_URL sets one
 
 
 def env_str(name: str, default: str) -> str:
@@ -83,6 +84,10 @@ def database_from_env() -> dict:
             "timeout": 20,
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
+    else:
+        # A database that does not answer fails a connection (and /readyz) within seconds, not
+        # after the TCP timeout of minutes. A connect_timeout given in DATABASE_URL wins.
+        config.setdefault("OPTIONS", {}).setdefault("connect_timeout", DB_CONNECT_TIMEOUT_SECONDS)
     return config
 
 
@@ -130,6 +135,13 @@ if PRODUCTION and not ODAL_METRICS_TOKEN:
         "ODAL_METRICS_TOKEN must be set when ODAL_ENV=production: /metrics then answers only "
         "'Authorization: Bearer <ODAL_METRICS_TOKEN>' (give the same token to Prometheus)"
     )
+# /readyz answers 503 when deliveries are due and no sweep has finished a pass for this long.
+ODAL_READYZ_SWEEP_SECONDS = env_int("ODAL_READYZ_SWEEP_SECONDS", 300, minimum=1)
+# Retention (outbox.retention): delivered deliveries, events and the registry's attempt lines of
+# settled registrations go after ODAL_RETENTION_DAYS; dead letters, which a person may still need,
+# after ODAL_DEAD_RETENTION_DAYS. At most a century: a cutoff must stay a date.
+ODAL_RETENTION_DAYS = env_int("ODAL_RETENTION_DAYS", 30, minimum=1, maximum=36_500)
+ODAL_DEAD_RETENTION_DAYS = env_int("ODAL_DEAD_RETENTION_DAYS", 90, minimum=1, maximum=36_500)
 # The biggest request body the API reads; larger ones get 413.
 ODAL_MAX_BODY_BYTES = env_int("ODAL_MAX_BODY_BYTES", 256 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = ODAL_MAX_BODY_BYTES
@@ -219,14 +231,33 @@ if ODAL_BROKER_URL:
 else:
     Q_CLUSTER["orm"] = "default"
 
+# text: one plain line per record; json: one JSON object per line (odal/logs.py says which keys).
+ODAL_LOG_FORMAT = env_choice("ODAL_LOG_FORMAT", "text", ("text", "json"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "json": {"()": "odal.logs.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if ODAL_LOG_FORMAT == "json" else "plain",
+        }
+    },
     "loggers": {
         "odal": {"handlers": ["console"], "level": env_str("ODAL_LOG_LEVEL", "INFO")},
         "outbox": {"handlers": ["console"], "level": env_str("ODAL_LOG_LEVEL", "INFO")},
         "registry": {"handlers": ["console"], "level": env_str("ODAL_LOG_LEVEL", "INFO")},
     },
 }
+if ODAL_LOG_FORMAT == "json":
+    # Every line JSON, not only odal's: the root logger gets the same handler for what others log
+    # (Django's request errors, django-q2), Django's own console handler makes way for it, and
+    # odal's loggers stop there so nothing is written twice.
+    LOGGING["root"] = {"handlers": ["console"], "level": "WARNING"}
+    LOGGING["loggers"]["django"] = {"handlers": [], "level": "INFO"}
+    LOGGING["loggers"]["django-q"] = {"level": Q_CLUSTER["log_level"]}
+    for name in ("odal", "outbox", "registry"):
+        LOGGING["loggers"][name]["propagate"] = False

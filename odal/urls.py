@@ -11,4 +11,5 @@ urlpatterns = [
     path("vault/api/v1/", api.urls),
     path("metrics", views.metrics, name="metrics"),
     path("healthz", views.healthz, name="healthz"),
+    path("readyz", views.readyz, name="readyz"),
 ]

@@ -1,11 +1,19 @@
 import hmac
+import logging
+from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, InterfaceError, connection
 from django.http import HttpResponse, JsonResponse
+from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from odal import tally
 from odal.metrics import registry
+from odal.text import error_text
+from outbox.models import Delivery
+
+log = logging.getLogger(__name__)
 
 
 def metrics_token_given(request) -> bool:
@@ -37,3 +45,27 @@ def healthz(request):
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return JsonResponse({"status": "ok"})
+
+
+def not_ready(code: str, detail: str) -> JsonResponse:
+    return JsonResponse({"status": "not_ready", "code": code, "detail": detail}, status=503)
+
+
+def readyz(request):
+    """200 when the database answers and, if any delivery is due, a sweep finished a pass within
+    ODAL_READYZ_SWEEP_SECONDS; else 503 naming why. Open like /healthz, and it says no more: no
+    figures, no error text (that goes to the log)."""
+    now = timezone.now()
+    try:
+        # EXISTS on delivery_due_idx (status='pending' AND next_attempt_at <= now): one index probe.
+        due = Delivery.objects.filter(status=Delivery.Status.PENDING, next_attempt_at__lte=now).exists()
+        last = tally.last_pass(tally.SWEEP) if due else None
+    except (DatabaseError, InterfaceError) as exc:  # refused, timed out, or the connection broke
+        log.warning("/readyz: the database did not answer: %s", error_text(exc))
+        return not_ready("database_unreachable", "The database does not answer.")
+    if due and (last is None or now - last > timedelta(seconds=settings.ODAL_READYZ_SWEEP_SECONDS)):
+        return not_ready(
+            "sweep_stalled",
+            "Deliveries are due and no sweep has finished a pass within ODAL_READYZ_SWEEP_SECONDS.",
+        )
+    return JsonResponse({"status": "ready"})

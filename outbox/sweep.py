@@ -176,11 +176,14 @@ def finish_attempts(token, finished: list[Finished]) -> Settled:
     for f in finished:
         if f.delivery.pk not in settled.taken and f.delivery.pk not in settled.unwritten:
             log.warning(
-                "late %s of delivery %s attempt %s: its claim was superseded; nothing written",
+                "late %s of delivery %s attempt %s (claim %s): its claim was superseded; nothing written",
                 "success" if f.outcome.ok else "failure",
                 f.delivery.pk,
                 f.delivery.attempts,
-            )
+                token,
+                extra={"delivery": f.delivery.pk, "event": f.delivery.event_id, "claim": token,
+                       "attempt": f.delivery.attempts},
+            )  # fmt: skip
     return settled
 
 
@@ -189,7 +192,9 @@ def record_write_error(token, f: Finished, exc: Exception) -> None:
     outbox_write_errors_total) and in the process log, and go on."""
     what = "delivered" if f.outcome.ok else f"failed ({f.outcome.error})"
     error = f"the attempt {what}, but its outcome could not be written: {error_text(exc)}"
-    log.error("delivery %s attempt %s: %s", f.delivery.pk, f.delivery.attempts, storable(error))
+    ids = {"delivery": f.delivery.pk, "event": f.delivery.event_id, "claim": token,
+           "attempt": f.delivery.attempts}  # fmt: skip
+    log.error("delivery %s attempt %s: %s", f.delivery.pk, f.delivery.attempts, storable(error), extra=ids)
     try:
         with transaction.atomic():
             log_attempts(
@@ -200,7 +205,7 @@ def record_write_error(token, f: Finished, exc: Exception) -> None:
                 ]
             )
     except Exception:
-        log.exception("delivery %s: not even the attempt-log line could be written", f.delivery.pk)
+        log.exception("delivery %s: not even the attempt-log line could be written", f.delivery.pk, extra=ids)
 
 
 def attempt(consumer, delivery: Delivery, client: httpx.Client, claim) -> Finished | None:
@@ -210,11 +215,18 @@ def attempt(consumer, delivery: Delivery, client: httpx.Client, claim) -> Finish
     if not claim.holds():
         return None
     started_at = timezone.now()
+    ids = {"delivery": delivery.pk, "event": delivery.event_id, "consumer": consumer.name, "claim": claim.token,
+           "attempt": delivery.attempts}  # fmt: skip
     try:
         outcome = consumers.call(consumer, delivery.pk, delivery.event, client)
     except Exception as exc:  # a bug of ours must fail the attempt, not kill the sweep
-        log.exception("calling consumer %s failed", consumer.name)
+        log.exception("calling consumer %s failed", consumer.name, extra=ids)
         outcome = consumers.Outcome(False, error_text(exc))
+    if not outcome.ok:  # logged here, where the consumer is known; a late outcome gets a line of its own
+        log.warning(
+            "delivery %s attempt %s (claim %s) to consumer %s failed: %s",
+            delivery.pk, delivery.attempts, claim.token, consumer.name, storable(outcome.error, 200), extra=ids,
+        )  # fmt: skip
     return Finished(delivery, outcome, started_at, timezone.now())
 
 

@@ -89,11 +89,14 @@ class Attempt:
         if not took:
             self.report.late += 1
             log.warning(
-                "late %s answer (%s) for registration %s: its claim was superseded or the row settled; "
-                "nothing written",
+                "late %s answer (%s) for registration %s attempt %s (claim %s): its claim was superseded "
+                "or the row settled; nothing written",
                 operation,
                 outcome,
                 self.reg.pk,
+                self.reg.attempts,
+                self.token,
+                extra={"registration": self.reg.pk, "claim": self.token, "attempt": self.reg.attempts},
             )
         return took
 
@@ -115,14 +118,23 @@ class Attempt:
         registry_write_errors_total) and the process log say so."""
         self.report.write_errors += 1
         error = f"the registry answered {outcome} ({answer}), but it could not be written: {error_text(exc)}"
-        log.error("registration %s %s: %s", self.reg.pk, operation, storable(error))
+        ids = {"registration": self.reg.pk, "claim": self.token, "attempt": self.reg.attempts}
+        log.error("registration %s %s: %s", self.reg.pk, operation, storable(error), extra=ids)
         try:
             with transaction.atomic():
                 self.log(operation, RegistrationAttempt.WRITE_ERROR, error, late=False)
         except Exception:
-            log.exception("registration %s: not even the attempt-log line could be written", self.reg.pk)
+            log.exception(
+                "registration %s: not even the attempt-log line could be written", self.reg.pk, extra=ids
+            )
 
     def failed(self, operation: str, error: str) -> None:
+        # Every failed attempt, taken or late (a late one gets a line of its own from finish).
+        log.warning(
+            "registration %s %s attempt %s (claim %s) failed: %s",
+            self.reg.pk, operation, self.reg.attempts, self.token, storable(error, 200),
+            extra={"registration": self.reg.pk, "claim": self.token, "attempt": self.reg.attempts},
+        )  # fmt: skip
         retry_at = timezone.now() + backoff_delay(self.reg.attempts)
         if self.finish(
             operation, "failed", error,
@@ -272,7 +284,10 @@ def drain_once(*, batch: int = 50, adapter=None) -> DrainReport:
                 else:
                     run_register(attempt, adapter)
             except Exception as exc:  # a bug of ours fails the attempt, not the drain
-                log.exception("registration %s: attempt raised", reg.pk)
+                log.exception(
+                    "registration %s: attempt raised", reg.pk,
+                    extra={"registration": reg.pk, "claim": claim.token, "attempt": reg.attempts},
+                )  # fmt: skip
                 attempt.failed(reg.operation, error_text(exc))
     finally:
         if own:

@@ -1,0 +1,46 @@
+"""Log lines a machine can read: with ODAL_LOG_FORMAT=json each record is one JSON object on one line.
+
+Keys: ``time`` (ISO 8601 UTC), ``level``, ``logger``, ``message``, each of IDS that the call
+passed in ``extra`` (``log.warning("…", extra={"delivery": d.pk, "claim": token})``), and ``exc``
+with the traceback when there is one. The line is ASCII: a NUL is escaped (``\\u0000``), a lone
+surrogate becomes U+FFFD (strict JSON parsers refuse it even escaped), and an id that is not a
+whole number (a UUID, a model) is written as its text.
+"""
+
+import json
+import logging
+import re
+from datetime import UTC, datetime
+
+IDS = ("delivery", "consumer", "claim", "registration", "attempt", "event")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text(value) -> str:
+    try:
+        text = value if isinstance(value, str) else str(value)
+    except Exception as exc:  # a hostile __str__ must not cost the line
+        text = f"<unprintable {type(value).__name__}: {type(exc).__name__}>"
+    return _SURROGATE.sub("\ufffd", text)
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": _text(record.getMessage()),
+        }
+        for key in IDS:
+            if key in record.__dict__:
+                value = record.__dict__[key]
+                whole = isinstance(value, int) and not isinstance(value, bool)
+                line[key] = value if whole or value is None else _text(value)
+        if record.exc_info:
+            line["exc"] = _text(self.formatException(record.exc_info))
+        elif record.exc_text:
+            line["exc"] = _text(record.exc_text)
+        if record.stack_info:
+            line["stack"] = _text(self.formatStack(record.stack_info))
+        return json.dumps(line, ensure_ascii=True, default=str)

@@ -42,8 +42,12 @@ def metrics(request):
 
 
 def healthz(request):
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except (DatabaseError, InterfaceError) as exc:
+        log.warning("/healthz: the database did not answer: %s", error_text(exc))
+        return not_ready("database_unreachable", "The database does not answer.")
     return JsonResponse({"status": "ok"})
 
 

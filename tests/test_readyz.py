@@ -103,13 +103,13 @@ def test_the_due_check_is_one_exists_on_the_due_index(client):
 # -- the database does not answer: a real odal process pointed at a port where PostgreSQL is not ---
 
 READYZ = (
-    "import django, json, time; django.setup(); from django.test import Client; "
-    "started = time.monotonic(); r = Client().get('/readyz', HTTP_HOST='localhost'); "
+    "import django, json, sys, time; django.setup(); from django.test import Client; "
+    "started = time.monotonic(); r = Client().get(sys.argv[1], HTTP_HOST='localhost'); "
     "print(json.dumps({'status': r.status_code, 'body': r.json(), 'seconds': time.monotonic() - started}))"
 )
 
 
-def readyz_against(port: int) -> dict:
+def readyz_against(port: int, path: str = "/readyz") -> dict:
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("ODAL_", "DEBUG", "SECRET_KEY"))}
     environment.update(
         DJANGO_SETTINGS_MODULE="odal.settings",
@@ -117,7 +117,7 @@ def readyz_against(port: int) -> dict:
         DEBUG="false",
     )
     result = subprocess.run(
-        [sys.executable, "-c", READYZ], env=environment, capture_output=True, text=True, timeout=30
+        [sys.executable, "-c", READYZ, path], env=environment, capture_output=True, text=True, timeout=30
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1]) | {"log": result.stderr}
@@ -136,6 +136,16 @@ def test_a_closed_port_is_database_unreachable_and_leaks_nothing():
     }
     assert "not-a-real-password" not in json.dumps(answer["body"])
     assert "database did not answer" in answer["log"]  # the reason is in the log, for the operator
+
+
+def test_healthz_without_a_database_is_503_not_a_500():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    answer = readyz_against(port, "/healthz")
+    assert answer["status"] == 503
+    assert answer["body"]["code"] == "database_unreachable"
+    assert "database did not answer" in answer["log"]
 
 
 def test_a_database_that_accepts_and_never_answers_is_unreachable_within_seconds():

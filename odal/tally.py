@@ -30,7 +30,7 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 
 from django.db import connection, transaction
-from django.db.models import Max, OuterRef, Subquery, Sum
+from django.db.models import Max, OuterRef, Q, Subquery, Sum
 from django.utils import timezone
 
 from odal.models import Heartbeat, Tally
@@ -106,35 +106,45 @@ def hourly(metric: str, since: datetime) -> dict[tuple[datetime, str], int]:
 
 
 def compact(*, now: datetime | None = None) -> int:
-    """Fold every bucket older than KEEP_HOURLY into one row per (metric, key) at EPOCH, in one
-    transaction: the sums stay the same to any reader. Returns how many rows it folded."""
-    cutoff = hour_of((now or timezone.now()) - KEEP_HOURLY)
+    """Fold the tally, in one transaction (the sums stay the same to any reader): each hour
+    before the current one into one row per (metric, key, hour), whatever the sessions that
+    added to it (connections come and go: each new one adds rows of its own); and every hour
+    older than KEEP_HOURLY into one row per (metric, key) at EPOCH. Run hourly by the retention
+    schedule, it keeps the tally at a few rows per figure and hour. Returns how many rows it
+    folded."""
+    now = now or timezone.now()
+    cutoff, this_hour = hour_of(now - KEEP_HOURLY), hour_of(now)
     table = Tally._meta.db_table
     with transaction.atomic(), connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(
                 f"""
                 WITH gone AS (
-                    DELETE FROM {table} WHERE hour < %s AND hour > %s
-                    RETURNING metric, key, value
+                    DELETE FROM {table}
+                    WHERE hour > %(epoch)s AND (hour < %(cutoff)s OR (hour < %(this_hour)s AND shard <> 0))
+                    RETURNING metric, key, hour, value
                 ), folded AS (
                     INSERT INTO {table} (metric, key, hour, shard, value)
-                    SELECT metric, key, %s, 0, SUM(value) FROM gone GROUP BY metric, key
-                    ORDER BY metric, key
+                    SELECT metric, key, CASE WHEN hour < %(cutoff)s THEN %(epoch)s ELSE hour END, 0, SUM(value)
+                    FROM gone GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
                     ON CONFLICT (metric, key, hour, shard) DO UPDATE SET value = {table}.value + EXCLUDED.value
                 )
                 SELECT count(*) FROM gone
                 """,
-                [cutoff, EPOCH, EPOCH],
+                {"epoch": EPOCH, "cutoff": cutoff, "this_hour": this_hour},
             )
             return cursor.fetchone()[0]
         # SQLite: one writer at a time, so reading the sums and deleting them cannot interleave.
-        old = Tally.objects.filter(hour__lt=cutoff, hour__gt=EPOCH)
-        sums = list(old.values("metric", "key").annotate(n=Sum("value")).order_by())
+        old = Tally.objects.filter(hour__gt=EPOCH).filter(
+            Q(hour__lt=cutoff) | (Q(hour__lt=this_hour) & ~Q(shard=0))
+        )
+        sums: dict[tuple, int] = defaultdict(int)
+        for row in old.values("metric", "key", "hour", "value"):
+            sums[(row["metric"], row["key"], EPOCH if row["hour"] < cutoff else row["hour"])] += row["value"]
         folded = old.count()
         old.delete()
-        for row in sums:
-            _add(cursor, row["metric"], row["key"], EPOCH, 0, row["n"])
+        for (metric, key, hour), n in sorted(sums.items()):
+            _add(cursor, metric, key, hour, 0, n)
         return folded
 
 

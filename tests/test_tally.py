@@ -221,8 +221,16 @@ def test_two_sessions_count_deliveries_of_one_consumer_at_once_without_waiting()
 
 
 def test_compaction_folds_old_buckets_and_keeps_every_sum():
-    now = timezone.now()
-    for hours_ago, shard, n in ((100, 1, 5), (80, 2, 7), (60, 1, 1), (3, 1, 2), (1, 2, 4)):
+    now = timezone.now().replace(minute=30)
+    for hours_ago, shard, n in (
+        (100, 1, 5),
+        (80, 2, 7),
+        (60, 1, 1),
+        (3, 1, 2),
+        (3, 2, 6),
+        (0, 1, 4),
+        (0, 2, 1),
+    ):
         Tally.objects.create(
             metric="outbox.attempts", key="delivered", hour=tally.hour_of(now - timedelta(hours=hours_ago)),
             shard=shard, value=n,
@@ -232,14 +240,19 @@ def test_compaction_folds_old_buckets_and_keeps_every_sum():
         metric="outbox.delivered", key="1", hour=tally.hour_of(now - timedelta(days=5)), value=3
     )
     before = tally.totals("outbox.attempts", "outbox.delivered")
+    chart_before = tally.hourly("outbox.attempts", now - timedelta(hours=24))
 
-    assert tally.compact(now=now) == 4
+    assert tally.compact(now=now) == 6
     assert tally.totals("outbox.attempts", "outbox.delivered") == before
+    assert tally.hourly("outbox.attempts", now - timedelta(hours=24)) == chart_before
     assert Tally.objects.filter(hour=tally.EPOCH).count() == 2  # one row per (metric, key)
     assert Tally.objects.get(metric="outbox.attempts", hour=tally.EPOCH).value == 13
     assert Tally.objects.get(metric="outbox.delivered", hour=tally.EPOCH).value == 13
-    # The last 48 hours stay hourly: the chart still reads them.
-    assert Tally.objects.filter(metric="outbox.attempts").exclude(hour=tally.EPOCH).count() == 2
+    # A past hour within the last 48 is one row (its sessions folded) and stays hourly for the chart;
+    # the current hour is left to the sessions still adding to it.
+    three_ago = Tally.objects.get(metric="outbox.attempts", hour=tally.hour_of(now - timedelta(hours=3)))
+    assert (three_ago.shard, three_ago.value) == (0, 8)
+    assert Tally.objects.filter(metric="outbox.attempts", hour=tally.hour_of(now)).count() == 2
     assert tally.compact(now=now) == 0
 
 
@@ -306,10 +319,16 @@ r = Registration.objects.create(passport=p)
 Registration.objects.filter(pk=r.pk).update(status="registered")
 tally.bump("outbox.purged", {"deliveries": 2})
 tally.bump("outbox.purged", {"deliveries": 1})
+from datetime import timedelta
+from odal.models import Tally
+for hours_ago, shard, n in ((3, 1, 2), (3, 2, 3), (100, 1, 100)):
+    Tally.objects.create(metric="x", key="k", hour=tally.hour_of(now - timedelta(hours=hours_ago)), shard=shard, value=n)
+folded = tally.compact()
+x = [tally.totals("x")["x"], Tally.objects.filter(metric="x").count(), folded]
 print(json.dumps({"delivered": outbox_counts()["delivered"], "pending": outbox_counts()["pending"],
                   "registered": registry_counts()["registered"], "pendingRegs": registry_counts()["pending"],
                   "attempts": tally.totals("outbox.attempts")["outbox.attempts"],
-                  "purged": tally.totals("outbox.purged")["outbox.purged"], "compacted": tally.compact()}))
+                  "purged": tally.totals("outbox.purged")["outbox.purged"], "x": x}))
 """
 
 
@@ -329,7 +348,7 @@ def test_the_triggers_count_on_sqlite_too(tmp_path):
 
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {
         "delivered": 1, "pending": 2, "registered": 1, "pendingRegs": 0,
-        "attempts": {"failed:late": 1}, "purged": {"deliveries": 3}, "compacted": 0,
+        "attempts": {"failed:late": 1}, "purged": {"deliveries": 3}, "x": [{"k": 105}, 2, 3],
     }  # fmt: skip
 
 

@@ -2,6 +2,7 @@
 
 import argparse
 import signal
+import time
 import uuid
 
 from django.core.management.base import CommandError, CommandParser
@@ -72,6 +73,56 @@ def parse_uuid(value, what: str = "passport id") -> uuid.UUID:
         return rules.uuid_id(value, what)
     except ValueError as exc:
         raise CommandError(f"{rules.shown(value)} {exc}.", returncode=2) from None
+
+
+class Progress:
+    """How far a long command has got, on one line of a terminal redrawn in place (`\\r`): a bar
+    when the total is known, else the count and the rate. Silent when the stream is not a
+    terminal (a pipe, a log file, a test), so only the command's summary line reaches those.
+    Call it with the number done so far; `close()` (or leaving the `with`) ends the line."""
+
+    WIDTH = 30  # characters of the bar
+    EVERY = 0.1  # seconds between redraws
+
+    def __init__(self, stream, *, total: int | None = None, what: str = "rows"):
+        # A command's OutputWrapper would end every write with a line break: write to its stream.
+        self.stream = getattr(stream, "_out", stream)
+        self.shown = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.total, self.what = total, what
+        self.started = time.monotonic()
+        self.drawn_at = float("-inf")
+        self.width = 0  # of the last line drawn, to blank it out
+
+    def __call__(self, done: int) -> None:
+        now = time.monotonic()
+        if not self.shown or (now - self.drawn_at < self.EVERY and done != self.total):
+            return
+        self.drawn_at = now
+        rate = done / max(now - self.started, 1e-9)
+        if self.total:
+            filled = min(self.WIDTH, self.WIDTH * done // self.total)
+            line = (
+                f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {min(100, 100 * done // self.total):3d}%  "
+                f"{done:,} of {self.total:,} {self.what}  {rate:,.0f}/s"
+            )
+        else:
+            line = f"{done:,} {self.what}  {rate:,.0f}/s"
+        self.stream.write("\r" + line.ljust(self.width))
+        self.stream.flush()
+        self.width = len(line)
+
+    def close(self) -> None:
+        """Blank the line out, so the summary that follows starts clean."""
+        if self.shown and self.width:
+            self.stream.write("\r" + " " * self.width + "\r")
+            self.stream.flush()
+        self.width = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def serving(make_server, port: int, what: str):

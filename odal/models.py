@@ -198,7 +198,7 @@ class Tally(models.Model):
     count: deliveries that became delivered, attempt-log lines by outcome, registrations by
     status. Python adds what no single table write says (rows purged, see odal.tally.bump).
     Each database session adds to rows of its own (`shard` is its backend pid), in hourly
-    buckets, so no row is hot; `odal.tally.compact` (hourly) folds each past hour into one row
+    buckets, so no row is hot; `odal.tally.compact` (every 10 minutes) folds each past hour into one row
     per figure and hour, and hours older than two days into one row per figure. A figure is the
     sum of its rows: deleting counted rows never lowers it.
     """

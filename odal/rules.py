@@ -22,7 +22,7 @@ UPIs have their own module (odal.upi.canonical_upi): `upi()` here is that rule.
 import re
 import unicodedata
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from django import forms
 
@@ -47,6 +47,9 @@ ATTEMPTS = (1, 1000)  # a delivery's attempt budget: 0 would dead-letter it unat
 TIMEOUT_SECONDS = (1, 60)  # a webhook's timeout
 BATCH = (1, 10_000)  # rows a sweep or a drain claims per pass
 PORT = (1, 65_535)  # a TCP port to listen on (0, "any free one", is not a port a person asks for)
+# How old a row must be for retention to delete it by hand (`odal outbox purge --older-than`): 0
+# would delete what was just settled; past a century the cutoff is no longer a date.
+RETENTION = (timedelta(minutes=1), timedelta(days=36_500))
 
 # A control character: C0/C1 controls, format characters (zero-width, bidi overrides), surrogates,
 # private use, and the Unicode line and paragraph separators. None belongs in one line of text.
@@ -57,6 +60,13 @@ NAME = re.compile(r"[A-Za-z0-9_-]+")  # a consumer's name: it is also a URL path
 EVENT_TYPE = re.compile(r"[a-z0-9_]+(?:\.[a-z0-9_]+)*")  # always fullmatch: `$` allows a final \n
 WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]{1,30}\s*")
 HOST = re.compile(r"[A-Za-z0-9.:\[\]_-]+")
+DURATION = re.compile(r"\s*([0-9]{1,9})\s*([dhms])\s*", re.IGNORECASE)  # 9 digits of days fit a timedelta
+DURATION_UNITS = {  # the largest first
+    "d": (timedelta(days=1), "day"),
+    "h": (timedelta(hours=1), "hour"),
+    "m": (timedelta(minutes=1), "minute"),
+    "s": (timedelta(seconds=1), "second"),
+}
 
 
 def has_control_character(value: str) -> bool:
@@ -262,6 +272,36 @@ def moment(value) -> datetime:
         return value.astimezone(UTC)
     except OverflowError:
         raise ValueError("is out of range once made UTC (years 1 to 9999 only)") from None
+
+
+def duration_text(value: timedelta, *, words: bool = False) -> str:
+    """A duration in the largest unit that divides it: 30d, 90m (or "30 days", "90 minutes")."""
+    for unit, (size, name) in DURATION_UNITS.items():
+        if value % size == timedelta(0):
+            n = value // size
+            return f"{n:,} {name}{'s' if n != 1 else ''}" if words else f"{n}{unit}"
+    return f"{value.total_seconds():g} seconds" if words else f"{value.total_seconds():g}s"
+
+
+def duration(value, low: timedelta, high: timedelta) -> timedelta:
+    """A length of time: a whole number and a unit, d (days), h (hours), m (minutes) or s
+    (seconds), e.g. 30d, 12h, 90m. A bare number is refused: 30 what?"""
+    problem = (
+        "must be a duration such as 30d, 12h or 90m (a whole number and d, h, m or s), "
+        f"from {duration_text(low, words=True)} to {duration_text(high, words=True)}"
+    )
+    found = DURATION.fullmatch(value) if isinstance(value, str) else None
+    if not found:
+        raise ValueError(problem)
+    length = int(found[1]) * DURATION_UNITS[found[2].lower()][0]
+    if not low <= length <= high:
+        raise ValueError(problem)
+    return length
+
+
+def retention_period(value) -> timedelta:
+    """How old a settled row must be for `odal outbox purge` to delete it."""
+    return duration(value, *RETENTION)
 
 
 # -- reasons ----------------------------------------------------------------------------------------

@@ -109,8 +109,8 @@ def compact(*, now: datetime | None = None) -> int:
     """Fold the tally, in one transaction (the sums stay the same to any reader): each hour
     before the current one into one row per (metric, key, hour), whatever the sessions that
     added to it (connections come and go: each new one adds rows of its own); and every hour
-    older than KEEP_HOURLY into one row per (metric, key) at EPOCH. Run hourly by the retention
-    schedule, it keeps the tally at a few rows per figure and hour. Returns how many rows it
+    older than KEEP_HOURLY into one row per (metric, key) at EPOCH. Run by the retention schedule
+    (every 10 minutes), it keeps the tally at a few rows per figure and hour. Returns how many rows it
     folded."""
     now = now or timezone.now()
     cutoff, this_hour = hour_of(now - KEEP_HOURLY), hour_of(now)

@@ -1,6 +1,6 @@
-"""django-q2 task entry points. The schedule (migration outbox/0002) runs `sweep` every minute;
-a commit that creates deliveries wakes the listening sweep, or enqueues `sweep` when no sweep
-listens (outbox.kick, outbox.wake).
+"""django-q2 task entry points. The schedules run `sweep` every minute (migration outbox/0002)
+and `purge` every 10 minutes (outbox/0007, retention); a commit that creates deliveries wakes the
+listening sweep, or enqueues `sweep` when no sweep listens (outbox.kick, outbox.wake).
 
 A sweep task that takes the listener lock listens for TURN_SECONDS, then hands over to a
 successor it enqueues itself (a relay), as long as there is pending work: so one django-q2
@@ -10,6 +10,7 @@ within about a second. Turns are short so that stopping the cluster never waits 
 
 from django.conf import settings
 
+from outbox import retention
 from outbox.kick import kick
 from outbox.models import Delivery
 from outbox.sweep import SweepReport, sweep_listening, sweep_until_idle
@@ -33,6 +34,11 @@ def sweep(relay: bool = False) -> str:
             return sweep_until_idle(max_seconds=50).summary()
         report = listen_one_turn(listener)
     return report.summary()
+
+
+def purge() -> str:
+    """Retention, every 10 minutes (migration outbox/0007): see outbox.retention."""
+    return retention.scheduled_purge()
 
 
 def listen_one_turn(listener: Listener, *, turn_seconds: float = TURN_SECONDS) -> SweepReport:

@@ -42,6 +42,7 @@ MALFORMED = {
         ["--dead", "--since", "0001-01-01T00:00:00+14:00", "--reason", "r"],
         ["--dead", "--reason", "r", "--actor", LONG],
     ],
+    ("outbox", "purge"): [["--older-than", "0d"], ["--dead-older-than", "90"], ["--batch", "0"]],
     ("outbox", "receive"): [["--port", "0"]],
     ("outbox", "consumer", "add"): [
         ["bad name", "--target", TARGET],

@@ -1,12 +1,15 @@
 import json
+from datetime import timedelta
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
 from odal import rules
-from odal.cli import argument, refused, run_until_signalled, serving, subcommands
+from odal.cli import Progress, argument, refused, run_until_signalled, serving, subcommands
 from odal.errors import Refused
+from outbox import retention
 from outbox.api import create_consumer, deliveries_matching
 from outbox.models import Delivery
 from outbox.service import outbox_counts
@@ -14,7 +17,7 @@ from outbox.sweep import sweep_forever, sweep_until_idle
 
 
 class Command(BaseCommand):
-    help = "The event outbox: sweep, status, replay dead deliveries, add consumers."
+    help = "The event outbox: sweep, status, replay dead deliveries, purge old rows, add consumers."
 
     def add_arguments(self, parser):
         sub = subcommands(parser)
@@ -37,6 +40,28 @@ class Command(BaseCommand):
         replay.add_argument("--reason", required=True)
         replay.add_argument("--actor", type=argument(rules.actor), help="who replays, for the audit trail")
         replay.add_argument("--dry-run", action="store_true")
+
+        purge = sub.add_parser(
+            "purge", help="delete settled rows older than the retention periods (what the hourly task does)"
+        )
+        purge.add_argument(
+            "--older-than",
+            type=argument(rules.retention_period),
+            help="delivered deliveries, events and settled registrations' attempt lines older than this, "
+            "e.g. 30d, 12h, 90m (default: ODAL_RETENTION_DAYS)",
+        )
+        purge.add_argument(
+            "--dead-older-than",
+            type=argument(rules.retention_period),
+            help="dead deliveries older than this (default: ODAL_DEAD_RETENTION_DAYS)",
+        )
+        purge.add_argument(
+            "--batch",
+            type=argument(rules.batch_size),
+            default=1000,
+            help="rows per transaction (1 to 10,000)",
+        )
+        purge.add_argument("--dry-run", action="store_true", help="count what would go, delete nothing")
 
         receive = sub.add_parser(
             "receive", help="run the demo webhook receiver (verifies signatures, prints events)"
@@ -136,6 +161,29 @@ class Command(BaseCommand):
         self.stdout.write(f"Replayed {replayed} of {selected} selected.")
         if ids and replayed < selected:
             raise CommandError(f"{selected - replayed} were not dead and were left as they are.")
+
+    # -- purge ---------------------------------------------------------------------------------
+
+    def do_purge(self, *, older_than, dead_older_than, batch, dry_run, **_):
+        older_than = older_than or timedelta(days=settings.ODAL_RETENTION_DAYS)
+        dead_older_than = dead_older_than or timedelta(days=settings.ODAL_DEAD_RETENTION_DAYS)
+        now = timezone.now()
+        delivered_before, dead_before = now - older_than, now - dead_older_than
+        with Progress(self.stderr, what="rows checked" if dry_run else "rows deleted") as progress:
+            report = retention.purge(
+                delivered_before=delivered_before,
+                dead_before=dead_before,
+                batch=batch,
+                dry_run=dry_run,
+                progress=progress,
+            )
+        said = report.summary()
+        self.stdout.write(
+            f"{said[0].upper()}{said[1:]}: delivered older than {rules.duration_text(older_than)} "
+            f"(before {delivered_before:%Y-%m-%d %H:%M:%S}Z), dead older than "
+            f"{rules.duration_text(dead_older_than)} (before {dead_before:%Y-%m-%d %H:%M:%S}Z)."
+            + (" Nothing was deleted (--dry-run)." if dry_run else "")
+        )
 
     def do_receive(self, *, port, consumer, **_):
         from outbox.models import Consumer

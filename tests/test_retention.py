@@ -1,0 +1,615 @@
+"""Issue 13.1: retention. Settled rows older than their period go, in bounded batches, each its
+own transaction with its tally; pending and claimed rows, passports, registrations and the
+audit trail stay; counters never go down."""
+
+import io
+import logging
+import threading
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.conf import settings as django_settings
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection, connections, transaction
+from django.test import Client
+from django.utils import timezone
+from django_q.models import Schedule
+
+from odal import tally
+from odal.cli import Progress
+from odal.models import AuditEntry, Heartbeat, Passport
+from outbox import retention, tasks
+from outbox.models import Delivery, DeliveryAttempt, Event
+from outbox.service import outbox_counts
+from registry.models import Registration, RegistrationAttempt
+from tests.factories import ConsumerFactory, DeliveryFactory, EventFactory, RegistrationFactory
+from tests.test_settings import start
+
+pytestmark = pytest.mark.django_db
+
+NOW = timezone.now()
+DELIVERED_BEFORE = NOW - timedelta(days=30)
+DEAD_BEFORE = NOW - timedelta(days=90)
+OLD = NOW - timedelta(days=40)  # past the delivered period, within the dead one
+ANCIENT = NOW - timedelta(days=100)  # past both
+YOUNG = NOW - timedelta(days=1)
+SETTLED = ["registered", "rejected", "suspended", "deactivated", "abandoned"]
+
+
+def purge(**options) -> retention.PurgeReport:
+    return retention.purge(delivered_before=DELIVERED_BEFORE, dead_before=DEAD_BEFORE, **options)
+
+
+def delivered(at=OLD, *, created=None, lines=1, **fields) -> Delivery:
+    """A delivered delivery (delivered at `at`, created just before) with `lines` attempt lines."""
+    created = created or at - timedelta(minutes=5)
+    row = DeliveryFactory(
+        **{"status": "delivered", "delivered_at": at, "created_at": created, "attempts": lines, **fields},
+        event=EventFactory(created_at=created),
+    )
+    add_lines(row, lines, at)
+    return row
+
+
+def dead(at=ANCIENT, *, lines=3, **fields) -> Delivery:
+    created = at - timedelta(hours=2)
+    row = DeliveryFactory(
+        **{"status": "dead", "dead_at": at, "created_at": created, "attempts": lines, **fields},
+        last_error="HTTP 500",
+        event=EventFactory(created_at=created),
+    )
+    add_lines(row, lines, at, outcome="failed")
+    return row
+
+
+def pending(*, created=ANCIENT, lines=1, **fields) -> Delivery:
+    row = DeliveryFactory(
+        created_at=created, attempts=lines, event=EventFactory(created_at=created), **fields
+    )
+    add_lines(row, lines, created, outcome="failed")
+    return row
+
+
+def add_lines(row: Delivery, n: int, at, outcome="delivered") -> None:
+    for number in range(1, n + 1):
+        DeliveryAttempt.objects.create(
+            delivery=row,
+            number=number,
+            claim_token=uuid.uuid4(),
+            started_at=at - timedelta(seconds=1),
+            finished_at=at,
+            outcome=outcome if number == n else "failed",
+        )
+
+
+def registry_lines(status: str, at=OLD, n: int = 2, **fields) -> Registration:
+    reg = RegistrationFactory(status=status, **fields)
+    for number in range(1, n + 1):
+        RegistrationAttempt.objects.create(
+            registration=reg,
+            number=number,
+            claim_token=uuid.uuid4(),
+            operation="register",
+            started_at=at - timedelta(seconds=1),
+            finished_at=at,
+            outcome="submitted",
+        )
+    return reg
+
+
+def exists(row) -> bool:
+    return type(row).objects.filter(pk=row.pk).exists()
+
+
+def lines_of(row: Delivery) -> int:
+    return DeliveryAttempt.objects.filter(delivery=row).count()
+
+
+# -- delivered deliveries -------------------------------------------------------------------------
+
+
+def test_delivered_deliveries_past_the_period_go_with_their_attempt_lines_and_events():
+    old = delivered(OLD, lines=2)
+    report = purge()
+    assert not exists(old) and lines_of(old) == 0
+    assert not exists(old.event)
+    assert (report.deliveries, report.attempts, report.events, report.registry_attempts) == (1, 2, 1, 0)
+
+
+def test_the_delivered_rule_keeps_young_pending_and_claimed_rows_and_their_lines():
+    young = delivered(YOUNG)
+    late = delivered(YOUNG, created=OLD)  # created long ago, delivered only yesterday
+    resent = delivered(OLD, status="pending")  # delivered once, due again (a resend)
+    waiting = pending()  # never delivered, however old
+    claimed = pending(claim_token=uuid.uuid4(), next_attempt_at=NOW + timedelta(minutes=5))
+    held = delivered(OLD, claim_token=uuid.uuid4())  # no writer leaves one, but a claim is a claim
+    purge()
+    for row in (young, late, resent, waiting, claimed, held):
+        assert exists(row), row.status
+        assert lines_of(row) == 1
+        assert exists(row.event)
+
+
+def test_a_delivery_exactly_at_the_cutoff_stays():
+    at_cutoff = delivered(DELIVERED_BEFORE)
+    assert purge().deliveries == 0
+    assert exists(at_cutoff)
+
+
+# -- dead deliveries ------------------------------------------------------------------------------
+
+
+def test_dead_deliveries_go_after_their_own_longer_period():
+    ancient = dead(ANCIENT)
+    old = dead(OLD)  # past the delivered period but not the dead one: a person may still need it
+    report = purge()
+    assert not exists(ancient) and lines_of(ancient) == 0 and not exists(ancient.event)
+    assert exists(old) and lines_of(old) == 3 and exists(old.event)
+    assert (report.deliveries, report.attempts, report.events) == (1, 3, 1)
+
+
+def test_the_dead_rule_keeps_replayed_and_claimed_rows():
+    replayed = dead(ANCIENT, status="pending")  # dead once, pending again (a resend keeps dead_at)
+    claimed = dead(ANCIENT, claim_token=uuid.uuid4())
+    purge()
+    for row in (replayed, claimed):
+        assert exists(row) and lines_of(row) == 3 and exists(row.event)
+
+
+# -- events ---------------------------------------------------------------------------------------
+
+
+def test_old_events_without_deliveries_go_young_ones_and_ones_with_deliveries_stay():
+    bare = EventFactory(created_at=OLD)  # never had a delivery (no consumer wanted it)
+    young_bare = EventFactory(created_at=YOUNG)
+    shared = EventFactory(created_at=OLD)  # one delivery goes, the other is still pending
+    consumers = ConsumerFactory.create_batch(2)
+    gone = DeliveryFactory(
+        event=shared, consumer=consumers[0], status="delivered", delivered_at=OLD, created_at=OLD
+    )
+    left = DeliveryFactory(event=shared, consumer=consumers[1], created_at=OLD)
+    report = purge()
+    assert not exists(bare) and not exists(gone)
+    assert exists(young_bare) and exists(shared) and exists(left)
+    assert report.events == 1
+
+
+# -- the registry's attempt lines -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", SETTLED)
+def test_old_attempt_lines_of_settled_registrations_go_the_registrations_stay(status):
+    reg = registry_lines(status, OLD)
+    young = registry_lines(status, YOUNG)
+    report = purge()
+    assert report.registry_attempts == 2
+    assert not reg.attempt_log.exists()
+    assert young.attempt_log.count() == 2
+    assert Registration.objects.filter(pk__in=[reg.pk, young.pk]).count() == 2
+    assert Passport.objects.filter(pk__in=[reg.passport_id, young.passport_id]).count() == 2
+
+
+@pytest.mark.parametrize("status", ["pending", "submitted"])
+def test_attempt_lines_of_registrations_that_owe_work_stay(status):
+    reg = registry_lines(status, ANCIENT)
+    assert purge().registry_attempts == 0
+    assert reg.attempt_log.count() == 2
+
+
+def test_attempt_lines_of_a_claimed_registration_stay():
+    reg = registry_lines("registered", ANCIENT, claim_token=uuid.uuid4())
+    assert purge().registry_attempts == 0
+    assert reg.attempt_log.count() == 2
+
+
+def test_passports_registrations_and_the_audit_trail_are_never_deleted():
+    reg = registry_lines("registered", ANCIENT)
+    AuditEntry.objects.record(actor="system", action="delivery_replayed", object_id="x")
+    delivered(ANCIENT)
+    dead(ANCIENT)
+    before = (Passport.objects.count(), Registration.objects.count(), AuditEntry.objects.count())
+    everything = NOW + timedelta(days=1)  # every settled row is past this cutoff
+    report = retention.purge(delivered_before=everything, dead_before=everything)
+    assert (report.deliveries, report.registry_attempts) == (2, 2)
+    assert (Passport.objects.count(), Registration.objects.count(), AuditEntry.objects.count()) == before
+    assert exists(reg) and exists(reg.passport)
+
+
+# -- batches --------------------------------------------------------------------------------------
+
+
+def world_in_one_instant():
+    """Ten delivered and ten dead rows sharing one created_at / dead_at (a batch settles together),
+    interleaved with rows that stay."""
+    consumers = ConsumerFactory.create_batch(10)
+    event = EventFactory(created_at=ANCIENT)
+    for consumer in consumers:
+        DeliveryFactory(
+            event=event, consumer=consumer, status="delivered", delivered_at=OLD, created_at=ANCIENT
+        )
+    dead_event = EventFactory(created_at=ANCIENT)
+    for consumer in consumers:
+        DeliveryFactory(
+            event=dead_event, consumer=consumer, status="dead", dead_at=ANCIENT, created_at=ANCIENT
+        )
+    keep = [pending(created=ANCIENT), delivered(YOUNG, created=ANCIENT), dead(OLD)]
+    return keep
+
+
+def test_batches_are_bounded():
+    event = EventFactory(created_at=OLD)
+    for consumer in ConsumerFactory.create_batch(10):
+        DeliveryFactory(event=event, consumer=consumer, status="delivered", delivered_at=OLD, created_at=OLD)
+    calls = []
+    report = purge(batch=3, progress=calls.append)
+    assert (report.deliveries, report.events) == (10, 1)
+    assert report.batches == 4 + 1  # the deliveries 3 + 3 + 3 + 1, then the event
+    assert calls == [3, 6, 9, 10, 11]
+
+
+@pytest.mark.parametrize("batch", [1, 3, 1000])
+def test_any_batch_size_takes_the_same_rows_and_keeps_the_same(batch):
+    keep = world_in_one_instant()
+    report = purge(batch=batch)
+    assert (report.deliveries, report.attempts, report.events) == (20, 0, 2)
+    assert set(Delivery.objects.values_list("pk", flat=True)) == {row.pk for row in keep}
+    assert set(Event.objects.values_list("pk", flat=True)) == {row.event_id for row in keep}
+    assert all(lines_of(row) for row in keep)
+    if batch == 1000:
+        assert report.batches == 3
+
+
+def test_the_time_limit_stops_between_batches():
+    world_in_one_instant()
+    report = purge(batch=3, max_seconds=0)
+    assert (report.rows, report.batches, report.finished) == (0, 0, False)
+    assert "time limit" in report.summary()
+
+
+def test_each_batch_is_its_own_transaction(monkeypatch):
+    for _ in range(5):
+        delivered(OLD)
+    real, seen = retention._pick, []
+
+    def fails_on_the_third(*args, **kwargs):
+        seen.append(1)
+        if len(seen) == 3:
+            raise RuntimeError("database went away")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(retention, "_pick", fails_on_the_third)
+    with pytest.raises(RuntimeError):
+        purge(batch=2)
+    assert Delivery.objects.count() == 1  # the first two batches were kept
+    assert tally.totals(retention.PURGED)[retention.PURGED]["deliveries"] == 4
+
+
+def test_the_tally_and_the_deletion_commit_together(monkeypatch):
+    row = delivered(OLD)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("tally refused")
+
+    monkeypatch.setattr(tally, "bump", refuse)
+    with pytest.raises(RuntimeError):
+        purge()
+    assert exists(row) and lines_of(row) == 1
+
+
+# -- the guarded DELETE: a row that changed after it was picked stays -------------------------------
+
+
+def change_after_picking(monkeypatch, picked: set, change):
+    """Run `change` (in the purge's transaction, which holds the row locks) once a batch has
+    picked one of `picked`, before that batch deletes."""
+    real, done = retention._pick, []
+
+    def picked_then_changed(*args, **kwargs):
+        found = real(*args, **kwargs)
+        if not done and picked & set(found):
+            change()
+            done.append(True)
+        return found
+
+    monkeypatch.setattr(retention, "_pick", picked_then_changed)
+
+
+@pytest.mark.parametrize(
+    "make, change",
+    [
+        (lambda: delivered(OLD), {"status": "pending", "next_attempt_at": NOW}),  # resent
+        (lambda: delivered(OLD), {"claim_token": uuid.uuid4()}),
+        (lambda: delivered(OLD), {"delivered_at": NOW}),
+        (lambda: dead(ANCIENT), {"status": "pending", "attempts": 0, "next_attempt_at": NOW}),  # replayed
+        (lambda: dead(ANCIENT), {"claim_token": uuid.uuid4()}),
+        (lambda: dead(ANCIENT), {"dead_at": NOW}),
+    ],
+    ids=[
+        "delivered-resent",
+        "delivered-claimed",
+        "delivered-again",
+        "dead-replayed",
+        "dead-claimed",
+        "dead-again",
+    ],
+)
+def test_a_delivery_that_changed_after_it_was_picked_stays_with_its_lines(monkeypatch, make, change):
+    row = make()
+    before = lines_of(row)
+    change_after_picking(monkeypatch, {row.pk}, lambda: Delivery.objects.filter(pk=row.pk).update(**change))
+    report = purge()
+    assert exists(row) and lines_of(row) == before
+    assert exists(row.event)
+    assert (report.deliveries, report.attempts) == (0, 0)
+    assert tally.totals(retention.PURGED)[retention.PURGED] == {}
+
+
+def test_an_event_that_got_a_delivery_after_it_was_picked_stays(monkeypatch):
+    event = EventFactory(created_at=OLD)
+    change_after_picking(monkeypatch, {event.pk}, lambda: DeliveryFactory(event=event))
+    assert purge().events == 0
+    assert exists(event)
+
+
+def test_registry_lines_of_a_registration_queued_again_after_they_were_picked_stay(monkeypatch):
+    reg = registry_lines("rejected", OLD)
+    lines = set(reg.attempt_log.values_list("pk", flat=True))
+    change_after_picking(
+        monkeypatch, lines, lambda: Registration.objects.filter(pk=reg.pk).update(status="pending")
+    )
+    assert purge().registry_attempts == 0
+    assert reg.attempt_log.count() == 2
+
+
+# -- locks ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_another_transaction_holds_is_skipped_not_waited_on():
+    locked, free = delivered(OLD), delivered(OLD)
+    holding, release = threading.Event(), threading.Event()
+
+    def replayer():
+        with transaction.atomic():
+            list(Delivery.objects.filter(pk=locked.pk).select_for_update())
+            holding.set()
+            release.wait(10)
+        connections.close_all()
+
+    thread = threading.Thread(target=replayer)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        with connection.cursor() as cursor:  # without SKIP LOCKED the purge would wait, then fail
+            cursor.execute("SET lock_timeout = '2s'")
+        started = time.monotonic()
+        report = purge()
+        assert time.monotonic() - started < 2
+    finally:
+        release.set()
+        thread.join()
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = 0")
+    assert (report.deliveries, report.events) == (1, 1)
+    assert not exists(free)
+    assert exists(locked) and lines_of(locked) == 1 and exists(locked.event)
+    assert purge().deliveries == 1  # the next run takes it
+
+
+# -- counters -------------------------------------------------------------------------------------
+
+
+def scrape() -> dict[str, float]:
+    samples = {}
+    for line in Client().get("/metrics").content.decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def test_counters_stay_where_they_were_and_purged_goes_up_by_what_went():
+    for _ in range(3):
+        delivered(OLD, lines=2)
+    delivered(YOUNG)
+    dead(OLD)  # young for the dead period: the dead count stays too
+    registry_lines("registered", OLD)
+    before, counts_before = scrape(), outbox_counts()
+
+    report = purge()
+
+    after, counts_after = scrape(), outbox_counts()
+    assert (report.deliveries, report.attempts, report.events, report.registry_attempts) == (3, 6, 3, 2)
+    assert counts_after == counts_before
+    counters = [n for n in before if n.startswith(("outbox_deliveries{", "outbox_attempts_total{"))]
+    assert len(counters) == 5 * 3 + 2  # five consumers by three statuses, two outcomes
+    assert {n: after[n] for n in counters} == {n: before[n] for n in counters}
+    assert sum(before[n] for n in counters if 'status="delivered"' in n) == 4
+    purged = {n: after[n] - before[n] for n in after if n.startswith("outbox_purged_total")}
+    assert purged == {
+        'outbox_purged_total{what="deliveries"}': 3,
+        'outbox_purged_total{what="attempts"}': 6,
+        'outbox_purged_total{what="events"}': 3,
+        'outbox_purged_total{what="registry_attempts"}': 2,
+    }
+
+
+# -- dry run --------------------------------------------------------------------------------------
+
+
+def test_a_dry_run_counts_what_a_purge_then_deletes_and_deletes_nothing():
+    world_in_one_instant()
+    for _ in range(3):
+        delivered(OLD, lines=2)
+    registry_lines("abandoned", OLD)
+    registry_lines("pending", OLD)
+    rows = (Delivery.objects.count(), DeliveryAttempt.objects.count(), Event.objects.count())
+    lines = RegistrationAttempt.objects.count()
+
+    dry = purge(batch=4, dry_run=True)
+
+    assert (Delivery.objects.count(), DeliveryAttempt.objects.count(), Event.objects.count()) == rows
+    assert RegistrationAttempt.objects.count() == lines
+    assert tally.totals(retention.PURGED)[retention.PURGED] == {}
+    assert dry.summary().startswith("would delete")
+    real = purge(batch=4)
+    assert (dry.deliveries, dry.attempts, dry.events, dry.registry_attempts) == (
+        real.deliveries,
+        real.attempts,
+        real.events,
+        real.registry_attempts,
+    )
+    assert (real.deliveries, real.attempts, real.events, real.registry_attempts) == (23, 6, 5, 2)
+
+
+# -- the schedule ---------------------------------------------------------------------------------
+
+
+def test_migrations_schedule_the_purge_every_10_minutes():
+    schedule = Schedule.objects.get(name="outbox purge")
+    assert (schedule.func, schedule.schedule_type, schedule.minutes, schedule.repeats) == (
+        "outbox.tasks.purge",
+        Schedule.MINUTES,
+        10,
+        -1,
+    )
+
+
+def test_the_scheduled_task_reads_the_periods_logs_and_bumps(settings, caplog):
+    settings.ODAL_RETENTION_DAYS = 30
+    settings.ODAL_DEAD_RETENTION_DAYS = 90
+    old, young = delivered(OLD), delivered(YOUNG)
+    kept_dead, gone_dead = dead(OLD), dead(ANCIENT)
+    Heartbeat.objects.create(role=tally.SWEEP, worker="gone:1", at=NOW - timedelta(days=8))
+    Heartbeat.objects.create(role=tally.SWEEP, worker="here:1", at=NOW)
+
+    with caplog.at_level(logging.INFO, logger="outbox.retention"):
+        said = tasks.purge()
+
+    assert said.startswith("deleted 2 deliveries with 4 attempt lines, 2 events and 0 registry attempt lines")
+    [logged] = [r.getMessage() for r in caplog.records if r.name == "outbox.retention"]
+    assert logged.startswith(f"{said} (delivered before {NOW - timedelta(days=30):%Y-%m-%d}")
+    assert f"dead before {NOW - timedelta(days=90):%Y-%m-%d}" in logged
+    assert logged.endswith("forgot 1 idle workers")
+    assert tally.totals(retention.PURGED)[retention.PURGED] == {"deliveries": 2, "attempts": 4, "events": 2}
+    assert not exists(old) and not exists(gone_dead)
+    assert exists(young) and exists(kept_dead)
+    assert list(Heartbeat.objects.values_list("worker", flat=True)) == ["here:1"]
+
+
+def test_the_periods_come_from_the_settings(settings):
+    settings.ODAL_RETENTION_DAYS = 50
+    settings.ODAL_DEAD_RETENTION_DAYS = 200
+    old, ancient = delivered(OLD), dead(ANCIENT)
+    tasks.purge()
+    assert exists(old) and exists(ancient)
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+
+def run(*args) -> str:
+    out = io.StringIO()
+    call_command("outbox", "purge", *args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+def test_the_command_purges_and_says_what_went_and_the_cutoffs():
+    delivered(OLD, lines=2)
+    dead(ANCIENT)
+    said = run("--older-than", "30d")
+    assert said.startswith(
+        "Deleted 2 deliveries with 5 attempt lines, 2 events and 0 registry attempt lines in "
+    )
+    assert "delivered older than 30d (before " in said and "dead older than 90d (before " in said
+    assert Delivery.objects.count() == 0
+
+
+def test_the_command_dry_run_deletes_nothing():
+    delivered(OLD)
+    said = run("--older-than", "30d", "--dead-older-than", "90d", "--dry-run", "--batch", "10")
+    assert said.startswith(
+        "Would delete 1 delivery with 1 attempt line, 1 event and 0 registry attempt lines"
+    )
+    assert "Nothing was deleted" in said
+    assert Delivery.objects.count() == 1
+
+
+def test_the_command_defaults_to_the_settings(settings):
+    settings.ODAL_RETENTION_DAYS = 50
+    delivered(OLD)
+    assert run().startswith("Deleted 0 deliveries")
+    assert "older than 50d" in run()
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("--older-than", "0d"),
+        ("--older-than", "30"),
+        ("--older-than", "-1d"),
+        ("--older-than", "36501d"),
+        ("--older-than", "soon"),
+        ("--dead-older-than", "1.5d"),
+        ("--dead-older-than", "30s"),
+        ("--batch", "0"),
+    ],
+)
+def test_the_command_refuses_a_bad_duration_with_exit_2(option, value):
+    row = delivered(OLD)
+    with pytest.raises(CommandError) as refused:
+        run(option, value)
+    assert refused.value.returncode == 2
+    assert "Traceback" not in str(refused.value) and len(str(refused.value).split()) >= 5
+    assert exists(row)
+
+
+# -- progress -------------------------------------------------------------------------------------
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_draws_one_line_on_a_terminal_and_blanks_it_out():
+    screen = Terminal()
+    with Progress(screen, total=10, what="rows") as progress:
+        progress(10)
+    drawn = screen.getvalue()
+    assert drawn.startswith("\r[" + "#" * Progress.WIDTH + "] 100%  10 of 10 rows")
+    assert drawn.endswith("\r") and "\n" not in drawn
+
+
+def test_progress_without_a_total_counts_and_is_silent_off_a_terminal():
+    screen, pipe = Terminal(), io.StringIO()
+    Progress(screen, what="rows deleted")(1234)
+    Progress(pipe)(1234)
+    assert screen.getvalue().startswith("\r1,234 rows deleted")
+    assert pipe.getvalue() == ""
+
+
+# -- settings -------------------------------------------------------------------------------------
+
+
+def test_the_periods_default_to_30_and_90_days():
+    assert (django_settings.ODAL_RETENTION_DAYS, django_settings.ODAL_DEAD_RETENTION_DAYS) == (30, 90)
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("ODAL_RETENTION_DAYS", "0"),
+        ("ODAL_RETENTION_DAYS", "-1"),
+        ("ODAL_RETENTION_DAYS", "1.5"),
+        ("ODAL_DEAD_RETENTION_DAYS", "thirty"),
+        ("ODAL_DEAD_RETENTION_DAYS", "36501"),
+    ],
+)
+def test_a_nonsense_period_stops_start_up_naming_the_variable(name, value):
+    result = start(**{name: value})
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and name in result.stderr

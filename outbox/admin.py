@@ -20,7 +20,7 @@ class ConsumerForm(StorableFormMixin, forms.ModelForm):
 
     class Meta:
         model = Consumer
-        fields = ["name", "kind", "url", "target", "event_types", "max_attempts", "timeout_seconds", "active"]
+        fields = ["name", "kind", "url", "target", "event_types", "max_attempts", "timeout_seconds"]
 
     def clean_name(self):
         return rules.form_value(rules.consumer_name, self.cleaned_data.get("name"))
@@ -66,9 +66,9 @@ class ConsumerAdmin(OdalAdmin):
         "event_types",
         "max_attempts",
         "timeout_seconds",
-        "active",
+        "paused",
     ]
-    list_filter = ["kind", "active"]
+    list_filter = ["kind", "paused"]
     search_fields = ["name", "url", "target"]
 
     def get_readonly_fields(self, request, obj=None):

@@ -100,10 +100,13 @@ class DeliveryPage(Schema):
 
 class ConsumerCounts(Schema):
     name: str
-    active: bool
+    isPaused: bool
+    pausedReason: str
+    pausedBy: str
     pending: int
     delivered: int
     dead: int
+    paused: int
     oldestPendingAt: datetime | None
 
 
@@ -111,6 +114,7 @@ class OutboxCountsOut(Schema):
     pending: int
     delivered: int
     dead: int
+    paused: int
     oldestPendingAt: datetime | None
     consumers: list[ConsumerCounts]
 
@@ -173,7 +177,7 @@ class ConsumerOut(Schema):
     eventTypes: list[str]
     maxAttempts: int
     timeoutSeconds: int
-    active: bool
+    paused: bool
     secret: str = Field(description="The whsec_ signing secret: shown here once, never again.")
 
 
@@ -284,7 +288,8 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
     response=responses({201: EventOut}, body=True),
 )
 def post_event(request, payload: EventIn):
-    """Emit an event: one delivery per active consumer that subscribes to its type."""
+    """Emit an event: one delivery per consumer that subscribes to its type (parked, not sent,
+    while that consumer is paused)."""
     event, deliveries = emit(payload.type, payload.payload)
     return Status(201, {"id": event.pk, "type": event.type, "deliveries": deliveries})
 
@@ -317,7 +322,7 @@ def post_consumer(request, payload: ConsumerIn):
             "eventTypes": consumer.event_types,
             "maxAttempts": consumer.max_attempts,
             "timeoutSeconds": consumer.timeout_seconds,
-            "active": consumer.active,
+            "paused": consumer.paused,
             "secret": consumer.secret,
         },
     )

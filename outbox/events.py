@@ -31,18 +31,28 @@ def check_event_pattern(value: str) -> str:
         ) from None
 
 
-def emit(event_type: str, payload: dict) -> tuple[Event, int]:
-    """Create the event and one pending delivery, due now, per active consumer that subscribes
-    to its type. Call it inside the transaction of the change it reports: if that rolls back,
-    no event and no delivery remain. Returns the event and the number of deliveries."""
+def emit(event_type: str, payload: dict, *, only=None, exclude=None) -> tuple[Event, int]:
+    """Create the event and one delivery per consumer that subscribes to its type: pending and
+    due now, or paused (parked until it resumes) for a paused consumer. Call it inside the
+    transaction of the change it reports: if that rolls back, no event and no delivery remain.
+    `only` (a consumer) sends it to that consumer alone, subscribed or not (a test event);
+    `exclude` leaves one out. Returns the event and the number of deliveries."""
     check_event_type(event_type)
     with transaction.atomic():
         event = Event.objects.create(type=event_type, payload=payload)
-        consumers = [c for c in Consumer.objects.filter(active=True) if c.wants(event_type)]
+        consumers = [only] if only is not None else [c for c in Consumer.objects.all() if c.wants(event_type)]
+        if exclude is not None:
+            consumers = [c for c in consumers if c.pk != exclude.pk]
         Delivery.objects.bulk_create(
-            Delivery(event=event, consumer=c, max_attempts=c.max_attempts, next_attempt_at=event.created_at)
+            Delivery(
+                event=event,
+                consumer=c,
+                max_attempts=c.max_attempts,
+                next_attempt_at=event.created_at,
+                status=Delivery.Status.PAUSED if c.paused else Delivery.Status.PENDING,
+            )
             for c in consumers
         )
-        if consumers:
+        if any(not c.paused for c in consumers):
             kick_sweep_on_commit()
     return event, len(consumers)

@@ -50,7 +50,18 @@ class Consumer(models.Model):
     )
     max_attempts = models.PositiveIntegerField(default=default_max_attempts)
     timeout_seconds = models.PositiveIntegerField(default=10)
-    active = models.BooleanField(default=True)
+    # Paused: its deliveries are still created, but parked (status paused): none is claimed, none
+    # spends an attempt, none is dead-lettered; on resume they flow in creation order.
+    paused = models.BooleanField(default=False)
+    paused_reason = models.TextField(blank=True, default="", editable=False)
+    paused_by = models.CharField(max_length=200, blank=True, default="", editable=False)
+    paused_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Automatic pause: since when every attempt failed, and how many did (reset by a success).
+    failing_since = models.DateTimeField(null=True, blank=True, editable=False)
+    failures = models.PositiveIntegerField(default=0, editable=False)
+    # Secret rotation: the secret before the last rotation, still signing until it expires.
+    previous_secret = models.CharField(max_length=100, blank=True, default="", editable=False)
+    previous_secret_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
@@ -211,6 +222,7 @@ class Delivery(models.Model):
         PENDING = "pending"
         DELIVERED = "delivered"
         DEAD = "dead"
+        PAUSED = "paused", "paused (its consumer is paused)"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     # No index of their own: the unique (event, consumer) and the (consumer, status) indexes serve
@@ -252,6 +264,12 @@ class Delivery(models.Model):
             ),
             # Serves the dead-letter list: status='dead' ordered by dead_at.
             models.Index(fields=["dead_at"], condition=models.Q(status="dead"), name="delivery_dead_idx"),
+            # Serves counting paused rows and resuming them in creation order, per consumer.
+            models.Index(
+                fields=["consumer", "created_at"],
+                condition=models.Q(status="paused"),
+                name="delivery_paused_idx",
+            ),
             models.Index(fields=["consumer", "status"], name="delivery_consumer_status_idx"),
             models.Index(fields=["-created_at", "-id"], name="delivery_listing_idx"),
         ]
@@ -288,6 +306,8 @@ class DeliveryAttempt(models.Model):
     outcome = models.CharField(max_length=16, choices=Outcome.choices)
     error = models.TextField(blank=True, default="")
     http_status = models.PositiveIntegerField(null=True, blank=True)
+    answer = models.TextField(blank=True, default="", help_text="An excerpt of the answer's body.")
+    content_type = models.CharField(max_length=200, blank=True, default="")
     duration_ms = models.PositiveIntegerField(default=0)
     late = models.BooleanField(
         default=False,

@@ -20,9 +20,11 @@ STATUSES = tuple(Delivery.Status.values)
 def outbox_counts() -> dict:
     """Deliveries per status, overall and per consumer, with the oldest pending delivery:
 
-    ``{pending, delivered, dead, oldestPendingAt, consumers: [{name, pending, delivered, dead,
-    oldestPendingAt, active}]}``. ``delivered`` counts deliveries ever delivered (it includes
-    those retention has since deleted); ``pending`` and ``dead`` count the rows there now."""
+    ``{pending, delivered, dead, paused, oldestPendingAt, consumers: [{name, isPaused,
+    pausedReason, pausedBy, pending, delivered, dead, paused, oldestPendingAt}]}``. Each status
+    is a count (``paused``: deliveries parked while their consumer is paused); ``isPaused`` says
+    whether the consumer is. ``delivered`` counts deliveries ever delivered (it includes those
+    retention has since deleted); the others count the rows there now, from partial indexes."""
     consumers = {c.pk: c for c in Consumer.objects.all()}
     rows = {pk: {**dict.fromkeys(STATUSES, 0), "oldestPendingAt": None} for pk in consumers}
     for row in (
@@ -32,13 +34,11 @@ def outbox_counts() -> dict:
         .order_by()
     ):
         rows[row["consumer_id"]].update(pending=row["n"], oldestPendingAt=row["oldest"])
-    for row in (
-        Delivery.objects.filter(status=Delivery.Status.DEAD)
-        .values("consumer_id")
-        .annotate(n=Count("pk"))
-        .order_by()
-    ):
-        rows[row["consumer_id"]]["dead"] = row["n"]
+    for status in (Delivery.Status.DEAD, Delivery.Status.PAUSED):
+        for row in (
+            Delivery.objects.filter(status=status).values("consumer_id").annotate(n=Count("pk")).order_by()
+        ):
+            rows[row["consumer_id"]][status] = row["n"]
     delivered = tally.totals("outbox.delivered")["outbox.delivered"]
     for key, n in delivered.items():
         if key.isdigit() and int(key) in rows:
@@ -50,7 +50,13 @@ def outbox_counts() -> dict:
         **total,
         "oldestPendingAt": oldest,
         "consumers": [
-            {"name": consumers[pk].name, "active": consumers[pk].active, **rows[pk]}
+            {
+                "name": consumers[pk].name,
+                "isPaused": consumers[pk].paused,
+                "pausedReason": consumers[pk].paused_reason,
+                "pausedBy": consumers[pk].paused_by,
+                **rows[pk],
+            }
             for pk in sorted(rows, key=lambda pk: consumers[pk].name)
         ],
     }

@@ -128,7 +128,7 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"  {c['name']:<24} pending {c['pending']:<6} delivered {c['delivered']:<8} dead {c['dead']:<6}"
                 + (f" oldest pending since {since:%Y-%m-%d %H:%M:%S}Z" if since else "")
-                + ("" if c["active"] else "  (inactive)")
+                + (f"  (paused by {c['pausedBy']}: {c['pausedReason']})" if c["isPaused"] else "")
             )
         self.stdout.write("(delivered counts every delivery made, including rows retention has deleted)")
 

@@ -68,12 +68,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='deliveryattempt',
             name='answer',
-            field=models.TextField(blank=True, default='', help_text="An excerpt of the answer's body."),
+            field=models.TextField(blank=True, db_default='', default='', help_text="An excerpt of the answer's body."),
         ),
         migrations.AddField(
             model_name='deliveryattempt',
             name='content_type',
-            field=models.CharField(blank=True, default='', max_length=200),
+            field=models.CharField(blank=True, db_default='', default='', max_length=200),
         ),
         migrations.AlterField(
             model_name='delivery',

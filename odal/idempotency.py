@@ -63,7 +63,7 @@ IdempotencyKey = Annotated[
 
 def check_key(key: str) -> str:
     """The key as given, or Refused (422 invalid_request) saying what is wrong with it."""
-    if not key:
+    if not key or not key.strip():
         problem = "is empty"
     elif len(key) > MAX_KEY_LENGTH:
         problem = f"is longer than {MAX_KEY_LENGTH} characters"

@@ -10,7 +10,7 @@ import uuid
 from datetime import datetime, timedelta
 
 from ninja import Field, Router, Schema, Status
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from odal import rules
 from odal.auth import ScopedAuth
@@ -82,6 +82,13 @@ class RotateIn(ReasonIn):
         description="How long the old secret keeps signing beside the new one (0: not at all).",
     )
 
+    @field_validator("graceSeconds", mode="before")
+    @classmethod
+    def _grace(cls, value):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError("must be a whole number of seconds")
+        return value
+
 
 class RotateOut(Schema):
     secret: str = Field(description="The new whsec_ signing secret: shown here once, never again.")
@@ -126,6 +133,12 @@ class BulkResendIn(ReasonIn):
     @classmethod
     def _moment(cls, value: datetime | None) -> datetime | None:
         return None if value is None else rules.moment(value)
+
+    @model_validator(mode="after")
+    def _window(self):
+        if self.since and self.until and self.since >= self.until:
+            raise ValueError("since must be before until")
+        return self
 
 
 class BulkResendOut(Schema):

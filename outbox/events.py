@@ -1,6 +1,6 @@
 """Emitting an event: the event row and its deliveries, in the caller's transaction."""
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from odal import rules
 from odal.errors import Refused
@@ -31,6 +31,21 @@ def check_event_pattern(value: str) -> str:
         ) from None
 
 
+def share_lock(consumers: list) -> None:
+    """Hold a key-share lock (what a foreign key check takes) on the consumers a publish fans out
+    to, until it commits: a removal (outbox.service.remove_consumer locks the row for update)
+    then waits for the publish and sees its deliveries, instead of the publish failing on the
+    deferred foreign key at commit. Key-share locks block neither one another nor updates of the
+    consumer. PostgreSQL only (SQLite has one writer at a time)."""
+    if not consumers or connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id FROM {Consumer._meta.db_table} WHERE id = ANY(%s) ORDER BY id FOR KEY SHARE",
+            [sorted(c.pk for c in consumers)],
+        )
+
+
 def emit(event_type: str, payload: dict, *, only=None, exclude=None) -> tuple[Event, int]:
     """Create the event and one delivery per consumer that subscribes to its type: pending and
     due now, or paused (parked until it resumes) for a paused consumer. Call it inside the
@@ -43,6 +58,7 @@ def emit(event_type: str, payload: dict, *, only=None, exclude=None) -> tuple[Ev
         consumers = [only] if only is not None else [c for c in Consumer.objects.all() if c.wants(event_type)]
         if exclude is not None:
             consumers = [c for c in consumers if c.pk != exclude.pk]
+        share_lock(consumers)
         Delivery.objects.bulk_create(
             Delivery(
                 event=event,

@@ -124,6 +124,13 @@ class DeliveryQuerySet(ClaimQuerySet):
             .update(status=Delivery.Status.PAUSED, claim_token=None)
         )
 
+    def resumed_consumers_with_parked_rows(self) -> list[int]:
+        """Consumers not paused that still have parked rows: a row parked by a transaction that
+        committed after the resume had unparked (a publish or a failure that read the consumer
+        as paused). One index probe per consumer (delivery_paused_idx)."""
+        parked = Delivery.objects.filter(status=Delivery.Status.PAUSED, consumer_id=OuterRef("pk"))
+        return list(Consumer.objects.filter(paused=False).filter(Exists(parked)).values_list("pk", flat=True))
+
     def unpark(self, *, consumer_id: int, limit: int = 10_000) -> int:
         """Resume up to `limit` parked rows of a consumer that is no longer paused: pending, due
         in the order they were created (their next attempt is their creation time), each with at

@@ -46,12 +46,14 @@ def outbox_counts() -> dict:
         .annotate(n=Count("pk"), oldest=Min("created_at"))
         .order_by()
     ):
-        rows[row["consumer_id"]].update(pending=row["n"], oldestPendingAt=row["oldest"])
+        if row["consumer_id"] in rows:  # (a consumer made since the consumers were read waits a scrape)
+            rows[row["consumer_id"]].update(pending=row["n"], oldestPendingAt=row["oldest"])
     for status in (Delivery.Status.DEAD, Delivery.Status.PAUSED):
         for row in (
             Delivery.objects.filter(status=status).values("consumer_id").annotate(n=Count("pk")).order_by()
         ):
-            rows[row["consumer_id"]][status] = row["n"]
+            if row["consumer_id"] in rows:
+                rows[row["consumer_id"]][status] = row["n"]
     delivered = tally.totals("outbox.delivered")["outbox.delivered"]
     for key, n in delivered.items():
         if key.isdigit() and int(key) in rows:
@@ -276,18 +278,28 @@ def remove_consumer(consumer: Consumer, *, actor: str, reason: str, batch: int =
     gone = 0
     while True:  # settled rows in batches, each its own transaction
         with transaction.atomic():
+            settled = [Delivery.Status.DELIVERED, Delivery.Status.DEAD]
+            # Locked as picked: a resend waits for this batch, or this batch for it (then the
+            # row is pending again and the DELETE, restating the status, leaves it).
             ids = list(
-                Delivery.objects.filter(
-                    consumer_id=consumer.pk, status__in=[Delivery.Status.DELIVERED, Delivery.Status.DEAD]
-                ).values_list("pk", flat=True)[:batch]
+                Delivery.objects.filter(consumer_id=consumer.pk, status__in=settled)
+                .select_for_update()
+                .values_list("pk", flat=True)[:batch]
             )
             if not ids:
                 break
-            lines = DeliveryAttempt.objects.filter(delivery_id__in=ids)
+            rows = Delivery.objects.filter(pk__in=ids, status__in=settled)
+            taken = list(rows.values_list("pk", flat=True))
+            if not taken:
+                break
+            lines = DeliveryAttempt.objects.filter(delivery_id__in=taken)
             lines._raw_delete(lines.db)
-            rows = Delivery.objects.filter(pk__in=ids)
+            rows = Delivery.objects.filter(pk__in=taken, status__in=settled)
             gone += rows._raw_delete(rows.db)
     with transaction.atomic():
+        # Locked first: a publish that is fanning out to this consumer holds a key-share lock on its
+        # row (outbox.events.emit) until it commits; then its delivery is seen here.
+        Consumer.objects.select_for_update().filter(pk=consumer.pk).first()
         if Delivery.objects.filter(consumer_id=consumer.pk).exists():  # made meanwhile
             raise Refused(
                 f"{consumer.name} got new deliveries while it was being removed; it is not removed.",
@@ -362,13 +374,13 @@ def record_health(consumer: Consumer, *, successes: int, failures: int, first_fa
     """After a flush: a success ends a consumer's failure streak; failures lengthen it. A
     consumer whose every attempt failed for ODAL_AUTO_PAUSE_AFTER, AUTO_PAUSE_MIN_FAILURES or
     more of them, is paused by odal itself (actor `odal`), with an audit entry and a
-    `consumer.paused` event to the other consumers. Writes nothing for a healthy consumer."""
+    `consumer.paused` event to the other consumers. For a healthy consumer, one UPDATE that
+    takes no row (the caller's reading may be stale: another sweep may have started a streak)."""
     if successes:
-        if consumer.failing_since is not None:
-            Consumer.objects.filter(pk=consumer.pk, failing_since__isnull=False).update(
-                failing_since=None, failures=0
-            )
-            consumer.failing_since, consumer.failures = None, 0
+        Consumer.objects.filter(pk=consumer.pk, failing_since__isnull=False).update(
+            failing_since=None, failures=0
+        )
+        consumer.failing_since, consumer.failures = None, 0
         return False
     if not failures:
         return False

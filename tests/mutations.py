@@ -356,8 +356,8 @@ GUARDS = [
     Guard(
         "sweep: webhook outcomes are written while Python consumers run",
         "outbox/sweep.py",
-        "                self.python.submit(run_python_consumers, python_jobs, self.client, self.claim)\n",
-        "                run_python_consumers(python_jobs, self.client, self.claim)\n",
+        "                self.python.submit(run_python_consumers, python_jobs, self.client, self.claim, self)\n",
+        "                run_python_consumers(python_jobs, self.client, self.claim, self)\n",
         "tests/test_sweep_python.py::test_webhook_outcomes_are_written_while_a_python_consumer_runs",
     ),
     Guard(
@@ -1761,8 +1761,8 @@ GUARDS = [
     Guard(
         "automatic pause: a success ends the streak",
         "outbox/service.py",
-        "            Consumer.objects.filter(pk=consumer.pk, failing_since__isnull=False).update(\n                failing_since=None, failures=0\n            )\n",
-        "            pass\n",
+        "        Consumer.objects.filter(pk=consumer.pk, failing_since__isnull=False).update(\n            failing_since=None, failures=0\n        )\n",
+        "        pass\n",
         "tests/test_consumers.py::test_a_success_ends_the_failure_streak",
     ),
     Guard(
@@ -1862,7 +1862,7 @@ GUARDS = [
     Guard(
         "idempotency: an empty key is refused",
         "odal/idempotency.py",
-        "    if not key:\n",
+        "    if not key or not key.strip():\n",
         "    if False:\n",
         "tests/test_idempotency.py -k test_a_bad_key_is_422_naming_the_header",
     ),
@@ -1886,6 +1886,70 @@ GUARDS = [
         "    keys = IdempotencyRecord.objects.forget_expired(now=now)  # a small table: one DELETE\n",
         "    keys = 0\n",
         "tests/test_idempotency.py::test_the_scheduled_purge_forgets_keys_older_than_24_hours",
+    ),
+    Guard(
+        "resume: the sweep unparks rows parked by a transaction that committed after the resume",
+        "outbox/sweep.py",
+        "    for consumer_id in Delivery.objects.resumed_consumers_with_parked_rows():  # (one statement)\n        Delivery.objects.unpark(consumer_id=consumer_id)\n",
+        "",
+        "tests/test_consumer_races.py::test_a_delivery_emitted_while_paused_but_committed_after_resume_is_not_parked_forever "
+        "tests/test_consumer_races.py::test_a_failure_written_while_paused_but_committed_after_resume_is_not_parked_forever",
+    ),
+    Guard(
+        "automatic pause: a success ends the streak whatever the pass read",
+        "outbox/service.py",
+        "    if successes:\n        Consumer.objects.filter(pk=consumer.pk, failing_since__isnull=False).update(",
+        "    if successes and consumer.failing_since is not None:\n        Consumer.objects.filter(pk=consumer.pk, failing_since__isnull=False).update(",
+        "tests/test_consumer_races.py::test_a_success_ends_the_streak_even_when_the_pass_read_the_consumer_before_it_began",
+    ),
+    Guard(
+        "remove: the DELETE restates the settled status (a row resent meanwhile stays)",
+        "outbox/service.py",
+        "            rows = Delivery.objects.filter(pk__in=ids, status__in=settled)\n",
+        "            rows = Delivery.objects.filter(pk__in=ids)\n",
+        "tests/test_consumer_races.py::test_remove_consumer_never_deletes_a_delivery_resent_while_it_runs",
+    ),
+    Guard(
+        "remove: a publish fanning out to the consumer holds it (key-share lock)",
+        "outbox/events.py",
+        '    if not consumers or connection.vendor != "postgresql":\n        return\n',
+        "    return\n",
+        "tests/test_consumer_races.py::test_a_publish_committing_while_a_consumer_is_removed_does_not_fail",
+    ),
+    Guard(
+        "pause: a pass starts no attempt of a consumer paused meanwhile",
+        "outbox/sweep.py",
+        '            if row["paused"]:\n                self.paused.add(row["pk"])\n',
+        "",
+        "tests/test_consumer_races.py::test_no_request_starts_after_a_pause_committed_during_the_pass",
+    ),
+    Guard(
+        "rotation: a pass signs with the secrets as they are now",
+        "outbox/sweep.py",
+        '            consumer.secret, consumer.previous_secret = row["secret"], row["previous_secret"]\n',
+        "",
+        "tests/test_consumer_races.py::test_requests_started_after_a_leaked_secret_is_dropped_are_not_signed_with_it",
+    ),
+    Guard(
+        "counts: a consumer made while they are read costs no 500",
+        "outbox/service.py",
+        '            if row["consumer_id"] in rows:\n                rows[row["consumer_id"]][status] = row["n"]\n',
+        '            rows[row["consumer_id"]][status] = row["n"]\n',
+        "tests/test_consumer_races.py::test_counts_survive_a_consumer_created_with_a_delivery_while_they_are_read",
+    ),
+    Guard(
+        "rotation: graceSeconds must be a number, not true",
+        "outbox/consumer_api.py",
+        "        if isinstance(value, bool) or not isinstance(value, int):\n",
+        "        if False:\n",
+        "tests/test_consumer_races.py::test_rotate_secret_refuses_a_boolean_grace_and_rotates_nothing",
+    ),
+    Guard(
+        "resend: since must be before until",
+        "outbox/consumer_api.py",
+        "        if self.since and self.until and self.since >= self.until:\n",
+        "        if False:\n",
+        "tests/test_consumer_races.py::test_bulk_resend_refuses_since_after_until",
     ),
 ]
 

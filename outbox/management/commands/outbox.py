@@ -221,6 +221,8 @@ class Command(BaseCommand):
                 "(not both).",
                 returncode=2,
             )
+        if since and until and since >= until:
+            raise CommandError("--since must be before --until.", returncode=2)
         if ids:
             rows = Delivery.objects.filter(pk__in=ids)
             found = rows.count()

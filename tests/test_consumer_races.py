@@ -139,22 +139,24 @@ def test_a_success_ends_the_streak_even_when_the_pass_read_the_consumer_before_i
 
 @pytest.mark.django_db(transaction=True)
 def test_remove_consumer_never_deletes_a_delivery_resent_while_it_runs(monkeypatch):
-    """remove_consumer reads the ids of settled rows, then deletes `pk IN ids` without restating
-    their status (and without locking them). A resend committing in between makes one of them
-    pending (owed, audited as resent); the delete takes it anyway and the consumer is removed."""
+    """remove_consumer read the ids of settled rows, then deleted `pk IN ids` without restating
+    their status or locking them: a resend committing in between made one pending (owed,
+    audited as resent) and the delete took it anyway. Now the rows are locked as picked: the
+    resend waits, and either it finds the row gone (and takes nothing) or the row stays."""
+    from odal.models import AuditEntry
+
     consumer = ConsumerFactory(name="erp")
     d = DeliveryFactory(consumer=consumer, status="delivered", delivered_at=timezone.now())
-    done = {"resent": False}
+    box_of = {}
     raw_delete = QuerySet._raw_delete
 
     def delete_after_a_resend(self, using):
-        if self.model is DeliveryAttempt and not done["resent"]:
-            done["resent"] = True
+        if self.model is DeliveryAttempt and "thread" not in box_of:
             thread, box = in_thread(
                 lambda: Delivery.objects.filter(pk=d.pk).resend(actor="ops", reason="the ERP lost it")
             )
-            thread.join(10)
-            assert box.get("result") == 1, box
+            box_of.update(thread=thread, box=box)
+            thread.join(1.0)  # commits now if nothing holds the row; else waits for the removal
         return raw_delete(self, using)
 
     monkeypatch.setattr(QuerySet, "_raw_delete", delete_after_a_resend)
@@ -163,9 +165,16 @@ def test_remove_consumer_never_deletes_a_delivery_resent_while_it_runs(monkeypat
     except Exception:  # noqa: BLE001 - a refusal is a right answer too
         pass
     monkeypatch.undo()
+    box_of["thread"].join(10)
 
-    assert done["resent"]
-    assert Delivery.objects.filter(pk=d.pk).exists(), "a resent (owed) delivery was deleted"
+    resent = AuditEntry.objects.filter(action="delivery_resent", object_id=str(d.pk)).exists()
+    assert box_of["box"].get("result") == (1 if resent else 0), box_of["box"]
+    if resent:
+        assert Delivery.objects.filter(pk=d.pk, status="pending").exists(), (
+            "a resent (owed) delivery was deleted"
+        )
+    else:
+        assert not Delivery.objects.filter(pk=d.pk).exists()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -213,7 +222,7 @@ def test_no_request_starts_after_a_pause_committed_during_the_pass():
     The pass gives them back when odal pauses the consumer itself (Pass.paused), not when a
     person does: the pause promised 'none is sent' beyond the attempts already running."""
     calls_after_pause.clear()
-    consumer = ConsumerFactory(name="erp", target="tests.test_zz_attack.pause_erp_then_accept")
+    consumer = ConsumerFactory(name="erp", target="tests.test_consumer_races.pause_erp_then_accept")
     for _ in range(5):
         DeliveryFactory(consumer=consumer)
 

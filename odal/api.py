@@ -6,18 +6,22 @@ from datetime import datetime
 
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.db import IntegrityError, transaction
-from django.http import Http404
-from ninja import NinjaAPI, Router, Schema, Status
+from django.db.models import Q
+from django.http import Http404, HttpResponse
+from ninja import NinjaAPI, Query, Router, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from pydantic import field_validator
 
 from odal import lifecycle, rules
 from odal.auth import ScopedAuth, document_access
 from odal.errors import Refused
+from odal.idempotency import IdempotencyKey, idempotent
 from odal.middleware import ParsedBodyParser, bad_request, body_too_large
 from odal.models import AuditEntry, Passport
 from odal.schemas import responses
+from outbox.api import decode_cursor, encode_cursor
 from outbox.api import router as outbox_router
+from outbox.consumer_api import router as consumer_router
 from registry.api import router as registry_router
 from registry.models import Registration
 from registry.service import registration_json
@@ -193,23 +197,28 @@ def registration_summary(passport: Passport) -> dict | None:
     auth=ScopedAuth("write", perm="odal.add_passport"),
     response=responses({201: PassportOut}, 409, body=True),
 )
-def create_passport(request, payload: PassportIn):
-    """Create a draft passport."""
-    if Passport.objects.filter(upi=payload.upi).exists():
-        raise Refused("A passport with this upi already exists.", code="upi_taken", status=409)
-    try:
-        with transaction.atomic():
-            passport = Passport.objects.create(
-                upi=payload.upi,
-                operator_id=payload.operatorId,
-                facility_id=payload.facilityId or "",
-                commodity_code=payload.commodityCode or "",
-                data=payload.data or {},
-            )
-            AuditEntry.objects.record(actor=request.auth.actor, action="passport_created", obj=passport)
-    except IntegrityError:
-        raise Refused("A passport with this upi already exists.", code="upi_taken", status=409) from None
-    return Status(201, passport_json(passport))
+def create_passport(
+    request, payload: PassportIn, response: HttpResponse, idempotency_key: IdempotencyKey = None
+):
+    """Create a draft passport. With an `Idempotency-Key`, a repeat creates nothing."""
+    with idempotent(request, response, "POST dpp", payload, idempotency_key) as once:
+        if once.replay is not None:
+            return once.replay
+        if Passport.objects.filter(upi=payload.upi).exists():
+            raise Refused("A passport with this upi already exists.", code="upi_taken", status=409)
+        try:
+            with transaction.atomic():
+                passport = Passport.objects.create(
+                    upi=payload.upi,
+                    operator_id=payload.operatorId,
+                    facility_id=payload.facilityId or "",
+                    commodity_code=payload.commodityCode or "",
+                    data=payload.data or {},
+                )
+                AuditEntry.objects.record(actor=request.auth.actor, action="passport_created", obj=passport)
+        except IntegrityError:
+            raise Refused("A passport with this upi already exists.", code="upi_taken", status=409) from None
+        return once.answer(201, passport_json(passport))
 
 
 @passports.get(
@@ -223,6 +232,40 @@ def get_passport(request, dppId: uuid.UUID):
     if passport is None:
         raise Refused(f"No passport {dppId}.", code="not_found", status=404)
     return passport_json(passport)
+
+
+class PassportPage(Schema):
+    items: list[PassportOut]
+    nextCursor: str | None
+
+
+@passports.get(
+    "dpp",
+    auth=ScopedAuth("read", perm="odal.view_passport"),
+    response=responses({200: PassportPage}),
+)
+def list_passports(
+    request,
+    status: str | None = None,
+    cursor: str | None = None,
+    limit: int = Query(50, ge=1, le=200),
+):
+    """Passports, newest first, a page at a time: pass `nextCursor` back as `cursor` for the next."""
+    rows = Passport.objects.order_by("-created_at", "-id")  # passport_listing_idx
+    if status:
+        if status not in Passport.Status.values:
+            raise Refused(
+                f"status must be one of {', '.join(Passport.Status.values)}.",
+                code="invalid_status",
+                status=422,
+            )
+        rows = rows.filter(status=status)
+    if cursor:
+        at, pk = decode_cursor(cursor)
+        rows = rows.filter(Q(created_at__lt=at) | Q(created_at=at, id__lt=pk))
+    page = list(rows[: limit + 1])
+    next_cursor = encode_cursor(page[limit - 1]) if len(page) > limit else None
+    return {"items": [passport_json(p) for p in page[:limit]], "nextCursor": next_cursor}
 
 
 @passports.post(
@@ -249,5 +292,6 @@ def suspend_passport(request, dppId: uuid.UUID):
 
 api.add_router("", passports)
 api.add_router("", outbox_router)
+api.add_router("", consumer_router)
 api.add_router("", registry_router)
 document_access(api)

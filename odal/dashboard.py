@@ -67,7 +67,9 @@ def outbox_figures(now) -> dict:
     consumers = [
         {
             "name": row["name"],
-            "active": row["active"],
+            "paused": row["isPaused"],
+            "paused_reason": row["pausedReason"],
+            "paused_by": row["pausedBy"],
             "cells": [
                 Figure(
                     status,

@@ -1,5 +1,6 @@
-"""The back office's two groups: Operators may replay dead deliveries, abandon registrations and
-record handles (and see everything); Viewers see everything and change nothing.
+"""The back office's two groups: Operators may replay and resend deliveries, pause and resume
+consumers, abandon registrations and record handles (and see everything); Viewers see everything
+and change nothing.
 
 The same permissions decide what a staff session may do through the API (odal/auth.py), so
 Operators may also read, replay, abandon and record handles there. Neither group may create,
@@ -16,6 +17,7 @@ VIEW = [
 ]  # fmt: skip
 OPERATE = [
     ("outbox", "replay_delivery"),
+    ("outbox", "pause_consumer"),
     ("registry", "abandon_registration"),
     ("registry", "record_handle"),
 ]
@@ -35,7 +37,12 @@ def ensure_groups(apps=None) -> None:
     view = [
         Permission.objects.get(content_type__app_label=app, codename=f"view_{model}") for app, model in VIEW
     ]
-    operate = [Permission.objects.get(content_type__app_label=app, codename=code) for app, code in OPERATE]
+    # A permission a later migration brings is skipped here; that migration calls this again.
+    operate = [
+        p
+        for app, code in OPERATE
+        if (p := Permission.objects.filter(content_type__app_label=app, codename=code).first()) is not None
+    ]
     viewers, _ = Group.objects.get_or_create(name="Viewers")
     viewers.permissions.add(*view)
     operators, _ = Group.objects.get_or_create(name="Operators")

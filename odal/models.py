@@ -57,6 +57,10 @@ class Passport(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        indexes = [
+            # Serves GET dpp: newest first, paged by the keyset (created_at, id) of the last row.
+            models.Index(fields=["-created_at", "-id"], name="passport_listing_idx"),
+        ]
         permissions = [
             ("publish_passport", "Can publish passports"),
             ("suspend_passport", "Can suspend passports"),
@@ -232,3 +236,51 @@ class Heartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role} {self.worker} {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+IDEMPOTENCY_WINDOW = timedelta(hours=24)  # how long a first answer is kept for its Idempotency-Key
+
+
+class IdempotencyRecordQuerySet(models.QuerySet):
+    def expired(self, *, now=None) -> "IdempotencyRecordQuerySet":
+        """Records older than IDEMPOTENCY_WINDOW: their keys no longer count."""
+        return self.filter(created_at__lte=(now or timezone.now()) - IDEMPOTENCY_WINDOW)
+
+    def forget_expired(self, *, now=None) -> int:
+        """Delete the expired records of this queryset (one DELETE); return how many went."""
+        rows = self.expired(now=now)
+        return rows._raw_delete(rows.db)
+
+    def answer(self, *, status_code: int, response: dict) -> bool:
+        """Store the first answer in a record still waiting for it. True if it took the row."""
+        return self.filter(status_code__isnull=True).update(status_code=status_code, response=response) == 1
+
+
+class IdempotencyRecord(models.Model):
+    """The first answer to a request sent with an `Idempotency-Key` (odal.idempotency).
+
+    One per caller, route and key (the unique constraint is what makes a concurrent second
+    request wait for the first and then find its record). It is inserted, without an answer,
+    in the transaction that does the work, and given the answer before that commits: a record
+    other transactions can see always has its answer, and a request that fails leaves none.
+    """
+
+    caller = models.CharField(max_length=200)  # "token:<prefix>" or "user:<id>": keys are per caller
+    route = models.CharField(max_length=64)  # "POST events", "POST dpp", ...
+    key = models.CharField(max_length=200)
+    request_hash = models.CharField(max_length=64)  # sha256 of the request body as canonical JSON
+    status_code = models.PositiveSmallIntegerField(null=True)  # null until the work is done
+    response = models.JSONField(null=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = IdempotencyRecordQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["caller", "route", "key"], name="one_record_per_idempotency_key")
+        ]
+        # Serves expired(): the purge's DELETE of records older than the window.
+        indexes = [models.Index(fields=["created_at"], name="idempotency_created_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.route} {self.key!r} by {self.caller} ({self.status_code})"

@@ -299,6 +299,14 @@ def duration(value, low: timedelta, high: timedelta) -> timedelta:
     return length
 
 
+GRACE = (timedelta(0), timedelta(days=30))
+
+
+def grace_period(value) -> timedelta:
+    """How long a rotated-out signing secret still signs (0s: not at all)."""
+    return duration(value, *GRACE)
+
+
 def retention_period(value) -> timedelta:
     """How old a settled row must be for `odal outbox purge` to delete it."""
     return duration(value, *RETENTION)

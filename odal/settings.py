@@ -55,6 +55,22 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     return value
 
 
+def env_duration(name: str, default: str, *, low_seconds: int, high_seconds: int) -> int | None:
+    """Seconds of a duration such as 24h, 90m or 7d (d, h, m or s), or None for "off"."""
+    raw = (os.environ.get(name) or "").strip() or default
+    if raw.lower() == "off":
+        return None
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    if len(raw) < 2 or raw[-1].lower() not in units or not raw[:-1].isdigit() or len(raw) > 12:
+        raise ImproperlyConfigured(f"{name} must be a duration such as 24h, 90m or 7d, or off; got {raw!r}")
+    seconds = int(raw[:-1]) * units[raw[-1].lower()]
+    if not low_seconds <= seconds <= high_seconds:
+        raise ImproperlyConfigured(
+            f"{name} must be from {low_seconds} seconds to {high_seconds // 86400} days, got {raw!r}"
+        )
+    return seconds
+
+
 def env_url(name: str, default: str, schemes: tuple[str, ...]) -> str:
     value = os.environ.get(name, default).strip() or default
     parsed = urlparse(value)
@@ -135,6 +151,9 @@ if PRODUCTION and not ODAL_METRICS_TOKEN:
         "ODAL_METRICS_TOKEN must be set when ODAL_ENV=production: /metrics then answers only "
         "'Authorization: Bearer <ODAL_METRICS_TOKEN>' (give the same token to Prometheus)"
     )
+# A consumer whose every attempt failed for this long (and at least AUTO_PAUSE_MIN_FAILURES
+# attempts) is paused by odal itself; "off" never pauses one.
+ODAL_AUTO_PAUSE_AFTER = env_duration("ODAL_AUTO_PAUSE_AFTER", "24h", low_seconds=60, high_seconds=365 * 86400)
 # /readyz answers 503 when deliveries are due and no sweep has finished a pass for this long.
 ODAL_READYZ_SWEEP_SECONDS = env_int("ODAL_READYZ_SWEEP_SECONDS", 300, minimum=1)
 # Retention (outbox.retention): delivered deliveries, events and the registry's attempt lines of

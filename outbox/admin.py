@@ -1,12 +1,12 @@
 from django import forms
 from django.contrib import admin, messages
-from django.db import connection, transaction
+from django.db import connection
 
 from odal import rules
 from odal.admin import OdalAdmin, ReadOnlyAdmin, ReadOnlyInline, actor_of
-from odal.admin_actions import StorableFormMixin, reason_action
+from odal.admin_actions import ReasonForm, StorableFormMixin, reason_action
 from odal.errors import Refused
-from odal.models import AuditEntry
+from outbox import service
 from outbox.consumers import check_python_target, check_webhook_url
 from outbox.events import check_event_pattern
 from outbox.models import Consumer, DeadLetter, Delivery, DeliveryAttempt, Event
@@ -20,7 +20,7 @@ class ConsumerForm(StorableFormMixin, forms.ModelForm):
 
     class Meta:
         model = Consumer
-        fields = ["name", "kind", "url", "target", "event_types", "max_attempts", "timeout_seconds", "active"]
+        fields = ["name", "kind", "url", "target", "event_types", "max_attempts", "timeout_seconds"]
 
     def clean_name(self):
         return rules.form_value(rules.consumer_name, self.cleaned_data.get("name"))
@@ -66,31 +66,143 @@ class ConsumerAdmin(OdalAdmin):
         "event_types",
         "max_attempts",
         "timeout_seconds",
-        "active",
+        "paused",
     ]
-    list_filter = ["kind", "active"]
+    list_filter = ["kind", "paused"]
     search_fields = ["name", "url", "target"]
 
+    actions = ["pause_selected", "resume_selected", "rotate_secret", "send_test_event"]
+
     def get_readonly_fields(self, request, obj=None):
-        return ["name", "kind"] if obj else []
+        return ["name", "kind", "paused", "paused_by", "paused_reason"] if obj else []
 
     def save_model(self, request, obj, form, change):
-        with transaction.atomic():
-            super().save_model(request, obj, form, change)
-            AuditEntry.objects.record(
-                actor=actor_of(request), action="consumer_changed" if change else "consumer_created", obj=obj
+        """Through outbox.service, as the API and the command line: checked, audited."""
+        data = form.cleaned_data
+        if change:
+            service.change_consumer(
+                Consumer.objects.get(pk=obj.pk),
+                actor=actor_of(request),
+                **{
+                    k: data[k]
+                    for k in ("url", "target", "event_types", "max_attempts", "timeout_seconds")
+                    if k in data
+                },
             )
-        if not change:
+            return
+        created = service.create_consumer(
+            name=data["name"], kind=data["kind"], url=data.get("url"), target=data.get("target"),
+            event_types=data.get("event_types") or [], max_attempts=data.get("max_attempts"),
+            timeout_seconds=data["timeout_seconds"], actor=actor_of(request),
+        )  # fmt: skip
+        obj.pk, obj.secret = created.pk, created.secret
+        self.message_user(
+            request,
+            f"Signing secret of {obj.name}: {obj.secret} — copy it now; it is not shown again.",
+            messages.WARNING,
+        )
+
+    def has_pause_permission(self, request):
+        return request.user.has_perm("outbox.pause_consumer")
+
+    def _each(self, request, queryset, data, verb, call):
+        done = []
+        for consumer in queryset:
+            if call(consumer, data):
+                done.append(consumer.name)
+        skipped = queryset.count() - len(done)
+        note = f"; {skipped} already {verb}" if skipped else ""
+        self.message_user(
+            request,
+            f"{verb.capitalize()}: {', '.join(done) or 'none'}{note}.",
+            messages.SUCCESS if done else messages.WARNING,
+        )
+
+    @admin.action(description="Pause… (its deliveries wait, with a reason)", permissions=["pause"])
+    def pause_selected(self, request, queryset):
+        def perform(data):
+            self._each(request, queryset, data, "paused",
+                       lambda c, d: service.pause(c, actor=actor_of(request), reason=d["reason"]))  # fmt: skip
+
+        return reason_action(
+            self, request, queryset, title="Pause consumers",
+            intro="Their deliveries are still made but wait: none is sent, none spends an attempt, none is "
+            "dead-lettered, until they are resumed. Attempts running now finish.",
+            perform=perform,
+        )  # fmt: skip
+
+    @admin.action(description="Resume… (waiting deliveries flow again)", permissions=["pause"])
+    def resume_selected(self, request, queryset):
+        def perform(data):
+            self._each(request, queryset, data, "resumed",
+                       lambda c, d: service.resume(c, actor=actor_of(request), reason=d["reason"]) is not None)  # fmt: skip
+
+        return reason_action(
+            self, request, queryset, title="Resume consumers",
+            intro="Their waiting deliveries are due again, oldest first, each with at least one attempt left.",
+            perform=perform,
+        )  # fmt: skip
+
+    @admin.action(description="Rotate the signing secret…", permissions=["change"])
+    def rotate_secret(self, request, queryset):
+        if queryset.count() != 1:
+            self.message_user(request, "Rotate one consumer's secret at a time.", messages.ERROR)
+            return None
+        consumer = queryset.get()
+
+        def perform(data):
+            try:
+                secret, expires = service.rotate_secret(
+                    consumer, actor=actor_of(request), reason=data["reason"], grace=data["grace"]
+                )
+            except Refused as exc:
+                self.message_user(request, exc.detail, messages.ERROR)
+                return
+            until = (
+                f"the old one signs beside it until {expires:%Y-%m-%d %H:%M} UTC"
+                if expires
+                else "the old one no longer signs"
+            )
             self.message_user(
                 request,
-                f"Signing secret of {obj.name}: {obj.secret} — copy it now; it is not shown again.",
+                f"New signing secret of {consumer.name}: {secret} — copy it now; it is not shown again ({until}).",
                 messages.WARNING,
             )
+
+        return reason_action(
+            self, request, queryset, title=f"Rotate the signing secret of {consumer.name}",
+            intro="A new secret is made and shown once. During the grace period every request carries both "
+            "signatures, so the consumer can switch without a failed delivery; 0 drops the old one at once "
+            "(a leaked secret).",
+            perform=perform, form_class=RotateForm,
+        )  # fmt: skip
+
+    @admin.action(description="Send a test event", permissions=["change"])
+    def send_test_event(self, request, queryset):
+        for consumer in queryset:
+            delivery = service.send_test_event(consumer, actor=actor_of(request))
+            waiting = " (it waits: the consumer is paused)" if consumer.paused else ""
+            self.message_user(
+                request, f"Test event sent to {consumer.name}: delivery {delivery.pk}{waiting}."
+            )
+
+
+class RotateForm(ReasonForm):
+    grace = forms.CharField(
+        initial="24h",
+        help_text="How long the old secret keeps signing beside the new one, e.g. 24h, 90m, 0s.",
+    )
+
+    def clean_grace(self):
+        return rules.form_value(rules.grace_period, self.cleaned_data.get("grace"))
 
 
 class AttemptInline(ReadOnlyInline):
     model = DeliveryAttempt
-    fields = ["number", "started_at", "finished_at", "outcome", "http_status", "duration_ms", "late", "error"]
+    fields = [
+        "number", "started_at", "finished_at", "outcome", "http_status", "duration_ms", "late", "error",
+        "content_type", "answer",
+    ]  # fmt: skip
     ordering = ["started_at", "id"]
 
 
@@ -162,7 +274,7 @@ class DeliveryAdmin(ReadOnlyAdmin):
     ]  # fmt: skip
     fields = readonly_fields
     inlines = [AttemptInline]
-    actions = ["replay_selected"]
+    actions = ["replay_selected", "resend_selected"]
 
     @admin.display(description="event type", ordering="event__type")
     def event_type(self, delivery):
@@ -195,6 +307,41 @@ class DeliveryAdmin(ReadOnlyAdmin):
             self.message_user(request, f"Replayed {replayed} of {selected} selected{note}.", level)
 
         dead = queryset.filter(status=Delivery.Status.DEAD).count()
+        return self._reason_page(request, queryset, selected, dead, perform)
+
+    @admin.action(
+        description="Resend… (delivered or dead, same webhook-id, with a reason)", permissions=["replay"]
+    )
+    def resend_selected(self, request, queryset):
+        selected = queryset.count()
+
+        def perform(data):
+            try:
+                resent = queryset.resend(actor=actor_of(request), reason=data["reason"])
+            except Refused as exc:
+                self.message_user(request, exc.detail, messages.ERROR)
+                return
+            skipped = selected - resent
+            note = f"; {skipped} were pending or paused (on their way)" if skipped else ""
+            self.message_user(
+                request,
+                f"Resent {resent} of {selected} selected{note}.",
+                messages.SUCCESS if resent else messages.WARNING,
+            )
+
+        settled = queryset.filter(status__in=service.RESENDABLE).count()
+        return reason_action(
+            self, request, queryset, title="Resend deliveries",
+            intro=(f"{settled} of the {selected} selected deliveries are delivered or dead and will be sent again: "
+                   "pending, due now, with a fresh attempt budget and the same webhook-id (consumers "
+                   "deduplicate it). The others are left as they are."),
+            headers=["event", "consumer", "status", "attempts", "last error"],
+            rows=[(d.event.type, d.consumer.name, d.status, d.attempts, d.last_error[:120] or "—")
+                  for d in queryset.select_related("event", "consumer")[:50]],
+            perform=perform,
+        )  # fmt: skip
+
+    def _reason_page(self, request, queryset, selected, dead, perform):
         return reason_action(
             self,
             request,

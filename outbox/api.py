@@ -5,21 +5,20 @@ import binascii
 import uuid
 from datetime import datetime
 
-from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Prefetch, Q
+from django.http import HttpResponse
 from django.utils import timezone
-from ninja import Field, Query, Router, Schema, Status
+from ninja import Field, Query, Router, Schema
 from pydantic import field_validator
 
 from odal import rules
 from odal.auth import ScopedAuth
 from odal.errors import Refused
-from odal.models import AuditEntry
+from odal.idempotency import IdempotencyKey, idempotent
 from odal.schemas import responses
-from outbox.consumers import check_python_target, check_webhook_url
-from outbox.events import check_event_pattern, emit
-from outbox.models import Consumer, Delivery
-from outbox.service import outbox_counts
+from outbox.events import emit
+from outbox.models import Consumer, Delivery, Event
+from outbox.service import deliveries_matching, outbox_counts
 
 router = Router(tags=["outbox"])
 
@@ -27,70 +26,42 @@ router = Router(tags=["outbox"])
 # -- shapes -----------------------------------------------------------------------------------------
 
 
-def delivery_json(d: Delivery) -> dict:
-    return {
-        "id": d.pk,
-        "eventId": d.event_id,
-        "eventType": d.event.type,
-        "consumer": d.consumer.name,
-        "status": d.status,
-        "attempts": d.attempts,
-        "maxAttempts": d.max_attempts,
-        "nextAttemptAt": d.next_attempt_at if d.status == Delivery.Status.PENDING else None,
-        "lastError": d.last_error,
-        "deliveredAt": d.delivered_at,
-        "deadAt": d.dead_at,
-        "createdAt": d.created_at,
-    }
-
-
-def delivery_detail_json(d: Delivery) -> dict:
-    return {
-        **delivery_json(d),
-        "attemptLog": [
-            {
-                "number": a.number,
-                "startedAt": a.started_at,
-                "finishedAt": a.finished_at,
-                "outcome": a.outcome,
-                "error": a.error,
-                "httpStatus": a.http_status,
-                "durationMs": a.duration_ms,
-                "late": a.late,
-            }
-            for a in d.attempt_log.all()
-        ],
-    }
-
-
 class DeliveryOut(Schema):
+    """A delivery, read from the model: each field names the attribute it comes from."""
+
     id: uuid.UUID
-    eventId: uuid.UUID
-    eventType: str
-    consumer: str
+    eventId: uuid.UUID = Field(alias="event_id")
+    eventType: str = Field(alias="event.type")
+    consumer: str = Field(alias="consumer.name")
     status: str
     attempts: int
-    maxAttempts: int
-    nextAttemptAt: datetime | None
-    lastError: str
-    deliveredAt: datetime | None
-    deadAt: datetime | None
-    createdAt: datetime
+    maxAttempts: int = Field(alias="max_attempts")
+    nextAttemptAt: datetime | None = Field(description="When it is due; only while pending.")
+    lastError: str = Field(alias="last_error")
+    deliveredAt: datetime | None = Field(alias="delivered_at")
+    deadAt: datetime | None = Field(alias="dead_at")
+    createdAt: datetime = Field(alias="created_at")
+
+    @staticmethod
+    def resolve_nextAttemptAt(d: Delivery) -> datetime | None:  # noqa: N802 (ninja's resolve_<field>)
+        return d.next_attempt_at if d.status == Delivery.Status.PENDING else None
 
 
 class AttemptOut(Schema):
     number: int
-    startedAt: datetime
-    finishedAt: datetime
+    startedAt: datetime = Field(alias="started_at")
+    finishedAt: datetime = Field(alias="finished_at")
     outcome: str
     error: str
-    httpStatus: int | None
-    durationMs: int
+    httpStatus: int | None = Field(alias="http_status")
+    durationMs: int = Field(alias="duration_ms")
     late: bool
+    answer: str = Field(description="An excerpt of what the consumer answered (its body, bounded).")
+    contentType: str = Field(alias="content_type", description="The answer's Content-Type, if it had one.")
 
 
 class DeliveryDetailOut(DeliveryOut):
-    attemptLog: list[AttemptOut]
+    attemptLog: list[AttemptOut] = Field(alias="attempt_log")
 
 
 class DeliveryPage(Schema):
@@ -100,10 +71,13 @@ class DeliveryPage(Schema):
 
 class ConsumerCounts(Schema):
     name: str
-    active: bool
+    isPaused: bool
+    pausedReason: str
+    pausedBy: str
     pending: int
     delivered: int
     dead: int
+    paused: int
     oldestPendingAt: datetime | None
 
 
@@ -111,6 +85,7 @@ class OutboxCountsOut(Schema):
     pending: int
     delivered: int
     dead: int
+    paused: int
     oldestPendingAt: datetime | None
     consumers: list[ConsumerCounts]
 
@@ -164,19 +139,6 @@ class ConsumerIn(Schema):
         return value
 
 
-class ConsumerOut(Schema):
-    id: int
-    name: str
-    kind: str
-    url: str
-    target: str
-    eventTypes: list[str]
-    maxAttempts: int
-    timeoutSeconds: int
-    active: bool
-    secret: str = Field(description="The whsec_ signing secret: shown here once, never again.")
-
-
 class ReasonIn(Schema):
     reason: str | None = None
 
@@ -212,54 +174,6 @@ class BulkReplayOut(Schema):
 # -- configuration ----------------------------------------------------------------------------------
 
 
-def create_consumer(
-    *, name, kind, url, target, event_types, max_attempts, timeout_seconds, actor
-) -> Consumer:
-    """Validate and create a consumer, audited. Shared by the API and `odal outbox consumer add`."""
-    if kind == Consumer.Kind.WEBHOOK:
-        if not url:
-            raise Refused("A webhook consumer needs a url.", code="invalid_consumer", status=422)
-        url, target = check_webhook_url(url), ""
-    else:
-        if not target:
-            raise Refused(
-                "A python consumer needs a target (a dotted path).", code="invalid_consumer", status=422
-            )
-        target, url = check_python_target(target), ""
-    for pattern in event_types:
-        check_event_pattern(pattern)
-    fields = {"timeout_seconds": timeout_seconds}
-    if max_attempts is not None:
-        fields["max_attempts"] = max_attempts
-    try:
-        with transaction.atomic():
-            consumer = Consumer.objects.create(
-                name=name, kind=kind, url=url, target=target, event_types=list(event_types), **fields
-            )
-            AuditEntry.objects.record(
-                actor=actor,
-                action="consumer_created",
-                obj=consumer,
-                details={"kind": kind, "url": url, "target": target, "eventTypes": list(event_types)},
-            )
-    except IntegrityError:
-        raise Refused(f"A consumer named {name!r} already exists.", code="consumer_exists") from None
-    return consumer
-
-
-def deliveries_matching(*, consumer=None, event_type=None, dead_since=None):
-    rows = Delivery.objects.all()
-    if consumer:
-        if not Consumer.objects.filter(name=consumer).exists():
-            raise Refused(f"No consumer named {consumer!r}.", code="unknown_consumer", status=422)
-        rows = rows.filter(consumer__name=consumer)
-    if event_type:
-        rows = rows.filter(event__type=event_type)
-    if dead_since:
-        rows = rows.filter(dead_at__gte=dead_since)
-    return rows
-
-
 # -- cursor pagination -------------------------------------------------------------------------------
 
 
@@ -281,46 +195,16 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
 @router.post(
     "events",
     auth=ScopedAuth("write", perm="outbox.post_event"),
-    response=responses({201: EventOut}, body=True),
+    response=responses({201: EventOut}, 409, body=True),
 )
-def post_event(request, payload: EventIn):
-    """Emit an event: one delivery per active consumer that subscribes to its type."""
-    event, deliveries = emit(payload.type, payload.payload)
-    return Status(201, {"id": event.pk, "type": event.type, "deliveries": deliveries})
-
-
-@router.post(
-    "outbox/consumers",
-    auth=ScopedAuth("admin", perm="outbox.add_consumer"),
-    response=responses({201: ConsumerOut}, 409, body=True),
-)
-def post_consumer(request, payload: ConsumerIn):
-    """Add a consumer. The response carries its signing secret, shown this once."""
-    consumer = create_consumer(
-        name=payload.name,
-        kind=payload.kind,
-        url=payload.url,
-        target=payload.target,
-        event_types=payload.eventTypes,
-        max_attempts=payload.maxAttempts,
-        timeout_seconds=payload.timeoutSeconds,
-        actor=request.auth.actor,
-    )
-    return Status(
-        201,
-        {
-            "id": consumer.pk,
-            "name": consumer.name,
-            "kind": consumer.kind,
-            "url": consumer.url,
-            "target": consumer.target,
-            "eventTypes": consumer.event_types,
-            "maxAttempts": consumer.max_attempts,
-            "timeoutSeconds": consumer.timeout_seconds,
-            "active": consumer.active,
-            "secret": consumer.secret,
-        },
-    )
+def post_event(request, payload: EventIn, response: HttpResponse, idempotency_key: IdempotencyKey = None):
+    """Emit an event: one delivery per consumer that subscribes to its type (parked, not sent,
+    while that consumer is paused). With an `Idempotency-Key`, a repeat creates nothing."""
+    with idempotent(request, response, "POST events", payload, idempotency_key) as once:
+        if once.replay is not None:
+            return once.replay
+        event, deliveries = emit(payload.type, payload.payload)
+        return once.answer(201, {"id": event.pk, "type": event.type, "deliveries": deliveries})
 
 
 @router.get(
@@ -341,10 +225,12 @@ def list_deliveries(
     status: str | None = None,
     consumer: str | None = None,
     eventType: str | None = None,
+    eventId: uuid.UUID | None = None,
     cursor: str | None = None,
     limit: int = Query(50, ge=1, le=200),
 ):
-    """Deliveries, newest first. `?status=dead` is the dead-letter list."""
+    """Deliveries, newest first. `?status=dead` is the dead-letter list; `?eventId=` the
+    deliveries of one event."""
     rows = Delivery.objects.select_related("event", "consumer").order_by("-created_at", "-id")
     if status:
         if status not in Delivery.Status.values:
@@ -358,12 +244,14 @@ def list_deliveries(
         rows = rows.filter(consumer__name=consumer)
     if eventType:
         rows = rows.filter(event__type=eventType)
+    if eventId:
+        rows = rows.filter(event_id=eventId)
     if cursor:
         at, pk = decode_cursor(cursor)
         rows = rows.filter(Q(created_at__lt=at) | Q(created_at=at, id__lt=pk))
     page = list(rows[: limit + 1])
     next_cursor = encode_cursor(page[limit - 1]) if len(page) > limit else None
-    return {"items": [delivery_json(d) for d in page[:limit]], "nextCursor": next_cursor}
+    return {"items": page[:limit], "nextCursor": next_cursor}
 
 
 def get_delivery_or_404(delivery_id) -> Delivery:
@@ -384,7 +272,7 @@ def get_delivery_or_404(delivery_id) -> Delivery:
 )
 def get_delivery(request, deliveryId: uuid.UUID):
     """One delivery with its attempt log (late attempts included)."""
-    return delivery_detail_json(get_delivery_or_404(deliveryId))
+    return get_delivery_or_404(deliveryId)
 
 
 @router.post(
@@ -401,7 +289,7 @@ def replay_delivery(request, deliveryId: uuid.UUID, payload: ReasonIn):
             code="not_dead",
             status=409,
         )
-    return delivery_detail_json(get_delivery_or_404(deliveryId))
+    return get_delivery_or_404(deliveryId)
 
 
 @router.post(
@@ -417,3 +305,33 @@ def replay_by_filter(request, payload: BulkReplayIn):
     if payload.dryRun:
         return {"wouldReplay": rows.filter(status=Delivery.Status.DEAD).count()}
     return {"replayed": rows.replay(actor=request.auth.actor, reason=payload.reason, at=timezone.now())}
+
+
+# -- events -----------------------------------------------------------------------------------------
+
+
+class EventDetailOut(Schema):
+    """An event as it was emitted, with its deliveries (one per consumer it was fanned out to)."""
+
+    # Read from the Event itself: each field names the model attribute it comes from.
+    id: uuid.UUID
+    type: str
+    payload: dict
+    createdAt: datetime = Field(alias="created_at")
+    deliveries: list[DeliveryOut]  # in the shape of the delivery list
+
+
+@router.get(
+    "events/{eventId}",
+    auth=ScopedAuth("read", perm="outbox.view_delivery"),
+    response=responses({200: EventDetailOut}, 404),
+)
+def get_event(request, eventId: uuid.UUID):
+    """One event with its deliveries, one per consumer it was fanned out to (by consumer name)."""
+    deliveries = Prefetch(
+        "deliveries", Delivery.objects.select_related("consumer").order_by("consumer__name")
+    )
+    event = Event.objects.filter(pk=eventId).prefetch_related(deliveries).first()
+    if event is None:
+        raise Refused(f"No event {eventId}.", code="not_found", status=404)
+    return event

@@ -83,11 +83,13 @@ class ClaimQuerySet(models.QuerySet):
                 claim_token=claim.token, next_attempt_at=held_until, attempts=F("attempts") + 1
             )
         # By primary key: claim_token has no index, and a claim must not read the whole table.
-        claim.rows = list(
+        rows = (
             self.model._default_manager.filter(pk__in=ids, claim_token=claim.token)
             .select_related(*select_related)
-            .order_by("pk")
+            .in_bulk()
         )
+        # In the order they fell due (oldest first): resumed deliveries in the order they were made.
+        claim.rows = [rows[pk] for pk in ids if pk in rows]
         return claim
 
     def release(self, *, token: uuid.UUID, now: datetime | None = None) -> int:

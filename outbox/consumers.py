@@ -25,6 +25,7 @@ from odal.text import error_text, excerpt, storable
 
 USER_AGENT = "odal-webhooks/1"
 ANSWER_CAP = 64 * 1024  # of a webhook's answer only an excerpt is kept: read no more than this
+MAX_CONTENT_TYPE = 200  # DeliveryAttempt.content_type
 
 
 @dataclass
@@ -33,6 +34,9 @@ class Outcome:
     error: str = ""
     http_status: int | None = None
     duration_ms: int = 0
+    # What the consumer answered, storable and bounded (see answer_excerpt): for the attempt log.
+    answer: str = ""
+    content_type: str = ""
 
 
 def webhook_body(event) -> str:
@@ -43,9 +47,22 @@ def webhook_body(event) -> str:
     )
 
 
+def signing_secrets(consumer, *, now: datetime | None = None) -> list[str]:
+    """The secrets a request to `consumer` is signed with: its own, and the one it replaced
+    while that one's grace runs (outbox.service.rotate_secret)."""
+    now = now or datetime.now(UTC)
+    found = [consumer.secret]
+    expires = getattr(consumer, "previous_secret_expires_at", None)
+    if getattr(consumer, "previous_secret", "") and expires is not None and expires > now:
+        found.append(consumer.previous_secret)
+    return found
+
+
 def webhook_headers(consumer, delivery_id, body: str, now: datetime | None = None) -> dict[str, str]:
-    """Standard Webhooks headers: the delivery id (stable across retries: the consumer's
-    idempotency key), Unix seconds, and v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">."""
+    """Standard Webhooks headers: the delivery id (stable across retries and resends: the
+    consumer's idempotency key), Unix seconds, and v1,<base64 HMAC-SHA256 of
+    "{id}.{timestamp}.{body}"> for each signing secret, space-separated (during a rotation's
+    grace, both the new and the old secret sign: a consumer checking either accepts it)."""
     now = now or datetime.now(UTC)
     msg_id = str(delivery_id)
     return {
@@ -53,20 +70,23 @@ def webhook_headers(consumer, delivery_id, body: str, now: datetime | None = Non
         "user-agent": USER_AGENT,
         "webhook-id": msg_id,
         "webhook-timestamp": str(int(now.timestamp())),
-        "webhook-signature": Webhook(consumer.secret).sign(msg_id, now, body),
+        "webhook-signature": " ".join(
+            Webhook(secret).sign(msg_id, now, body) for secret in signing_secrets(consumer, now=now)
+        ),
     }
 
 
-def read_answer(response: httpx.Response, cap: int, deadline: float) -> bytes:
+def read_answer(response: httpx.Response, cap: int, deadline: float, into: bytearray | None = None) -> bytes:
     """The answer's body, read until the monotonic `deadline`, and no more than `cap` bytes of
-    it (one chunk past the cap at most; the caller closes the response on the rest).
+    it (one chunk past the cap at most; the caller closes the response on the rest). `into`, if
+    given, gets the bytes as they arrive: what was read before a timeout or a reset.
 
     httpx's timeout holds for each read, so a body trickled a byte at a time would never time
     out: past the deadline this raises httpx.ReadTimeout, as a stalled read does. (A read that
     stalls just before the deadline still waits out its own timeout: at worst an answer takes
     about twice the timeout, never forever.) Raw bytes, not decoded: a compressed body is not
     inflated (requests ask for identity), so the cap holds for what is kept in memory."""
-    body = bytearray()
+    body = bytearray() if into is None else into
     for chunk in response.iter_raw():
         body += chunk
         if len(body) > cap:
@@ -80,6 +100,18 @@ def redirect_text(response: httpx.Response) -> str:
     location = response.headers.get("location")
     where = f"to {storable(location, 300)}" if location else "without a Location"
     return f"HTTP {response.status_code} redirect {where} (not followed)"
+
+
+def answer_excerpt(body) -> str:
+    """What the attempt log keeps of an answer's body (or of a callable's return value)."""
+    return storable(body)
+
+
+def answer_content_type(response: httpx.Response | None) -> str:
+    """The answer's Content-Type, storable and bounded; "" before any answer arrived."""
+    if response is None:
+        return ""
+    return storable(response.headers.get("content-type", ""), MAX_CONTENT_TYPE)
 
 
 def call_webhook(consumer, delivery_id, event, client: httpx.Client) -> Outcome:
@@ -96,25 +128,38 @@ def call_webhook(consumer, delivery_id, event, client: httpx.Client) -> Outcome:
     headers = {**webhook_headers(consumer, delivery_id, body), "accept-encoding": "identity"}
     started = time.monotonic()
     status = None  # once the status line has arrived: an error reading the body says so
+    response = None
+    answer = bytearray()  # what was read of the body, kept when a timeout or a reset cuts it short
     try:
         with pinned(target), client.stream(
             "POST", consumer.url, content=body.encode(), headers=headers,
             timeout=consumer.timeout_seconds, follow_redirects=False,
         ) as response:  # fmt: skip
             status = response.status_code
-            answer = read_answer(response, ANSWER_CAP, started + consumer.timeout_seconds)
-    except httpx.TimeoutException:
-        error = f"timed out after {consumer.timeout_seconds}s"
-        return Outcome(False, _reading(error, status), http_status=status, duration_ms=_since(started))
+            read_answer(response, ANSWER_CAP, started + consumer.timeout_seconds, into=answer)
     except httpx.HTTPError as exc:
-        error = f"connection error: {error_text(exc)}"
-        return Outcome(False, _reading(error, status), http_status=status, duration_ms=_since(started))
+        if isinstance(exc, httpx.TimeoutException):
+            error = f"timed out after {consumer.timeout_seconds}s"
+        else:
+            error = f"connection error: {error_text(exc)}"
+        return _answered(False, _reading(error, status), status, started, response, answer)
     if 200 <= status < 300:
-        return Outcome(True, http_status=status, duration_ms=_since(started))
+        return _answered(True, "", status, started, response, answer)
     error = (
         redirect_text(response) if 300 <= status < 400 else f"HTTP {status}: {excerpt(answer)}".rstrip(": ")
     )
-    return Outcome(False, error, http_status=status, duration_ms=_since(started))
+    return _answered(False, error, status, started, response, answer)
+
+
+def _answered(ok: bool, error: str, status, started: float, response, answer: bytearray) -> Outcome:
+    return Outcome(
+        ok,
+        error,
+        http_status=status,
+        duration_ms=_since(started),
+        answer=answer_excerpt(answer),
+        content_type=answer_content_type(response),
+    )
 
 
 def _reading(error: str, status: int | None) -> str:
@@ -124,10 +169,11 @@ def _reading(error: str, status: int | None) -> str:
 def call_python(consumer, delivery_id, event) -> Outcome:
     started = time.monotonic()
     try:
-        import_string(consumer.target)(event, delivery_id)
+        returned = import_string(consumer.target)(event, delivery_id)
     except Exception as exc:  # whatever the consumer raises fails the attempt
         return Outcome(False, error_text(exc), duration_ms=_since(started))
-    return Outcome(True, duration_ms=_since(started))
+    answer = "" if returned is None else answer_excerpt(returned)
+    return Outcome(True, duration_ms=_since(started), answer=answer)
 
 
 def call(consumer, delivery_id, event, client: httpx.Client) -> Outcome:

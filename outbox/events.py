@@ -1,6 +1,6 @@
 """Emitting an event: the event row and its deliveries, in the caller's transaction."""
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from odal import rules
 from odal.errors import Refused
@@ -31,18 +31,44 @@ def check_event_pattern(value: str) -> str:
         ) from None
 
 
-def emit(event_type: str, payload: dict) -> tuple[Event, int]:
-    """Create the event and one pending delivery, due now, per active consumer that subscribes
-    to its type. Call it inside the transaction of the change it reports: if that rolls back,
-    no event and no delivery remain. Returns the event and the number of deliveries."""
+def share_lock(consumers: list) -> None:
+    """Hold a key-share lock (what a foreign key check takes) on the consumers a publish fans out
+    to, until it commits: a removal (outbox.service.remove_consumer locks the row for update)
+    then waits for the publish and sees its deliveries, instead of the publish failing on the
+    deferred foreign key at commit. Key-share locks block neither one another nor updates of the
+    consumer. PostgreSQL only (SQLite has one writer at a time)."""
+    if not consumers or connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id FROM {Consumer._meta.db_table} WHERE id = ANY(%s) ORDER BY id FOR KEY SHARE",
+            [sorted(c.pk for c in consumers)],
+        )
+
+
+def emit(event_type: str, payload: dict, *, only=None, exclude=None) -> tuple[Event, int]:
+    """Create the event and one delivery per consumer that subscribes to its type: pending and
+    due now, or paused (parked until it resumes) for a paused consumer. Call it inside the
+    transaction of the change it reports: if that rolls back, no event and no delivery remain.
+    `only` (a consumer) sends it to that consumer alone, subscribed or not (a test event);
+    `exclude` leaves one out. Returns the event and the number of deliveries."""
     check_event_type(event_type)
     with transaction.atomic():
         event = Event.objects.create(type=event_type, payload=payload)
-        consumers = [c for c in Consumer.objects.filter(active=True) if c.wants(event_type)]
+        consumers = [only] if only is not None else [c for c in Consumer.objects.all() if c.wants(event_type)]
+        if exclude is not None:
+            consumers = [c for c in consumers if c.pk != exclude.pk]
+        share_lock(consumers)
         Delivery.objects.bulk_create(
-            Delivery(event=event, consumer=c, max_attempts=c.max_attempts, next_attempt_at=event.created_at)
+            Delivery(
+                event=event,
+                consumer=c,
+                max_attempts=c.max_attempts,
+                next_attempt_at=event.created_at,
+                status=Delivery.Status.PAUSED if c.paused else Delivery.Status.PENDING,
+            )
             for c in consumers
         )
-        if consumers:
+        if any(not c.paused for c in consumers):
             kick_sweep_on_commit()
     return event, len(consumers)

@@ -28,11 +28,16 @@ class OutboxCollector:
         )
         ages = oldest_pending_seconds(counts, now=now)
         for c in counts["consumers"]:
-            for status in ("pending", "delivered", "dead"):
+            for status in ("pending", "delivered", "dead", "paused"):
                 deliveries.add_metric([status, c["name"]], c[status])
             oldest.add_metric([c["name"]], ages[c["name"]])
         yield deliveries
         yield oldest
+        yield GaugeMetricFamily(
+            "outbox_consumers_paused",
+            "Consumers paused now (by a person, or by odal after sustained failure): their deliveries wait.",
+            value=sum(1 for c in counts["consumers"] if c["isPaused"]),
+        )
 
         figures = tally.totals("outbox.attempts", "outbox.purged")
         attempts = figures["outbox.attempts"]

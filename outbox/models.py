@@ -8,8 +8,8 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import Case, F, Value, When
-from django.db.models.functions import Cast, Concat
+from django.db.models import Case, Exists, F, OuterRef, Value, When
+from django.db.models.functions import Cast, Concat, Least
 from django.utils import timezone
 
 from odal.errors import Refused
@@ -50,11 +50,23 @@ class Consumer(models.Model):
     )
     max_attempts = models.PositiveIntegerField(default=default_max_attempts)
     timeout_seconds = models.PositiveIntegerField(default=10)
-    active = models.BooleanField(default=True)
+    # Paused: its deliveries are still created, but parked (status paused): none is claimed, none
+    # spends an attempt, none is dead-lettered; on resume they flow in creation order.
+    paused = models.BooleanField(default=False)
+    paused_reason = models.TextField(blank=True, default="", editable=False)
+    paused_by = models.CharField(max_length=200, blank=True, default="", editable=False)
+    paused_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Automatic pause: since when every attempt failed, and how many did (reset by a success).
+    failing_since = models.DateTimeField(null=True, blank=True, editable=False)
+    failures = models.PositiveIntegerField(default=0, editable=False)
+    # Secret rotation: the secret before the last rotation, still signing until it expires.
+    previous_secret = models.CharField(max_length=100, blank=True, default="", editable=False)
+    previous_secret_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
         ordering = ["name"]
+        permissions = [("pause_consumer", "Can pause and resume consumers")]
 
     def __str__(self) -> str:
         return self.name
@@ -68,6 +80,11 @@ class Consumer(models.Model):
             if pattern.endswith(".*") and event_type.startswith(pattern[:-1]):
                 return True
         return False
+
+
+def paused_consumers():
+    """The ids of paused consumers, as a subquery (a handful of rows)."""
+    return Consumer.objects.filter(paused=True).values("pk")
 
 
 class Event(models.Model):
@@ -90,8 +107,50 @@ class DeliveryQuerySet(ClaimQuerySet):
     claimable_statuses = ("pending",)
 
     def claimable(self, now):
-        # A due row whose attempts are spent is dead-lettered by the sweep, never claimed again.
-        return self.due(now).filter(attempts__lt=F("max_attempts"))
+        # A due row whose attempts are spent is dead-lettered by the sweep, never claimed again;
+        # a paused consumer's rows wait (the sweep parks them, see park_paused).
+        return (
+            self.due(now).filter(attempts__lt=F("max_attempts")).exclude(consumer_id__in=paused_consumers())
+        )
+
+    def park_paused(self, *, now: datetime) -> int:
+        """Park the pending rows of paused consumers (status paused) that no live claim holds:
+        rows made due again while their consumer was pausing, a failure written after it
+        paused, a replayed dead letter. Served by the (consumer, status) index; nothing to do
+        while no consumer is paused. Returns how many it parked."""
+        return (
+            self.filter(status=Delivery.Status.PENDING, consumer_id__in=paused_consumers())
+            .filter(models.Q(claim_token__isnull=True) | models.Q(next_attempt_at__lte=now))
+            .update(status=Delivery.Status.PAUSED, claim_token=None)
+        )
+
+    def resumed_consumers_with_parked_rows(self) -> list[int]:
+        """Consumers not paused that still have parked rows: a row parked by a transaction that
+        committed after the resume had unparked (a publish or a failure that read the consumer
+        as paused). One index probe per consumer (delivery_paused_idx)."""
+        parked = Delivery.objects.filter(status=Delivery.Status.PAUSED, consumer_id=OuterRef("pk"))
+        return list(Consumer.objects.filter(paused=False).filter(Exists(parked)).values_list("pk", flat=True))
+
+    def unpark(self, *, consumer_id: int, limit: int = 10_000) -> int:
+        """Resume up to `limit` parked rows of a consumer that is no longer paused: pending, due
+        in the order they were created (their next attempt is their creation time), each with at
+        least one attempt left. Guarded: only rows still parked, of a consumer not paused."""
+        ids = list(
+            self.filter(status=Delivery.Status.PAUSED, consumer_id=consumer_id)
+            .order_by("created_at")
+            .values_list("pk", flat=True)[:limit]
+        )
+        if not ids:
+            return 0
+        return (
+            Delivery.objects.filter(pk__in=ids, status=Delivery.Status.PAUSED)
+            .exclude(consumer_id__in=paused_consumers())
+            .update(
+                status=Delivery.Status.PENDING,
+                next_attempt_at=F("created_at"),
+                attempts=Least(F("attempts"), F("max_attempts") - 1),
+            )
+        )
 
     def _held(self, token: uuid.UUID):
         """The guard of every terminal write: the row is still pending and still held by the
@@ -123,11 +182,15 @@ class DeliveryQuerySet(ClaimQuerySet):
     def mark_attempt_failed(self, *, token: uuid.UUID, error: str, retry_at: datetime, at: datetime) -> bool:
         """End the current attempt as failed: due again at `retry_at`, or dead once the attempts
         counted at claim time reach max_attempts. Same guard as mark_delivered."""
+        # A consumer paused while this attempt ran: its row is parked, never dead-lettered.
+        paused = Exists(Consumer.objects.filter(pk=OuterRef("consumer_id"), paused=True))
+        parked = When(paused, then=Value(Delivery.Status.PAUSED))
         spent = When(attempts__gte=F("max_attempts"), then=Value(Delivery.Status.DEAD))
         return (
             self._held(token).update(
-                status=Case(spent, default=Value(Delivery.Status.PENDING)),
+                status=Case(parked, spent, default=Value(Delivery.Status.PENDING)),
                 dead_at=Case(
+                    When(paused, then=None),
                     When(attempts__gte=F("max_attempts"), then=Value(at)),
                     default=None,
                     output_field=models.DateTimeField(),
@@ -145,6 +208,7 @@ class DeliveryQuerySet(ClaimQuerySet):
         return (
             self.due(now)
             .filter(attempts__gte=F("max_attempts"))
+            .exclude(consumer_id__in=paused_consumers())  # parked instead (park_paused)
             .update(
                 status=Delivery.Status.DEAD,
                 dead_at=now,
@@ -161,43 +225,63 @@ class DeliveryQuerySet(ClaimQuerySet):
     def replay(self, *, actor: str, reason: str, at: datetime | None = None) -> int:
         """Dead -> pending with a fresh attempt budget, due now. Only dead rows are taken; one
         audit entry per row taken (who, why, previous attempts, last error). Returns the count."""
+        return self._send_again(
+            (Delivery.Status.DEAD,), "delivery_replayed", actor=actor, reason=reason, at=at
+        )
+
+    def resend(self, *, actor: str, reason: str, at: datetime | None = None) -> int:
+        """Delivered or dead -> pending with a fresh attempt budget, due now: the consumer gets
+        it again with the same webhook-id (it deduplicates as for any retry). Pending and paused
+        rows are not taken (they are on their way). One audit entry per row taken."""
+        return self._send_again(
+            (Delivery.Status.DELIVERED, Delivery.Status.DEAD),
+            "delivery_resent",
+            actor=actor,
+            reason=reason,
+            at=at,
+        )
+
+    def _send_again(
+        self, statuses: tuple, action: str, *, actor: str, reason: str, at: datetime | None
+    ) -> int:
         reason = clean_reason(reason)
         at = at or timezone.now()
         with transaction.atomic():
             before = list(
-                self.filter(status=Delivery.Status.DEAD)
+                self.filter(status__in=statuses)
                 .select_for_update()
-                .values("pk", "attempts", "last_error", "dead_at")
+                .values("pk", "status", "attempts", "last_error", "dead_at", "delivered_at")
             )
             if not before:
                 return 0
-            taken = Delivery.objects.filter(
-                pk__in=[row["pk"] for row in before], status=Delivery.Status.DEAD
-            ).update(
+            taken = Delivery.objects.filter(pk__in=[row["pk"] for row in before], status__in=statuses).update(
                 status=Delivery.Status.PENDING,
                 attempts=0,
                 next_attempt_at=at,
                 dead_at=None,
+                delivered_at=None,
                 claim_token=None,
             )
             if taken != len(before):  # only possible without row locks (SQLite): refuse, write nothing
                 raise Refused(
-                    "Some of these deliveries changed while they were being replayed; nothing was "
-                    "replayed. Try again.",
+                    "Some of these deliveries changed while they were being sent again; nothing was "
+                    "changed. Try again.",
                     code="replay_conflict",
                 )
             AuditEntry.objects.bulk_create(
                 AuditEntry(
                     at=at,
                     actor=actor,
-                    action="delivery_replayed",
+                    action=action,
                     object_type="outbox.delivery",
                     object_id=str(row["pk"]),
                     reason=reason,
                     details={
+                        "previousStatus": row["status"],
                         "previousAttempts": row["attempts"],
                         "lastError": row["last_error"],
                         "deadAt": row["dead_at"].isoformat() if row["dead_at"] else None,
+                        "deliveredAt": row["delivered_at"].isoformat() if row["delivered_at"] else None,
                     },
                 )
                 for row in before
@@ -211,6 +295,7 @@ class Delivery(models.Model):
         PENDING = "pending"
         DELIVERED = "delivered"
         DEAD = "dead"
+        PAUSED = "paused", "paused (its consumer is paused)"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     # No index of their own: the unique (event, consumer) and the (consumer, status) indexes serve
@@ -252,6 +337,12 @@ class Delivery(models.Model):
             ),
             # Serves the dead-letter list: status='dead' ordered by dead_at.
             models.Index(fields=["dead_at"], condition=models.Q(status="dead"), name="delivery_dead_idx"),
+            # Serves counting paused rows and resuming them in creation order, per consumer.
+            models.Index(
+                fields=["consumer", "created_at"],
+                condition=models.Q(status="paused"),
+                name="delivery_paused_idx",
+            ),
             models.Index(fields=["consumer", "status"], name="delivery_consumer_status_idx"),
             models.Index(fields=["-created_at", "-id"], name="delivery_listing_idx"),
         ]
@@ -288,6 +379,10 @@ class DeliveryAttempt(models.Model):
     outcome = models.CharField(max_length=16, choices=Outcome.choices)
     error = models.TextField(blank=True, default="")
     http_status = models.PositiveIntegerField(null=True, blank=True)
+    answer = models.TextField(
+        blank=True, default="", db_default="", help_text="An excerpt of the answer's body."
+    )
+    content_type = models.CharField(max_length=200, blank=True, default="", db_default="")
     duration_ms = models.PositiveIntegerField(default=0)
     late = models.BooleanField(
         default=False,

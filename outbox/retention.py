@@ -268,18 +268,24 @@ def purge(
 
 def scheduled_purge() -> str:
     """The scheduled task (every 10 minutes): purge with the configured periods (at most SCHEDULED_SECONDS per run),
-    fold old tally buckets, forget workers gone a week; one log line saying what went."""
+    fold old tally buckets, forget workers gone a week and idempotency keys past their 24 hours;
+    one log line saying what went."""
+    from odal.models import IdempotencyRecord
+
     now = timezone.now()
     delivered_before = now - timedelta(days=settings.ODAL_RETENTION_DAYS)
     dead_before = now - timedelta(days=settings.ODAL_DEAD_RETENTION_DAYS)
     report = purge(delivered_before=delivered_before, dead_before=dead_before, max_seconds=SCHEDULED_SECONDS)
     folded = tally.compact(now=now)
     forgotten = tally.forget_idle_workers(older_than=IDLE_WORKERS, now=now)
+    keys = IdempotencyRecord.objects.forget_expired(now=now)  # a small table: one DELETE
     log.info(
-        "%s (delivered before %s, dead before %s); folded %d tally buckets, forgot %d idle workers",
+        "%s (delivered before %s, dead before %s); deleted %d expired idempotency keys; "
+        "folded %d tally buckets, forgot %d idle workers",
         report.summary(),
         f"{delivered_before:%Y-%m-%d %H:%M:%S}Z",
         f"{dead_before:%Y-%m-%d %H:%M:%S}Z",
+        keys,
         folded,
         forgotten,
     )

@@ -6,13 +6,26 @@ counted from their partial indexes (sets that stay small while the outbox is hea
 delivered rows from the tally the writes keep (odal.tally), which retention never lowers.
 """
 
-from datetime import datetime
+import logging
+from datetime import datetime, timedelta
 
-from django.db.models import Count, Min
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Count, F, Min, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from odal import tally
-from outbox.models import Consumer, Delivery
+from odal import rules, tally
+from odal.errors import Refused
+from odal.models import AuditEntry
+from odal.reasons import clean_reason
+from odal.text import excerpt, storable
+from outbox.consumers import check_python_target, check_webhook_url, signing_secrets  # noqa: F401
+from outbox.events import check_event_pattern, emit
+from outbox.kick import wake_sweep
+from outbox.models import Consumer, Delivery, DeliveryAttempt, new_secret
+
+log = logging.getLogger(__name__)
 
 STATUSES = tuple(Delivery.Status.values)
 
@@ -20,9 +33,11 @@ STATUSES = tuple(Delivery.Status.values)
 def outbox_counts() -> dict:
     """Deliveries per status, overall and per consumer, with the oldest pending delivery:
 
-    ``{pending, delivered, dead, oldestPendingAt, consumers: [{name, pending, delivered, dead,
-    oldestPendingAt, active}]}``. ``delivered`` counts deliveries ever delivered (it includes
-    those retention has since deleted); ``pending`` and ``dead`` count the rows there now."""
+    ``{pending, delivered, dead, paused, oldestPendingAt, consumers: [{name, isPaused,
+    pausedReason, pausedBy, pending, delivered, dead, paused, oldestPendingAt}]}``. Each status
+    is a count (``paused``: deliveries parked while their consumer is paused); ``isPaused`` says
+    whether the consumer is. ``delivered`` counts deliveries ever delivered (it includes those
+    retention has since deleted); the others count the rows there now, from partial indexes."""
     consumers = {c.pk: c for c in Consumer.objects.all()}
     rows = {pk: {**dict.fromkeys(STATUSES, 0), "oldestPendingAt": None} for pk in consumers}
     for row in (
@@ -31,14 +46,14 @@ def outbox_counts() -> dict:
         .annotate(n=Count("pk"), oldest=Min("created_at"))
         .order_by()
     ):
-        rows[row["consumer_id"]].update(pending=row["n"], oldestPendingAt=row["oldest"])
-    for row in (
-        Delivery.objects.filter(status=Delivery.Status.DEAD)
-        .values("consumer_id")
-        .annotate(n=Count("pk"))
-        .order_by()
-    ):
-        rows[row["consumer_id"]]["dead"] = row["n"]
+        if row["consumer_id"] in rows:  # (a consumer made since the consumers were read waits a scrape)
+            rows[row["consumer_id"]].update(pending=row["n"], oldestPendingAt=row["oldest"])
+    for status in (Delivery.Status.DEAD, Delivery.Status.PAUSED):
+        for row in (
+            Delivery.objects.filter(status=status).values("consumer_id").annotate(n=Count("pk")).order_by()
+        ):
+            if row["consumer_id"] in rows:
+                rows[row["consumer_id"]][status] = row["n"]
     delivered = tally.totals("outbox.delivered")["outbox.delivered"]
     for key, n in delivered.items():
         if key.isdigit() and int(key) in rows:
@@ -50,7 +65,13 @@ def outbox_counts() -> dict:
         **total,
         "oldestPendingAt": oldest,
         "consumers": [
-            {"name": consumers[pk].name, "active": consumers[pk].active, **rows[pk]}
+            {
+                "name": consumers[pk].name,
+                "isPaused": consumers[pk].paused,
+                "pausedReason": consumers[pk].paused_reason,
+                "pausedBy": consumers[pk].paused_by,
+                **rows[pk],
+            }
             for pk in sorted(rows, key=lambda pk: consumers[pk].name)
         ],
     }
@@ -63,3 +84,356 @@ def oldest_pending_seconds(counts: dict, *, now: datetime | None = None) -> dict
         c["name"]: max(0.0, (now - c["oldestPendingAt"]).total_seconds()) if c["oldestPendingAt"] else 0.0
         for c in counts["consumers"]
     }
+
+
+# -- consumers ---------------------------------------------------------------------------------------
+
+AUTO_PAUSE_MIN_FAILURES = 10  # an automatic pause needs at least this many failed attempts in a row
+DEFAULT_GRACE = timedelta(hours=24)  # a rotated-out secret signs alongside the new one this long
+
+
+def consumer_or_404(name: str) -> Consumer:
+    consumer = Consumer.objects.filter(name=name).first()
+    if consumer is None:
+        raise Refused(f"No consumer named {rules.shown(name)}.", code="not_found", status=404)
+    return consumer
+
+
+def create_consumer(
+    *, name, kind, url, target, event_types, max_attempts, timeout_seconds, actor
+) -> Consumer:
+    """Validate and create a consumer, audited. The API, the admin form and `odal outbox
+    consumer add` call it."""
+    if kind == Consumer.Kind.WEBHOOK:
+        if not url:
+            raise Refused("A webhook consumer needs a url.", code="invalid_consumer", status=422)
+        url, target = check_webhook_url(url), ""
+    else:
+        if not target:
+            raise Refused(
+                "A python consumer needs a target (a dotted path).", code="invalid_consumer", status=422
+            )
+        target, url = check_python_target(target), ""
+    for pattern in event_types:
+        check_event_pattern(pattern)
+    fields = {"timeout_seconds": timeout_seconds}
+    if max_attempts is not None:
+        fields["max_attempts"] = max_attempts
+    try:
+        with transaction.atomic():
+            consumer = Consumer.objects.create(
+                name=name, kind=kind, url=url, target=target, event_types=list(event_types), **fields
+            )
+            AuditEntry.objects.record(
+                actor=actor,
+                action="consumer_created",
+                obj=consumer,
+                details={"kind": kind, "url": url, "target": target, "eventTypes": list(event_types)},
+            )
+    except IntegrityError:
+        raise Refused(f"A consumer named {name!r} already exists.", code="consumer_exists") from None
+    return consumer
+
+
+CHANGEABLE = {"url": "url", "event_types": "eventTypes", "timeout_seconds": "timeoutSeconds",
+              "max_attempts": "maxAttempts", "target": "target"}  # fmt: skip
+
+
+def change_consumer(consumer: Consumer, *, actor: str, reason: str = "", **changes) -> Consumer:
+    """Change a consumer's url (or target), event types, timeout or attempt budget, each
+    checked as at creation; audited with what it was and what it became. Only what differs is
+    written; nothing that differs, nothing written. Deliveries already made keep their budget."""
+    unknown = set(changes) - set(CHANGEABLE)
+    if unknown:
+        raise Refused(
+            f"These cannot be changed: {', '.join(sorted(unknown))}.", code="invalid_request", status=422
+        )
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if "url" in changes:
+        if consumer.kind != Consumer.Kind.WEBHOOK:
+            raise Refused("Only a webhook consumer has a url.", code="invalid_consumer", status=422)
+        changes["url"] = check_webhook_url(changes["url"])
+    if "target" in changes:
+        if consumer.kind != Consumer.Kind.PYTHON:
+            raise Refused("Only a python consumer has a target.", code="invalid_consumer", status=422)
+        changes["target"] = check_python_target(changes["target"])
+    if "event_types" in changes:
+        changes["event_types"] = [check_event_pattern(p) for p in changes["event_types"]]
+    before = {k: getattr(consumer, k) for k in changes}
+    differs = {k: v for k, v in changes.items() if before[k] != v}
+    if not differs:
+        return consumer
+    with transaction.atomic():
+        Consumer.objects.filter(pk=consumer.pk).update(**differs)
+        AuditEntry.objects.record(
+            actor=actor,
+            action="consumer_changed",
+            obj=consumer,
+            reason=clean_reason(reason) if reason else "",
+            details={CHANGEABLE[k]: {"was": before[k], "now": v} for k, v in differs.items()},
+        )
+    consumer.refresh_from_db()
+    return consumer
+
+
+def pause(consumer: Consumer, *, actor: str, reason: str, now: datetime | None = None) -> bool:
+    """Pause a consumer: from now on its deliveries are parked (status paused): still created,
+    never claimed, spending no attempt, never dead-lettered. Attempts already running finish and
+    are written as usual (a failure is parked, not dead-lettered). Audited. Returns whether it
+    took (False: it was paused already, nothing written)."""
+    reason = clean_reason(reason)
+    now = now or timezone.now()
+    with transaction.atomic():
+        took = Consumer.objects.filter(pk=consumer.pk, paused=False).update(
+            paused=True, paused_reason=reason, paused_by=actor, paused_at=now
+        )
+        if not took:
+            return False
+        AuditEntry.objects.record(actor=actor, action="consumer_paused", obj=consumer, reason=reason)
+        Delivery.objects.filter(consumer_id=consumer.pk).park_paused(now=now)
+    consumer.refresh_from_db()
+    return True
+
+
+def resume(consumer: Consumer, *, actor: str, reason: str) -> int | None:
+    """Resume a paused consumer: its parked deliveries are due again, in the order they were
+    created, each with at least one attempt left; the failure streak starts afresh. Audited.
+    Returns how many deliveries it resumed, or None when the consumer was not paused."""
+    reason = clean_reason(reason)
+    with transaction.atomic():
+        took = Consumer.objects.filter(pk=consumer.pk, paused=True).update(
+            paused=False, paused_reason="", paused_by="", paused_at=None, failing_since=None, failures=0
+        )
+        if not took:
+            return None
+        AuditEntry.objects.record(
+            actor=actor,
+            action="consumer_resumed",
+            obj=consumer,
+            reason=reason,
+            details={"pausedBy": consumer.paused_by, "pausedReason": consumer.paused_reason},
+        )
+    resumed = 0
+    while n := Delivery.objects.unpark(consumer_id=consumer.pk):  # batches, each its own statement
+        resumed += n
+    if resumed:
+        transaction.on_commit(wake_sweep)
+    consumer.refresh_from_db()
+    return resumed
+
+
+def rotate_secret(
+    consumer: Consumer,
+    *,
+    actor: str,
+    reason: str,
+    grace: timedelta = DEFAULT_GRACE,
+    now: datetime | None = None,
+) -> tuple[str, datetime | None]:
+    """A new signing secret; the old one keeps signing alongside it for `grace` (every request
+    then carries both signatures), so the consumer can switch over without losing a delivery.
+    `grace` 0 drops the old one at once (a leaked secret). Audited, without either secret.
+    Returns the new secret (shown once) and when the old one stops signing."""
+    reason = clean_reason(reason)
+    now = now or timezone.now()
+    new = new_secret()
+    expires = now + grace if grace > timedelta(0) else None
+    with transaction.atomic():
+        # Guarded by the secret read: of two rotations at once, the second is refused, not lost.
+        took = Consumer.objects.filter(pk=consumer.pk, secret=consumer.secret).update(
+            secret=new,
+            previous_secret=consumer.secret if expires else "",
+            previous_secret_expires_at=expires,
+        )
+        if not took:
+            raise Refused(
+                "The secret was rotated by someone else meanwhile; nothing was changed. Look at the "
+                "consumer again before rotating.",
+                code="rotation_conflict",
+            )
+        AuditEntry.objects.record(
+            actor=actor,
+            action="consumer_secret_rotated",
+            obj=consumer,
+            reason=reason,
+            details={"previousSecretExpiresAt": expires.isoformat() if expires else None},
+        )
+    consumer.refresh_from_db()
+    return new, expires
+
+
+def remove_consumer(consumer: Consumer, *, actor: str, reason: str, batch: int = 5000) -> dict:
+    """Remove a consumer with its settled deliveries and their attempt lines; refused (409)
+    while any of its deliveries is pending or paused (they are owed). Audited with what went."""
+    reason = clean_reason(reason)
+    owed = Delivery.objects.filter(
+        consumer_id=consumer.pk, status__in=[Delivery.Status.PENDING, Delivery.Status.PAUSED]
+    ).count()
+    if owed:
+        raise Refused(
+            f"{consumer.name} still has {owed:,} deliveries pending or paused; it is not removed. Let "
+            "them settle, or wait for them to be dead-lettered, then remove it.",
+            code="deliveries_pending",
+        )
+    gone = 0
+    while True:  # settled rows in batches, each its own transaction
+        with transaction.atomic():
+            settled = [Delivery.Status.DELIVERED, Delivery.Status.DEAD]
+            # Locked as picked: a resend waits for this batch, or this batch for it (then the
+            # row is pending again and the DELETE, restating the status, leaves it).
+            ids = list(
+                Delivery.objects.filter(consumer_id=consumer.pk, status__in=settled)
+                .select_for_update()
+                .values_list("pk", flat=True)[:batch]
+            )
+            if not ids:
+                break
+            rows = Delivery.objects.filter(pk__in=ids, status__in=settled)
+            taken = list(rows.values_list("pk", flat=True))
+            if not taken:
+                break
+            lines = DeliveryAttempt.objects.filter(delivery_id__in=taken)
+            lines._raw_delete(lines.db)
+            rows = Delivery.objects.filter(pk__in=taken, status__in=settled)
+            gone += rows._raw_delete(rows.db)
+    with transaction.atomic():
+        # Locked first: a publish that is fanning out to this consumer holds a key-share lock on its
+        # row (outbox.events.emit) until it commits; then its delivery is seen here.
+        Consumer.objects.select_for_update().filter(pk=consumer.pk).first()
+        if Delivery.objects.filter(consumer_id=consumer.pk).exists():  # made meanwhile
+            raise Refused(
+                f"{consumer.name} got new deliveries while it was being removed; it is not removed.",
+                code="deliveries_pending",
+            )
+        AuditEntry.objects.record(
+            actor=actor,
+            action="consumer_removed",
+            obj=consumer,
+            reason=reason,
+            details={"kind": consumer.kind, "url": consumer.url, "deliveriesRemoved": gone},
+        )
+        Consumer.objects.filter(pk=consumer.pk).delete()
+    return {"deliveriesRemoved": gone}
+
+
+def deliveries_matching(*, consumer=None, event_type=None, dead_since=None):
+    rows = Delivery.objects.all()
+    if consumer:
+        if not Consumer.objects.filter(name=consumer).exists():
+            raise Refused(f"No consumer named {consumer!r}.", code="unknown_consumer", status=422)
+        rows = rows.filter(consumer__name=consumer)
+    if event_type:
+        rows = rows.filter(event__type=event_type)
+    if dead_since:
+        rows = rows.filter(dead_at__gte=dead_since)
+    return rows
+
+
+RESENDABLE = (Delivery.Status.DELIVERED.value, Delivery.Status.DEAD.value)
+
+
+def resendable(*, consumer=None, event_type=None, status=None, since=None, until=None):
+    """Delivered or dead deliveries matching the filter (what a bulk resend takes)."""
+    rows = Delivery.objects.filter(status__in=[status] if status else RESENDABLE)
+    if consumer:
+        if not Consumer.objects.filter(name=consumer).exists():
+            raise Refused(f"No consumer named {rules.shown(consumer)}.", code="unknown_consumer", status=422)
+        rows = rows.filter(consumer__name=consumer)
+    if event_type:
+        rows = rows.filter(event__type=event_type)
+    if since:
+        rows = rows.filter(created_at__gte=since)
+    if until:
+        rows = rows.filter(created_at__lt=until)
+    return rows
+
+
+TEST_EVENT = "odal.test"
+
+
+def send_test_event(consumer: Consumer, *, actor: str) -> Delivery:
+    """An `odal.test` event to this consumer alone, subscribed or not: a delivery like any other
+    (parked while the consumer is paused). Audited."""
+    with transaction.atomic():
+        event, _ = emit(
+            TEST_EVENT,
+            {"consumer": consumer.name, "sentBy": actor, "note": "A test event from odal: no action needed."},
+            only=consumer,
+        )
+        delivery = Delivery.objects.get(event=event, consumer=consumer)
+        AuditEntry.objects.record(
+            actor=actor, action="consumer_test_event", obj=consumer, details={"deliveryId": str(delivery.pk)}
+        )
+    return delivery
+
+
+# -- automatic pause -------------------------------------------------------------------------------
+
+
+def record_health(consumer: Consumer, *, successes: int, failures: int, first_failure_at, errors: list[str]):
+    """After a flush: a success ends a consumer's failure streak; failures lengthen it. A
+    consumer whose every attempt failed for ODAL_AUTO_PAUSE_AFTER, AUTO_PAUSE_MIN_FAILURES or
+    more of them, is paused by odal itself (actor `odal`), with an audit entry and a
+    `consumer.paused` event to the other consumers. For a healthy consumer, one UPDATE that
+    takes no row (the caller's reading may be stale: another sweep may have started a streak)."""
+    if successes:
+        Consumer.objects.filter(pk=consumer.pk, failing_since__isnull=False).update(
+            failing_since=None, failures=0
+        )
+        consumer.failing_since, consumer.failures = None, 0
+        return False
+    if not failures:
+        return False
+    Consumer.objects.filter(pk=consumer.pk).update(
+        failing_since=Coalesce(F("failing_since"), Value(first_failure_at)), failures=F("failures") + failures
+    )
+    consumer.failing_since = consumer.failing_since or first_failure_at
+    after = settings.ODAL_AUTO_PAUSE_AFTER
+    if after is None or timezone.now() - consumer.failing_since < timedelta(seconds=after):
+        return False
+    return auto_pause(consumer, errors)
+
+
+def auto_pause(consumer: Consumer, errors: list[str]) -> bool:
+    """Pause `consumer` as odal, if its streak (as the database has it now, not as the caller
+    read it) is long enough and it is not paused yet. Returns whether it took."""
+    if settings.ODAL_AUTO_PAUSE_AFTER is None:  # off
+        return False
+    now = timezone.now()
+    after = timedelta(seconds=settings.ODAL_AUTO_PAUSE_AFTER)
+    last = "; ".join(dict.fromkeys(excerpt(e, 200) for e in errors[-3:])) or "no error text"
+    reason = storable(
+        f"every attempt failed for {rules.duration_text(after, words=True)} (last errors: {last})", 500
+    )
+    with transaction.atomic():
+        took = Consumer.objects.filter(
+            pk=consumer.pk,
+            paused=False,
+            failing_since__lte=now - after,
+            failures__gte=AUTO_PAUSE_MIN_FAILURES,
+        ).update(paused=True, paused_by=AUTO_ACTOR, paused_reason=reason, paused_at=now)
+        if not took:
+            return False
+        consumer.refresh_from_db()
+        AuditEntry.objects.record(
+            actor=AUTO_ACTOR,
+            action="consumer_paused",
+            obj=consumer,
+            reason=reason,
+            details={"automatic": True, "failingSince": consumer.failing_since.isoformat(),
+                     "failures": consumer.failures},
+        )  # fmt: skip
+        emit(
+            "consumer.paused",
+            {"consumer": consumer.name, "reason": reason, "pausedBy": AUTO_ACTOR, "pausedAt": now.isoformat(),
+             "failingSince": consumer.failing_since.isoformat(), "failures": consumer.failures},
+            exclude=consumer,
+        )  # fmt: skip
+        Delivery.objects.filter(consumer_id=consumer.pk).park_paused(now=now)
+    log.warning(
+        "consumer %s paused automatically: %s", consumer.name, reason, extra={"consumer": consumer.name}
+    )
+    return True
+
+
+AUTO_ACTOR = "odal"

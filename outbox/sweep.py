@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from odal import tally
 from odal.text import error_text, storable
-from outbox import consumers
+from outbox import consumers, service
 from outbox.claims import backoff_delay
 from outbox.models import Consumer, Delivery, DeliveryAttempt
 from outbox.wake import POLL_SECONDS, Listener
@@ -67,6 +67,7 @@ FLUSH_ROWS = 200  # outcomes written together, in one transaction
 FLUSH_SECONDS = 1.0  # ...or sooner (a quarter of the hold if that is less), so a slow consumer
 # does not hold finished outcomes back
 SWEEP_THREADS = 32  # webhook requests in flight per sweep process, all consumers together
+REFRESH_SECONDS = 0.5  # a pass re-reads its consumers' pause and secrets at most this often
 
 
 @dataclass
@@ -79,10 +80,10 @@ class Finished:
 
 ATTEMPT_COLUMNS = (
     "delivery_id", "number", "claim_token", "started_at", "finished_at", "outcome", "error",
-    "http_status", "duration_ms", "late",
+    "http_status", "duration_ms", "late", "answer", "content_type",
 )  # fmt: skip
 ATTEMPT_TYPES = ("uuid", "integer", "uuid", "timestamptz", "timestamptz", "text", "text", "integer",
-                 "integer", "boolean")  # fmt: skip
+                 "integer", "boolean", "text", "text")  # fmt: skip
 
 
 def log_attempts(lines: list[tuple]) -> None:
@@ -141,6 +142,8 @@ def _attempt_line(token, f: Finished, *, late: bool, outcome: str | None = None,
         f.outcome.http_status,
         f.outcome.duration_ms,
         late,
+        f.outcome.answer,  # storable and bounded where it was read (outbox.consumers)
+        f.outcome.content_type,
     )
 
 
@@ -230,14 +233,20 @@ def attempt(consumer, delivery: Delivery, client: httpx.Client, claim) -> Finish
     return Finished(delivery, outcome, started_at, timezone.now())
 
 
-def run_python_consumers(jobs: list, client: httpx.Client, claim) -> None:
+def run_python_consumers(jobs: list, client: httpx.Client, claim, run=None) -> None:
     """Python consumers of one claim, one after another, on the sweep's Python thread (they may
     use the database, through that thread's own connection). Each job's future gets its result,
-    so the sweep's thread writes outcomes of webhooks while these run."""
+    so the sweep's thread writes outcomes of webhooks while these run. A job whose consumer was
+    paused meanwhile (`run`, the Pass, says so) is not started: its result is None."""
     for consumer, delivery, future in jobs:
         if not future.set_running_or_notify_cancel():
             continue  # the pass gave up on it
         try:
+            if run is not None:
+                run.refresh("python")
+                if consumer.pk in run.paused:
+                    future.set_result(None)
+                    continue
             future.set_result(attempt(consumer, delivery, client, claim))
         except BaseException as exc:
             future.set_exception(exc)
@@ -256,9 +265,60 @@ class Pass:
         self.last_flush = time.monotonic()
         # Outcomes must be written well inside the claim's hold, or they arrive late for nothing.
         self.flush_seconds = min(FLUSH_SECONDS, settings.ODAL_CLAIM_HOLD_SECONDS / 4)
+        self.consumers: dict = {}
+        self.paused: set = set()  # consumers paused during this pass (by a person or by odal)
+        self.refreshed: dict[str, float] = {}
+
+    def refresh(self, thread: str) -> None:
+        """Re-read what a person may change under a running pass, at most every REFRESH_SECONDS
+        per thread: a consumer paused meanwhile starts no more attempts (its rows not started
+        are given back), and a rotated secret signs the next request (a leaked one, dropped
+        with no grace, no longer does)."""
+        now = time.monotonic()
+        if now - self.refreshed.get(thread, float("-inf")) < REFRESH_SECONDS:
+            return
+        self.refreshed[thread] = now
+        fields = ("pk", "paused", "secret", "previous_secret", "previous_secret_expires_at")
+        for row in Consumer.objects.filter(pk__in=list(self.consumers)).values(*fields):
+            consumer = self.consumers[row["pk"]]
+            consumer.secret, consumer.previous_secret = row["secret"], row["previous_secret"]
+            consumer.previous_secret_expires_at = row["previous_secret_expires_at"]
+            if row["paused"]:
+                self.paused.add(row["pk"])
+
+    def check_health(self, finished: list[Finished]) -> None:
+        """Tell each consumer's failure streak what this flush saw (outbox.service.record_health):
+        a consumer failing long enough is paused, and its rows not started yet are given back."""
+        seen: dict[int, dict] = {}
+        for f in finished:
+            s = seen.setdefault(
+                f.delivery.consumer_id, {"successes": 0, "failures": 0, "first": None, "errors": []}
+            )
+            if f.outcome.ok:
+                s["successes"] += 1
+            else:
+                s["failures"] += 1
+                s["first"] = min(s["first"] or f.started_at, f.started_at)
+                s["errors"].append(f.outcome.error)
+        for consumer_id, s in seen.items():
+            consumer = self.consumers.get(consumer_id)
+            if consumer is None:
+                continue
+            try:
+                if service.record_health(
+                    consumer,
+                    successes=s["successes"],
+                    failures=s["failures"],
+                    first_failure_at=s["first"],
+                    errors=s["errors"],
+                ):
+                    self.paused.add(consumer_id)
+            except Exception:  # bookkeeping: it never costs a pass its outcomes
+                log.exception("recording the health of consumer %s failed", consumer.name)
 
     def flush(self) -> None:
         settled = finish_attempts(self.claim.token, self.pending)
+        self.check_health(self.pending)
         for f in self.pending:
             if f.delivery.pk in settled.unwritten:
                 self.report.write_errors += 1
@@ -277,7 +337,8 @@ class Pass:
             self.flush()
 
     def run(self) -> None:
-        by_id = Consumer.objects.in_bulk({d.consumer_id for d in self.claim.rows})
+        by_id = self.consumers = Consumer.objects.in_bulk({d.consumer_id for d in self.claim.rows})
+        self.refreshed = dict.fromkeys(("main", "python"), time.monotonic())  # just read
         waiting: dict[int, deque] = {}
         python_jobs = []
         for d in self.claim.rows:
@@ -293,6 +354,11 @@ class Pass:
 
         def start(consumer_id: int) -> None:
             queue = waiting[consumer_id]
+            if queue:
+                self.refresh("main")
+            if consumer_id in self.paused:  # paused meanwhile: no more attempts
+                not_started.extend(d.pk for d in queue)
+                queue.clear()
             while queue and running[consumer_id] < bound:
                 d = queue.popleft()
                 future = self.pool.submit(attempt, by_id[consumer_id], d, self.client, self.claim)
@@ -304,7 +370,7 @@ class Pass:
                 start(consumer_id)
             if python_jobs:
                 in_flight.update({future: (None, d) for _, d, future in python_jobs})
-                self.python.submit(run_python_consumers, python_jobs, self.client, self.claim)
+                self.python.submit(run_python_consumers, python_jobs, self.client, self.claim, self)
             while in_flight:
                 done, _ = wait(in_flight, timeout=self.flush_seconds, return_when=FIRST_COMPLETED)
                 for future in done:
@@ -329,7 +395,10 @@ class Pass:
             # their counted attempt back and are due at once (unless another sweep took them).
             self.report.not_started += len(not_started)
             Delivery.objects.filter(pk__in=not_started).release(token=self.claim.token)
-            log.warning("%s claimed deliveries not started: the claim's hold ran out first", len(not_started))
+            log.warning(
+                "%s claimed deliveries not started: the claim's hold ran out first, or their consumer was paused",
+                len(not_started),
+            )
 
 
 def sweep_once(
@@ -342,6 +411,9 @@ def sweep_once(
     """One pass: dead-letter spent rows, claim up to `batch` due deliveries, run them."""
     report = SweepReport(passes=1)
     now = timezone.now()
+    Delivery.objects.park_paused(now=now)  # (one statement; takes nothing while no consumer is paused)
+    for consumer_id in Delivery.objects.resumed_consumers_with_parked_rows():  # (one statement)
+        Delivery.objects.unpark(consumer_id=consumer_id)
     report.dead_lettered = Delivery.objects.dead_letter_exhausted(now=now)
     # The hold runs from the claim's own clock reading, not from before the dead-lettering.
     claim = Delivery.objects.claim(limit=batch, select_related=("event",))

@@ -31,6 +31,18 @@ class ApiClient:
             **extra,
         )
 
+    def patch(self, path, body=None):
+        return self.client.patch(
+            f"/vault/api/v1/{path}", body if body is not None else {}, content_type="application/json",
+            headers=self.headers,
+        )  # fmt: skip
+
+    def delete(self, path, body=None):
+        return self.client.delete(
+            f"/vault/api/v1/{path}", body if body is not None else {}, content_type="application/json",
+            headers=self.headers,
+        )  # fmt: skip
+
 
 @pytest.fixture
 def api_as():

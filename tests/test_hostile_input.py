@@ -234,7 +234,7 @@ def test_admin_passport_add_refuses_nul_in_text_fields(admin_client):
 def consumer_form(**fields):
     return {
         "name": "billing", "kind": "python", "url": "", "target": "tests.consumers.accept", "event_types": "[]",
-        "max_attempts": "3", "timeout_seconds": "5", "active": "on", **fields,
+        "max_attempts": "3", "timeout_seconds": "5", **fields,
     }  # fmt: skip
 
 

@@ -109,7 +109,7 @@ API_CODES = {
 def consumer_form(**fields):
     return {
         "name": "billing", "kind": "python", "url": "", "target": PYTHON_TARGET, "event_types": "[]",
-        "max_attempts": "3", "timeout_seconds": "5", "active": "on", **fields,
+        "max_attempts": "3", "timeout_seconds": "5", **fields,
     }  # fmt: skip
 
 

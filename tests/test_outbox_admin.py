@@ -100,7 +100,6 @@ def test_adding_a_consumer_in_the_admin_shows_its_secret_once(admin_client):
             "event_types": '["passport.*"]',
             "max_attempts": 5,
             "timeout_seconds": 5,
-            "active": "on",
         },
         follow=True,
     )

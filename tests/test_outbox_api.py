@@ -115,10 +115,12 @@ def test_counts_overall_and_per_consumer(api_as):
     DeliveryFactory(consumer=b, status="delivered")
     body = api_as("read").get("outbox").json()
     assert (body["pending"], body["delivered"], body["dead"]) == (1, 1, 1)
-    rows = [{k: c[k] for k in ("name", "active", "pending", "delivered", "dead")} for c in body["consumers"]]
+    rows = [
+        {k: c[k] for k in ("name", "isPaused", "pending", "delivered", "dead")} for c in body["consumers"]
+    ]
     assert rows == [
-        {"name": "a", "active": True, "pending": 1, "delivered": 0, "dead": 1},
-        {"name": "b", "active": True, "pending": 0, "delivered": 1, "dead": 0},
+        {"name": "a", "isPaused": False, "pending": 1, "delivered": 0, "dead": 1},
+        {"name": "b", "isPaused": False, "pending": 0, "delivered": 1, "dead": 0},
     ]
     assert body["oldestPendingAt"] is not None
     assert body["consumers"][0]["oldestPendingAt"] == body["oldestPendingAt"]

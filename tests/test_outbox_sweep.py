@@ -99,17 +99,15 @@ def test_python_consumer_that_raises_fails_until_dead():
     assert sweep_once().claimed == 0
 
 
-def test_emit_fans_out_to_subscribed_active_consumers_only():
+def test_emit_fans_out_to_subscribed_consumers_and_parks_a_paused_ones():
     everything = ConsumerFactory(event_types=[])
     passports = ConsumerFactory(event_types=["passport.*"])
     exact = ConsumerFactory(event_types=["passport.suspended"])
-    ConsumerFactory(event_types=["passport.published"], active=False)
+    paused = ConsumerFactory(event_types=["passport.published"], paused=True)
     event, n = emit("passport.published", {})
-    assert n == 2
-    assert set(Delivery.objects.filter(event=event).values_list("consumer", flat=True)) == {
-        everything.pk,
-        passports.pk,
-    }
+    assert n == 3
+    statuses = dict(Delivery.objects.filter(event=event).values_list("consumer", "status"))
+    assert statuses == {everything.pk: "pending", passports.pk: "pending", paused.pk: "paused"}
     assert not exact.deliveries.exists()
 
 

@@ -37,7 +37,9 @@ WHO = ["anonymous", "read", "write", "admin", "Operators", "Viewers", "staff", "
 API = {
     #                                              anon read  write admin Oper. View. staff super
     ("POST", "dpp"):                               "401  403  ok    ok    403   403   403   ok",
+    ("GET", "dpp"):                                "401  ok   ok    ok    ok    ok    403   ok",
     ("GET", "dpp/{dppId}"):                        "401  ok   ok    ok    ok    ok    403   ok",
+    ("GET", "events/{eventId}"):                   "401  ok   ok    ok    ok    ok    403   ok",
     ("POST", "dpp/{dppId}/publish"):               "401  403  ok    ok    403   403   403   ok",
     ("POST", "dpp/{dppId}/suspend"):               "401  403  ok    ok    403   403   403   ok",
     ("GET", "dpp/{dppId}/registry"):               "401  ok   ok    ok    ok    ok    403   ok",
@@ -51,6 +53,16 @@ API = {
     ("GET", "outbox/deliveries/{deliveryId}"):     "401  ok   ok    ok    ok    ok    403   ok",
     ("POST", "outbox/deliveries/{deliveryId}/replay"): "401  403  403   ok    ok    403   403   ok",
     ("POST", "outbox/replay"):                     "401  403  403   ok    ok    403   403   ok",
+    ("GET", "outbox/consumers"):                   "401  ok   ok    ok    ok    ok    403   ok",
+    ("GET", "outbox/consumers/{name}"):            "401  ok   ok    ok    ok    ok    403   ok",
+    ("PATCH", "outbox/consumers/{name}"):          "401  403  403   ok    403   403   403   ok",
+    ("DELETE", "outbox/consumers/{name}"):         "401  403  403   ok    403   403   403   ok",
+    ("POST", "outbox/consumers/{name}/pause"):     "401  403  403   ok    ok    403   403   ok",
+    ("POST", "outbox/consumers/{name}/resume"):    "401  403  403   ok    ok    403   403   ok",
+    ("POST", "outbox/consumers/{name}/rotate-secret"): "401  403  403   ok    403   403   403   ok",
+    ("POST", "outbox/consumers/{name}/test-event"): "401  403  403   ok    403   403   403   ok",
+    ("POST", "outbox/deliveries/{deliveryId}/resend"): "401  403  403   ok    ok    403   403   ok",
+    ("POST", "outbox/resend"):                     "401  403  403   ok    ok    403   403   ok",
 }
 
 ADMIN = {
@@ -68,8 +80,14 @@ ADMIN = {
     ("odal.passport", "suspend_selected"):             "401  401  401   401   403   403   403   ok",
     ("odal.apitoken", "revoke_selected"):              "401  401  401   401   403   403   403   ok",
     ("outbox.consumer", "delete_selected"):            "401  401  401   401   403   403   403   ok",
+    ("outbox.consumer", "pause_selected"):             "401  401  401   401   ok    403   403   ok",
+    ("outbox.consumer", "resume_selected"):            "401  401  401   401   ok    403   403   ok",
+    ("outbox.consumer", "rotate_secret"):              "401  401  401   401   403   403   403   ok",
+    ("outbox.consumer", "send_test_event"):            "401  401  401   401   403   403   403   ok",
     ("outbox.delivery", "replay_selected"):            "401  401  401   401   ok    403   403   ok",
+    ("outbox.delivery", "resend_selected"):            "401  401  401   401   ok    403   403   ok",
     ("outbox.deadletter", "replay_selected"):          "401  401  401   401   ok    403   403   ok",
+    ("outbox.deadletter", "resend_selected"):          "401  401  401   401   ok    403   403   ok",
     ("registry.registration", "abandon_selected"):     "401  401  401   401   ok    403   403   ok",
     ("registry.registration", "record_handle_selected"): "401  401  401   401   ok    403   403   ok",
     ("registry.stalledregistration", "abandon_selected"): "401  401  401   401   ok    403   403   ok",
@@ -153,7 +171,7 @@ def test_api(key, who, want):
     method, path = key
     url = PREFIX + re.sub(r"\{\w+\}", lambda _: str(uuid.uuid4()), path)
     client = client_for(who)
-    response = client.get(url) if method == "GET" else client.post(url, {}, content_type="application/json")
+    response = client.generic(method, url, "{}", content_type="application/json")
     got = str(response.status_code) if response.status_code in (401, 403) else "ok"
     assert got == want, f"{method} {path} as {who}: {response.status_code} {response.content[:300]!r}"
     if got == "403":

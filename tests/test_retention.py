@@ -425,7 +425,7 @@ def test_counters_stay_where_they_were_and_purged_goes_up_by_what_went():
     assert (report.deliveries, report.attempts, report.events, report.registry_attempts) == (3, 6, 3, 2)
     assert counts_after == counts_before
     counters = [n for n in before if n.startswith(("outbox_deliveries{", "outbox_attempts_total{"))]
-    assert len(counters) == 5 * 3 + 2  # five consumers by three statuses, two outcomes
+    assert len(counters) == 5 * 4 + 2  # five consumers by four statuses, two outcomes
     assert {n: after[n] for n in counters} == {n: before[n] for n in counters}
     assert sum(before[n] for n in counters if 'status="delivered"' in n) == 4
     purged = {n: after[n] - before[n] for n in after if n.startswith("outbox_purged_total")}

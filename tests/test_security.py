@@ -47,6 +47,18 @@ SCOPES = {
     ("GET", "/vault/api/v1/outbox/deliveries/{deliveryId}"): "read",
     ("POST", "/vault/api/v1/outbox/deliveries/{deliveryId}/replay"): "admin",
     ("POST", "/vault/api/v1/outbox/replay"): "admin",
+    ("GET", "/vault/api/v1/dpp"): "read",
+    ("GET", "/vault/api/v1/events/{eventId}"): "read",
+    ("GET", "/vault/api/v1/outbox/consumers"): "read",
+    ("GET", "/vault/api/v1/outbox/consumers/{name}"): "read",
+    ("PATCH", "/vault/api/v1/outbox/consumers/{name}"): "admin",
+    ("DELETE", "/vault/api/v1/outbox/consumers/{name}"): "admin",
+    ("POST", "/vault/api/v1/outbox/consumers/{name}/pause"): "admin",
+    ("POST", "/vault/api/v1/outbox/consumers/{name}/resume"): "admin",
+    ("POST", "/vault/api/v1/outbox/consumers/{name}/rotate-secret"): "admin",
+    ("POST", "/vault/api/v1/outbox/consumers/{name}/test-event"): "admin",
+    ("POST", "/vault/api/v1/outbox/deliveries/{deliveryId}/resend"): "admin",
+    ("POST", "/vault/api/v1/outbox/resend"): "admin",
 }
 LOWER = {"read": None, "write": "read", "admin": "write"}
 
@@ -63,14 +75,14 @@ def test_the_scope_table_covers_every_operation():
 
 
 def concrete(path: str) -> str:
-    return path.replace("{dppId}", str(uuid.uuid4())).replace("{deliveryId}", str(uuid.uuid4()))
+    for name in ("{dppId}", "{deliveryId}", "{eventId}", "{name}"):
+        path = path.replace(name, str(uuid.uuid4()))
+    return path
 
 
 def call(client, method, path, token=None):
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    if method == "GET":
-        return client.get(concrete(path), headers=headers)
-    return client.post(concrete(path), {}, content_type="application/json", headers=headers)
+    return client.generic(method, concrete(path), "{}", content_type="application/json", headers=headers)
 
 
 @pytest.mark.parametrize("method, path", sorted(SCOPES))

@@ -9,15 +9,15 @@ from django.utils import timezone
 from odal import rules
 from odal.cli import Progress, argument, refused, run_until_signalled, serving, subcommands
 from odal.errors import Refused
-from outbox import retention
-from outbox.api import create_consumer, deliveries_matching
-from outbox.models import Delivery
-from outbox.service import outbox_counts
+from outbox import retention, service
+from outbox.models import Consumer, Delivery
+from outbox.schemas import consumer_json
+from outbox.service import create_consumer, deliveries_matching, outbox_counts
 from outbox.sweep import sweep_forever, sweep_until_idle
 
 
 class Command(BaseCommand):
-    help = "The event outbox: sweep, status, replay dead deliveries, purge old rows, add consumers."
+    help = "The event outbox: sweep, status, replay or resend deliveries, purge old rows, manage consumers."
 
     def add_arguments(self, parser):
         sub = subcommands(parser)
@@ -41,8 +41,22 @@ class Command(BaseCommand):
         replay.add_argument("--actor", type=argument(rules.actor), help="who replays, for the audit trail")
         replay.add_argument("--dry-run", action="store_true")
 
+        resend = sub.add_parser("resend", help="send delivered or dead deliveries again, with a reason")
+        resend.add_argument("ids", nargs="*", metavar="delivery-id", type=argument(rules.delivery_id))
+        resend.add_argument(
+            "--consumer", type=argument(rules.consumer_filter), help="every one of this consumer's"
+        )
+        resend.add_argument("--event-type", type=argument(rules.event_type_filter))
+        resend.add_argument("--status", choices=service.RESENDABLE, help="only delivered, or only dead")
+        resend.add_argument("--since", type=argument(rules.moment), help="made at or after (ISO 8601)")
+        resend.add_argument("--until", type=argument(rules.moment), help="made before (ISO 8601)")
+        resend.add_argument("--reason", required=True, type=argument(rules.reason))
+        resend.add_argument("--actor", type=argument(rules.actor), help="who resends, for the audit trail")
+        resend.add_argument("--dry-run", action="store_true")
+
         purge = sub.add_parser(
-            "purge", help="delete settled rows older than the retention periods (what the hourly task does)"
+            "purge",
+            help="delete settled rows older than the retention periods (what the scheduled task does)",
         )
         purge.add_argument(
             "--older-than",
@@ -93,6 +107,40 @@ class Command(BaseCommand):
         add.add_argument(
             "--timeout", type=argument(rules.timeout_seconds), default=10, help="seconds, 1 to 60"
         )
+        listing = consumer_sub.add_parser("list", help="every consumer")
+        listing.add_argument("--json", action="store_true")
+        show = consumer_sub.add_parser("show", help="one consumer")
+        show.add_argument("name", type=argument(rules.consumer_filter))
+        show.add_argument("--json", action="store_true")
+        change = consumer_sub.add_parser(
+            "change", help="change url or target, event types, timeout, attempts"
+        )
+        change.add_argument("name", type=argument(rules.consumer_filter))
+        change.add_argument("--url", help="webhook URL")
+        change.add_argument("--target", type=argument(rules.python_target), help="dotted path of a callable")
+        change.add_argument("--events", type=argument(event_patterns), help="comma-separated event types")
+        change.add_argument("--max-attempts", type=argument(rules.attempt_budget), help="1 to 1,000")
+        change.add_argument("--timeout", type=argument(rules.timeout_seconds), help="seconds, 1 to 60")
+        change.add_argument("--reason", type=argument(rules.reason))
+        change.add_argument("--json", action="store_true")
+        for verb, text in (
+            ("pause", "pause: its deliveries wait, spending no attempt"),
+            ("resume", "resume: its waiting deliveries flow again, oldest first"),
+            ("remove", "remove it with its settled deliveries (refused while any is owed)"),
+            ("rotate-secret", "a new signing secret, printed once; the old one signs beside it for --grace"),
+            ("test-event", "send it an odal.test event"),
+        ):
+            one = consumer_sub.add_parser(verb, help=text)
+            one.add_argument("name", type=argument(rules.consumer_filter))
+            if verb != "test-event":
+                one.add_argument("--reason", required=True, type=argument(rules.reason))
+            if verb == "rotate-secret":
+                one.add_argument(
+                    "--grace", type=argument(rules.grace_period), default=service.DEFAULT_GRACE,
+                    help="how long the old secret keeps signing, e.g. 24h (0s: not at all)",
+                )  # fmt: skip
+            one.add_argument("--actor", type=argument(rules.actor), help="who does it, for the audit trail")
+            one.add_argument("--json", action="store_true")
 
     def handle(self, *args, action, **options):
         try:
@@ -128,7 +176,7 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"  {c['name']:<24} pending {c['pending']:<6} delivered {c['delivered']:<8} dead {c['dead']:<6}"
                 + (f" oldest pending since {since:%Y-%m-%d %H:%M:%S}Z" if since else "")
-                + ("" if c["active"] else "  (inactive)")
+                + (f"  (paused by {c['pausedBy']}: {c['pausedReason']})" if c["isPaused"] else "")
             )
         self.stdout.write("(delivered counts every delivery made, including rows retention has deleted)")
 
@@ -161,6 +209,43 @@ class Command(BaseCommand):
         self.stdout.write(f"Replayed {replayed} of {selected} selected.")
         if ids and replayed < selected:
             raise CommandError(f"{selected - replayed} were not dead and were left as they are.")
+
+    # -- resend --------------------------------------------------------------------------------
+
+    def do_resend(self, *, ids, consumer, event_type, status, since, until, reason, actor, dry_run, **_):
+        actor = f"cli:{actor}" if actor else "cli"
+        filters = consumer or event_type or status or since or until
+        if bool(ids) == bool(filters):
+            raise CommandError(
+                "Name delivery ids, or filter with --consumer, --event-type, --status, --since, --until "
+                "(not both).",
+                returncode=2,
+            )
+        if since and until and since >= until:
+            raise CommandError("--since must be before --until.", returncode=2)
+        if ids:
+            rows = Delivery.objects.filter(pk__in=ids)
+            found = rows.count()
+            if found != len(set(ids)):
+                raise CommandError(
+                    f"{len(set(ids)) - found} of the named deliveries do not exist; nothing resent."
+                )
+            selected = found
+            rows = rows.filter(status__in=service.RESENDABLE)
+        else:
+            rows = service.resendable(
+                consumer=consumer, event_type=event_type, status=status, since=since, until=until
+            )
+            selected = None
+        if dry_run:
+            self.stdout.write(f"Would resend {rows.count()} deliveries.")
+            return
+        resent = rows.resend(actor=actor, reason=reason)
+        self.stdout.write(f"Resent {resent} deliveries" + (f" of {selected} named." if selected else "."))
+        if ids and resent < selected:
+            raise CommandError(
+                f"{selected - resent} were pending or paused (on their way) and were left as they are."
+            )
 
     # -- purge ---------------------------------------------------------------------------------
 
@@ -217,6 +302,97 @@ class Command(BaseCommand):
             )
             self.stdout.write(f"Added consumer {consumer.name} ({consumer.kind}).")
             self.stdout.write(f"Signing secret (shown once): {consumer.secret}")
+            return
+        as_json = options.get("json")
+        if consumer_action == "list":
+            consumers = list(Consumer.objects.order_by("name"))
+            if as_json:
+                self.stdout.write(_dumps([consumer_json(c) for c in consumers]))
+                return
+            for c in consumers:
+                self.stdout.write(_consumer_line(c))
+            if not consumers:
+                self.stdout.write("No consumers (add one with: odal outbox consumer add NAME --url URL).")
+            return
+        consumer = service.consumer_or_404(options["name"])
+        actor = f"cli:{options['actor']}" if options.get("actor") else "cli"
+        if consumer_action == "show":
+            self._show(consumer, as_json)
+        elif consumer_action == "change":
+            consumer = service.change_consumer(
+                consumer, actor=actor, reason=options.get("reason") or "", url=options["url"],
+                target=options["target"], event_types=options["events"], max_attempts=options["max_attempts"],
+                timeout_seconds=options["timeout"],
+            )  # fmt: skip
+            self._show(consumer, as_json)
+        elif consumer_action == "pause":
+            took = service.pause(consumer, actor=actor, reason=options["reason"])
+            consumer.refresh_from_db()
+            if as_json:
+                self.stdout.write(_dumps(consumer_json(consumer)))
+            elif took:
+                self.stdout.write(f"Paused {consumer.name}: its deliveries wait until it is resumed.")
+            else:
+                self.stdout.write(
+                    f"Already paused (by {consumer.paused_by}: {consumer.paused_reason}); nothing changed."
+                )
+        elif consumer_action == "resume":
+            resumed = service.resume(consumer, actor=actor, reason=options["reason"])
+            consumer.refresh_from_db()
+            if as_json:
+                self.stdout.write(_dumps(consumer_json(consumer)))
+            elif resumed is None:
+                self.stdout.write(f"{consumer.name} was not paused; nothing changed.")
+            else:
+                self.stdout.write(f"Resumed {consumer.name}: {resumed} waiting deliveries are due again.")
+        elif consumer_action == "remove":
+            removed = service.remove_consumer(consumer, actor=actor, reason=options["reason"])
+            if as_json:
+                self.stdout.write(_dumps({"name": consumer.name, **removed}))
+            else:
+                self.stdout.write(
+                    f"Removed {consumer.name} with {removed['deliveriesRemoved']} settled deliveries."
+                )
+        elif consumer_action == "rotate-secret":
+            secret, expires = service.rotate_secret(
+                consumer, actor=actor, reason=options["reason"], grace=options["grace"]
+            )
+            if as_json:
+                self.stdout.write(_dumps({"secret": secret, "previousSecretExpiresAt": expires}))
+                return
+            self.stdout.write(f"New signing secret for {consumer.name} (shown once): {secret}")
+            self.stdout.write(
+                f"The old secret signs beside it until {expires:%Y-%m-%d %H:%M:%S}Z."
+                if expires
+                else "The old secret no longer signs."
+            )
+        elif consumer_action == "test-event":
+            delivery = service.send_test_event(consumer, actor=actor)
+            if as_json:
+                self.stdout.write(_dumps({"deliveryId": delivery.pk}))
+            else:
+                self.stdout.write(
+                    f"Test event sent to {consumer.name}: delivery {delivery.pk}"
+                    + (" (waiting: the consumer is paused)." if consumer.paused else ".")
+                )
+
+    def _show(self, consumer, as_json: bool) -> None:
+        if as_json:
+            self.stdout.write(_dumps(consumer_json(consumer)))
+            return
+        self.stdout.write(_consumer_line(consumer))
+        self.stdout.write(f"  event types: {', '.join(consumer.event_types) or 'all'}")
+        self.stdout.write(f"  attempts {consumer.max_attempts}, timeout {consumer.timeout_seconds}s")
+        if consumer.previous_secret_expires_at:
+            self.stdout.write(
+                f"  old secret signs until {consumer.previous_secret_expires_at:%Y-%m-%d %H:%M:%S}Z"
+            )
+
+
+def _consumer_line(c) -> str:
+    where = c.url or c.target
+    state = f"paused by {c.paused_by}: {c.paused_reason}" if c.paused else "active"
+    return f"{c.name:<24} {c.kind:<8} {where}  ({state})"
 
 
 def _dumps(value) -> str:

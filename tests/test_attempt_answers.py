@@ -1,0 +1,196 @@
+"""The attempt log keeps what a consumer answered: a bounded, storable excerpt of the body and
+its Content-Type, for successes as well as failures, over real HTTP against PostgreSQL."""
+
+import httpx
+import pytest
+
+from odal.text import MAX_STORED
+from outbox import consumers
+from outbox.events import emit
+from outbox.models import Delivery
+from outbox.sweep import sweep_once
+from tests.factories import ConsumerFactory, UserFactory, WebhookConsumerFactory
+from tests.webhook_server import Answer, WebhookServer
+
+pytestmark = pytest.mark.django_db
+
+TEN_MB = 10_000_000
+JSON = [("content-type", "application/json")]
+
+
+@pytest.fixture(autouse=True)
+def _no_backoff(settings):
+    settings.ODAL_BACKOFF_BASE_SECONDS = 0
+
+
+def sweep_against(answer: Answer):
+    """One delivery to a webhook answering `answer`, swept once: the delivery and its one line."""
+    with WebhookServer([answer]) as server:
+        WebhookConsumerFactory(url=server.url, timeout_seconds=1)
+        emit("passport.published", {"n": 1})
+        report = sweep_once()
+    assert report.claimed == 1 and report.write_errors == 0
+    delivery = Delivery.objects.get()
+    return delivery, delivery.attempt_log.get()
+
+
+def assert_storable(text: str, limit: int) -> None:
+    assert "\x00" not in text and len(text) <= limit, (len(text), text[:80])
+    text.encode("utf-8")  # no lone surrogate
+
+
+# -- webhooks -------------------------------------------------------------------------------------
+
+
+def test_a_2xx_json_answer_is_kept_with_its_content_type(api_as):
+    body = b'{"received": true, "ticket": "T-42"}'
+    delivery, line = sweep_against(Answer(200, body, JSON))
+    assert delivery.status == "delivered"
+    assert (line.outcome, line.http_status, line.error) == ("delivered", 200, "")
+    assert (line.answer, line.content_type) == (body.decode(), "application/json")
+
+    [shown] = api_as("read").get(f"outbox/deliveries/{delivery.pk}").json()["attemptLog"]
+    assert (shown["answer"], shown["contentType"]) == (body.decode(), "application/json")
+
+
+def test_a_5xx_text_answer_is_kept_whole_beside_the_one_line_error():
+    body = "upstream exploded\n  retry after 30s\n"
+    delivery, line = sweep_against(
+        Answer(500, body.encode(), [("content-type", "text/plain; charset=utf-8")])
+    )
+    assert delivery.status == "pending"
+    assert line.error == "HTTP 500: upstream exploded retry after 30s"
+    assert (line.answer, line.content_type) == (body, "text/plain; charset=utf-8")
+
+
+def test_an_answer_without_a_body_or_content_type_is_kept_empty():
+    delivery, line = sweep_against(Answer(204))
+    assert delivery.status == "delivered" and (line.answer, line.content_type) == ("", "")
+
+
+def test_a_redirect_keeps_its_body_and_content_type():
+    headers = [("location", "https://elsewhere.example/hooks"), ("content-type", "text/html")]
+    delivery, line = sweep_against(
+        Answer(302, b'<a href="https://elsewhere.example/hooks">moved</a>', headers)
+    )
+    assert delivery.status == "pending" and line.error.startswith("HTTP 302 redirect")
+    assert line.answer == '<a href="https://elsewhere.example/hooks">moved</a>'
+    assert line.content_type == "text/html"
+
+
+def test_a_timeout_keeps_what_was_read_before_it():
+    answer = Answer(200, b"z" * 100, [("content-type", "text/plain")], trickle=0.05)
+    delivery, line = sweep_against(answer)
+    assert delivery.status == "pending" and line.error.startswith("timed out after 1s while reading the body")
+    assert 0 < len(line.answer) < 100 and set(line.answer) == {"z"}
+    assert line.content_type == "text/plain"
+
+
+def test_a_refused_connection_has_no_answer():
+    WebhookConsumerFactory(url="http://127.0.0.1:9/hooks")
+    emit("passport.published", {})
+    sweep_once()
+    line = Delivery.objects.get().attempt_log.get()
+    assert line.error.startswith("connection error") and (line.answer, line.content_type) == ("", "")
+
+
+HOSTILE_BODIES = {
+    # name: (answer, settles as, the answer kept)
+    "nul_2xx": (Answer(200, b"ok\x00done", JSON), "delivered", "ok\ufffddone"),
+    "nul_5xx": (Answer(500, b"upstream\x00exploded"), "pending", "upstream\ufffdexploded"),
+    "invalid_utf8": (Answer(500, b"bad \xff\xfe bytes \xed\xa0\x80"), "pending", "bad \ufffd\ufffd bytes \ufffd\ufffd\ufffd"),
+    "huge_2xx": (Answer(200, b"x" * TEN_MB), "delivered", "x" * (MAX_STORED - 1) + "…"),
+    "huge_nul_5xx": (Answer(500, b"\x00" * TEN_MB), "pending", "\ufffd" * (MAX_STORED - 1) + "…"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("answer, status, kept", HOSTILE_BODIES.values(), ids=HOSTILE_BODIES)
+def test_a_hostile_body_is_kept_bounded_and_storable_and_the_delivery_settles(answer, status, kept):
+    delivery, line = sweep_against(answer)
+    assert delivery.status == status and line.outcome == ("delivered" if status == "delivered" else "failed")
+    assert line.answer == kept
+    assert_storable(line.answer, MAX_STORED)
+
+
+HOSTILE_CONTENT_TYPES = {
+    # name: (the header as sent, as kept)
+    "10_kb": ("text/plain; note=" + "x" * 10_000, "text/plain; note=" + "x" * 182 + "…"),
+    "not_utf8": ("text/pl\xffain", "text/plÿain"),  # sent as the byte 0xff: read as Latin-1
+}
+
+
+@pytest.mark.parametrize("sent, kept", HOSTILE_CONTENT_TYPES.values(), ids=HOSTILE_CONTENT_TYPES)
+def test_a_hostile_content_type_is_kept_bounded_and_storable(sent, kept):
+    delivery, line = sweep_against(Answer(200, b"{}", [("content-type", sent)]))
+    assert delivery.status == "delivered" and line.answer == "{}"
+    assert line.content_type == kept
+    assert_storable(line.content_type, consumers.MAX_CONTENT_TYPE)
+
+
+def test_a_content_type_with_a_nul_byte_fails_the_attempt_and_the_delivery_settles():
+    """httpx refuses a header with NUL in it as a protocol error: the attempt fails like a
+    broken connection, with nothing kept of an answer it never accepted."""
+    delivery, line = sweep_against(Answer(200, b"{}", [("content-type", "application/\x00json")]))
+    assert delivery.status == "pending" and line.error.startswith("connection error")
+    assert (line.answer, line.content_type) == ("", "")
+
+
+def test_a_content_type_is_made_storable_where_it_is_read():
+    """What another HTTP stack might let through (a NUL, invalid UTF-8, any length) comes out
+    of answer_content_type storable and at most 200 characters long."""
+    response = httpx.Response(200, headers=[(b"content-type", b"text/\x00pl\xffain; x=" + b"y" * 10_000)])
+    kept = consumers.answer_content_type(response)
+    assert kept.startswith("text/\ufffdplÿain; x=yyy") and kept.endswith("…")
+    assert_storable(kept, consumers.MAX_CONTENT_TYPE)
+
+
+def test_the_admin_shows_the_answer_and_its_content_type(client):
+    delivery, _ = sweep_against(Answer(200, b'{"ticket": "T-42"}', JSON))
+    client.force_login(UserFactory(is_superuser=True))
+    page = client.get(f"/admin/outbox/delivery/{delivery.pk}/change/")
+    assert page.status_code == 200
+    assert b"application/json" in page.content and b"T-42" in page.content
+
+
+# -- python consumers -------------------------------------------------------------------------------
+
+
+class Unprintable:
+    def __str__(self):
+        raise RuntimeError("no")
+
+
+RETURNED = {"value": None}
+
+
+def returns(event, delivery_id):
+    return RETURNED["value"]
+
+
+PYTHON_ANSWERS = {
+    # name: (what the callable returns, the answer kept)
+    "none": (None, ""),
+    "dict": ({"accepted": True}, "{'accepted': True}"),
+    "text_with_nul": ("ok\x00\ud800", "ok\ufffd\ufffd"),
+    "huge": ("x" * TEN_MB, "x" * (MAX_STORED - 1) + "…"),
+    "unprintable": (Unprintable(), "<unprintable Unprintable: RuntimeError>"),
+}
+
+
+@pytest.mark.parametrize("value, kept", PYTHON_ANSWERS.values(), ids=PYTHON_ANSWERS)
+def test_a_python_consumer_answer_is_what_it_returned_bounded(value, kept):
+    RETURNED["value"] = value
+    ConsumerFactory(target=f"{__name__}.returns")
+    emit("passport.published", {})
+    report = sweep_once()
+    assert (report.delivered, report.write_errors) == (1, 0)
+    line = Delivery.objects.get().attempt_log.get()
+    assert (line.outcome, line.answer, line.content_type) == ("delivered", kept, "")
+
+
+def test_a_failing_python_consumer_has_no_answer():
+    ConsumerFactory(target="tests.consumers.explode")
+    emit("passport.published", {})
+    sweep_once()
+    line = Delivery.objects.get().attempt_log.get()
+    assert (line.outcome, line.error, line.answer) == ("failed", "ValueError: boom", "")

@@ -1,0 +1,196 @@
+"""The read routes: passports a page at a time (GET dpp), one event with its deliveries
+(GET events/{id}) and the delivery list filtered by event (GET outbox/deliveries?eventId=)."""
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.db import connection
+from django.test import Client
+from django.utils import timezone
+
+from odal.models import Passport
+from outbox.events import emit
+from tests.factories import ConsumerFactory, DeliveryFactory, EventFactory, PassportFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def staff_with(*perms) -> Client:
+    user = UserFactory()
+    for perm in perms:
+        app_label, codename = perm.split(".")
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label=app_label, codename=codename)
+        )
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def read_all(client, path, **params) -> list[dict]:
+    """Every item of a paged list, following nextCursor to the end."""
+    items, cursor = [], None
+    for _ in range(100):
+        page = client.get(path, **params, **({"cursor": cursor} if cursor else {})).json()
+        items += page["items"]
+        cursor = page["nextCursor"]
+        if cursor is None:
+            return items
+    raise AssertionError("the cursor never ran out")
+
+
+def newest_first(passports) -> list[str]:
+    return [str(p.pk) for p in sorted(passports, key=lambda p: (p.created_at, p.pk), reverse=True)]
+
+
+# -- GET dpp --------------------------------------------------------------------------------------
+
+
+def test_passports_page_newest_first_without_duplicates_or_gaps(api_as):
+    now = timezone.now()
+    spread = [PassportFactory(created_at=now - timedelta(seconds=i)) for i in range(5)]
+    # Created in the same microsecond: only the id tells them apart, and pages may split them.
+    tied = [PassportFactory(created_at=now - timedelta(seconds=2, microseconds=1)) for _ in range(5)]
+    expected = newest_first(spread + tied)
+
+    for limit in (1, 2, 3, 4, 10):
+        seen = [item["id"] for item in read_all(api_as("read"), "dpp", limit=limit)]
+        assert seen == expected, f"limit={limit}"
+
+    whole = api_as("read").get("dpp").json()  # the default limit (50) holds them all
+    assert [item["id"] for item in whole["items"]] == expected and whole["nextCursor"] is None
+
+
+def test_a_listed_passport_has_the_shape_of_get_dpp(api_as):
+    passport = PassportFactory(data={"mass": 3})
+    [item] = api_as("read").get("dpp").json()["items"]
+    assert item == api_as("read").get(f"dpp/{passport.pk}").json()
+
+
+@pytest.mark.parametrize("status", Passport.Status.values)
+def test_passports_filter_by_status_across_pages(api_as, status):
+    now = timezone.now()
+    passports = [
+        PassportFactory(status=s, created_at=now - timedelta(seconds=i))
+        for i, s in enumerate(Passport.Status.values * 3)
+    ]
+    items = read_all(api_as("read"), "dpp", status=status, limit=2)
+    assert [item["id"] for item in items] == newest_first(p for p in passports if p.status == status)
+    assert {item["status"] for item in items} == {status}
+
+
+@pytest.mark.parametrize(
+    "params, code",
+    [
+        ({"status": "lost"}, "invalid_status"),
+        ({"status": "DRAFT"}, "invalid_status"),
+        ({"cursor": "garbage!"}, "invalid_cursor"),
+        ({"cursor": "MjAyNi0xMi0wMVQwMDowMDowMHxub3QtYS11dWlk"}, "invalid_cursor"),  # a time, then no uuid
+        ({"limit": 0}, "invalid_request"),
+        ({"limit": 201}, "invalid_request"),
+        ({"limit": "ten"}, "invalid_request"),
+    ],
+)
+def test_bad_passport_list_parameters_are_422_with_a_sentence(api_as, params, code):
+    PassportFactory()
+    response = api_as("read").get("dpp", **params)
+    assert response.status_code == 422, response.content
+    body = response.json()
+    assert body["code"] == code and body["detail"].endswith(".")
+
+
+def test_the_largest_page_is_200(api_as):
+    assert api_as("read").get("dpp", limit=200).status_code == 200
+
+
+def test_listing_passports_needs_credentials_and_the_view_permission(api_as):
+    PassportFactory()
+    assert api_as(None).get("dpp").status_code == 401
+    assert Client().get("/vault/api/v1/dpp", headers={"Authorization": "Bearer odal_nope"}).status_code == 401
+    refused = staff_with("outbox.view_delivery").get("/vault/api/v1/dpp")
+    assert refused.status_code == 403 and refused.json()["requiredPermission"] == "odal.view_passport"
+    allowed = staff_with("odal.view_passport").get("/vault/api/v1/dpp")
+    assert allowed.status_code == 200 and len(allowed.json()["items"]) == 1
+    for scope in ("read", "write", "admin"):
+        assert api_as(scope).get("dpp").status_code == 200
+
+
+def test_the_passport_list_is_served_by_its_index():
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        query, params = Passport.objects.order_by("-created_at", "-id")[:51].query.sql_with_params()
+        cursor.execute(f"EXPLAIN {query}", params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "passport_listing_idx" in plan and "Sort" not in plan, plan
+
+
+# -- GET events/{id} --------------------------------------------------------------------------------
+
+
+def test_an_event_is_shown_with_its_deliveries(api_as):
+    ConsumerFactory(name="billing")
+    ConsumerFactory(name="archive")
+    ConsumerFactory(name="other", event_types=["order.*"])
+    event, _ = emit("passport.published", {"upi": "https://id.example.eu/1"})
+    emit("passport.published", {"upi": "https://id.example.eu/2"})  # another event's deliveries
+
+    response = api_as("read").get(f"events/{event.pk}")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert {k: body[k] for k in ("id", "type", "payload")} == {
+        "id": str(event.pk),
+        "type": "passport.published",
+        "payload": {"upi": "https://id.example.eu/1"},
+    }
+    assert body["createdAt"].startswith(event.created_at.strftime("%Y-%m-%dT%H:%M:%S"))
+    assert [d["consumer"] for d in body["deliveries"]] == ["archive", "billing"]
+    # the shape of the delivery list, item for item
+    listed = api_as("read").get("outbox/deliveries", eventId=str(event.pk)).json()["items"]
+    assert sorted(body["deliveries"], key=lambda d: d["id"]) == sorted(listed, key=lambda d: d["id"])
+
+
+def test_an_event_without_deliveries_is_shown_with_none(api_as):
+    event = EventFactory()
+    body = api_as("read").get(f"events/{event.pk}").json()
+    assert body["id"] == str(event.pk) and body["deliveries"] == []
+
+
+def test_an_unknown_event_is_404(api_as):
+    EventFactory()
+    response = api_as("read").get(f"events/{uuid.uuid4()}")
+    assert response.status_code == 404 and response.json()["code"] == "not_found"
+
+
+def test_showing_an_event_needs_credentials_and_the_view_permission(api_as):
+    event = EventFactory()
+    path = f"/vault/api/v1/events/{event.pk}"
+    assert api_as(None).get(f"events/{event.pk}").status_code == 401
+    refused = staff_with("odal.view_passport").get(path)
+    assert refused.status_code == 403 and refused.json()["requiredPermission"] == "outbox.view_delivery"
+    assert staff_with("outbox.view_delivery").get(path).status_code == 200
+    assert api_as("read").get(f"events/{event.pk}").status_code == 200
+
+
+# -- GET outbox/deliveries?eventId= -----------------------------------------------------------------
+
+
+def test_deliveries_filter_by_event(api_as):
+    mine, other = EventFactory(), EventFactory()
+    wanted = {str(DeliveryFactory(event=mine).pk) for _ in range(3)}
+    DeliveryFactory(event=other)
+    items = read_all(api_as("read"), "outbox/deliveries", eventId=str(mine.pk), limit=2)
+    assert {item["id"] for item in items} == wanted and len(items) == 3
+    assert {item["eventId"] for item in items} == {str(mine.pk)}
+    assert api_as("read").get("outbox/deliveries", eventId=str(uuid.uuid4())).json()["items"] == []
+
+
+@pytest.mark.parametrize("event_id", ["not-a-uuid", "1234", "' OR 1=1 --"])
+def test_a_bad_event_id_filter_is_422_with_a_sentence(api_as, event_id):
+    DeliveryFactory()
+    response = api_as("read").get("outbox/deliveries", eventId=event_id)
+    assert response.status_code == 422, response.content
+    body = response.json()
+    assert body["code"] == "invalid_request" and "eventId" in body["detail"]
+    assert body["detail"].endswith(".")

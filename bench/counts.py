@@ -46,7 +46,7 @@ def history_consumers() -> list[int]:
     ids = []
     for i in range(1, CONSUMERS + 1):
         c, _ = Consumer.objects.update_or_create(
-            name=f"history-{i}", defaults={"kind": "python", "target": "bench.noop.consume", "active": True}
+            name=f"history-{i}", defaults={"kind": "python", "target": "bench.noop.consume", "paused": False}
         )
         ids.append(c.pk)
     return ids

@@ -131,18 +131,18 @@ def django_q_rate(env: dict, tasks: int) -> float:
 
 
 def consumer(kind: str, url: str = ""):
-    """The one active consumer of a measurement (the others are switched off)."""
+    """The one consumer of a measurement not paused (the others are: their deliveries wait)."""
     from outbox.models import Consumer
 
-    Consumer.objects.update(active=False)
+    Consumer.objects.update(paused=True, paused_by="bench", paused_reason="another measurement runs")
     if kind == "python":
         c, _ = Consumer.objects.update_or_create(
-            name="bench-noop", defaults={"kind": "python", "target": "bench.noop.consume", "active": True}
+            name="bench-noop", defaults={"kind": "python", "target": "bench.noop.consume", "paused": False}
         )
     else:
         c, _ = Consumer.objects.update_or_create(
             name="bench-webhook",
-            defaults={"kind": "webhook", "url": url, "active": True, "timeout_seconds": 10},
+            defaults={"kind": "webhook", "url": url, "paused": False, "timeout_seconds": 10},
         )
     return c
 

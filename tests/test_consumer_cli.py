@@ -90,3 +90,11 @@ def test_a_test_event_from_the_command_line():
     text = run("consumer", "test-event", "erp")
     assert "Test event sent to erp: delivery" in text
     assert Delivery.objects.get(consumer__name="erp").event.type == "odal.test"
+
+
+def test_status_shows_what_waits_for_a_paused_consumer():
+    consumer = ConsumerFactory(name="erp")
+    DeliveryFactory.create_batch(2, consumer=consumer)
+    run("consumer", "pause", "erp", "--reason", "ERP upgrade")
+    text = run("status")
+    assert "paused 2" in text and "(paused by cli: ERP upgrade)" in text

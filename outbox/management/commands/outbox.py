@@ -169,12 +169,14 @@ class Command(BaseCommand):
         oldest = counts["oldestPendingAt"]
         age = f", oldest pending since {oldest:%Y-%m-%d %H:%M:%S}Z" if oldest else ""
         self.stdout.write(
-            f"pending {counts['pending']}  delivered {counts['delivered']}  dead {counts['dead']}{age}"
+            f"pending {counts['pending']}  delivered {counts['delivered']}  dead {counts['dead']}"
+            f"  paused {counts['paused']}{age}"
         )
         for c in counts["consumers"]:
             since = c["oldestPendingAt"]
             self.stdout.write(
                 f"  {c['name']:<24} pending {c['pending']:<6} delivered {c['delivered']:<8} dead {c['dead']:<6}"
+                f" paused {c['paused']:<6}"
                 + (f" oldest pending since {since:%Y-%m-%d %H:%M:%S}Z" if since else "")
                 + (f"  (paused by {c['pausedBy']}: {c['pausedReason']})" if c["isPaused"] else "")
             )

@@ -18,6 +18,7 @@ from odal.idempotency import IdempotencyKey, idempotent
 from odal.schemas import responses
 from outbox.events import emit
 from outbox.models import Consumer, Delivery, Event
+from outbox.schemas import DeliveryFilterIn
 from outbox.service import deliveries_matching, outbox_counts
 
 router = Router(tags=["outbox"])
@@ -143,22 +144,10 @@ class ReasonIn(Schema):
     reason: str | None = None
 
 
-class BulkReplayIn(Schema):
+class BulkReplayIn(DeliveryFilterIn):
     reason: str | None = None
-    consumer: str | None = None
-    eventType: str | None = None
     deadSince: datetime | None = None
     dryRun: bool = False
-
-    @field_validator("consumer")
-    @classmethod
-    def _consumer(cls, value: str | None) -> str | None:
-        return None if value is None else rules.consumer_filter(value)
-
-    @field_validator("eventType")
-    @classmethod
-    def _event_type(cls, value: str | None) -> str | None:
-        return None if value is None else rules.event_type_filter(value)
 
     @field_validator("deadSince")
     @classmethod

@@ -19,7 +19,7 @@ from odal.schemas import responses
 from outbox import service
 from outbox.api import ConsumerIn, DeliveryDetailOut, get_delivery_or_404
 from outbox.models import Consumer, Delivery
-from outbox.schemas import ConsumerOut
+from outbox.schemas import ConsumerOut, DeliveryFilterIn
 
 router = Router(tags=["consumers"])
 
@@ -104,23 +104,11 @@ class TestEventOut(Schema):
     deliveryId: uuid.UUID
 
 
-class BulkResendIn(ReasonIn):
-    consumer: str | None = None
-    eventType: str | None = None
+class BulkResendIn(ReasonIn, DeliveryFilterIn):
     status: str | None = Field(default=None, description="delivered or dead (default: both)")
     since: datetime | None = Field(default=None, description="created at or after")
     until: datetime | None = Field(default=None, description="created before")
     dryRun: bool = False
-
-    @field_validator("consumer")
-    @classmethod
-    def _consumer(cls, value: str | None) -> str | None:
-        return None if value is None else rules.consumer_filter(value)
-
-    @field_validator("eventType")
-    @classmethod
-    def _event_type(cls, value: str | None) -> str | None:
-        return None if value is None else rules.event_type_filter(value)
 
     @field_validator("status")
     @classmethod

@@ -4,6 +4,26 @@ schema each, camelCase names read from the model's attributes through their alia
 from datetime import datetime
 
 from ninja import Field, Schema
+from pydantic import field_validator
+
+from odal import rules
+
+
+class DeliveryFilterIn(Schema):
+    """The filters of a bulk replay or resend, each checked by its rule (odal.rules)."""
+
+    consumer: str | None = None
+    eventType: str | None = None
+
+    @field_validator("consumer")
+    @classmethod
+    def _consumer(cls, value: str | None) -> str | None:
+        return None if value is None else rules.consumer_filter(value)
+
+    @field_validator("eventType")
+    @classmethod
+    def _event_type(cls, value: str | None) -> str | None:
+        return None if value is None else rules.event_type_filter(value)
 
 
 class ConsumerOut(Schema):

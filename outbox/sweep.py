@@ -68,6 +68,7 @@ FLUSH_SECONDS = 1.0  # ...or sooner (a quarter of the hold if that is less), so 
 # does not hold finished outcomes back
 SWEEP_THREADS = 32  # webhook requests in flight per sweep process, all consumers together
 REFRESH_SECONDS = 0.5  # a pass re-reads its consumers' pause and secrets at most this often
+HOUSEKEEPING_SECONDS = 1.0  # a run of passes parks and unparks paused consumers' rows this often
 
 
 @dataclass
@@ -268,6 +269,7 @@ class Pass:
         self.consumers: dict = {}
         self.paused: set = set()  # consumers paused during this pass (by a person or by odal)
         self.refreshed: dict[str, float] = {}
+        self.streaks_ended: set = set()  # consumers whose failure streak a success of this pass ended
 
     def refresh(self, thread: str) -> None:
         """Re-read what a person may change under a running pass, at most every REFRESH_SECONDS
@@ -302,8 +304,10 @@ class Pass:
                 s["errors"].append(f.outcome.error)
         for consumer_id, s in seen.items():
             consumer = self.consumers.get(consumer_id)
-            if consumer is None:
-                continue
+            if consumer is None or (s["successes"] and consumer_id in self.streaks_ended):
+                continue  # one success a pass ends a streak: the next flushes need not say it again
+            if s["successes"]:
+                self.streaks_ended.add(consumer_id)
             try:
                 if service.record_health(
                     consumer,
@@ -401,19 +405,41 @@ class Pass:
             )
 
 
+class Housekeeping:
+    """When a run of passes parks and unparks again: on its first pass, then about once every
+    HOUSEKEEPING_SECONDS (each costs two statements; a busy sweep makes several passes a
+    second)."""
+
+    def __init__(self):
+        self.last = float("-inf")
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self.last < HOUSEKEEPING_SECONDS:
+            return False
+        self.last = now
+        return True
+
+
 def sweep_once(
     *,
     batch: int = 100,
     client: httpx.Client | None = None,
     pool: ThreadPoolExecutor | None = None,
     python: ThreadPoolExecutor | None = None,
+    housekeeping: bool = True,
 ) -> SweepReport:
-    """One pass: dead-letter spent rows, claim up to `batch` due deliveries, run them."""
+    """One pass: park or unpark rows of paused or resumed consumers (with `housekeeping`: a run
+    of passes does it about once a second, see Housekeeping), dead-letter spent rows, claim up
+    to `batch` due deliveries, run them."""
     report = SweepReport(passes=1)
     now = timezone.now()
-    Delivery.objects.park_paused(now=now)  # (one statement; takes nothing while no consumer is paused)
-    for consumer_id in Delivery.objects.resumed_consumers_with_parked_rows():  # (one statement)
-        Delivery.objects.unpark(consumer_id=consumer_id)
+    if housekeeping:
+        # Parking only keeps paused rows out of the due index (no claim or dead-lettering takes
+        # a paused consumer's row anyway); unparking is the net under a resume (see the models).
+        Delivery.objects.park_paused(now=now)  # (one statement; takes nothing while none is paused)
+        for consumer_id in Delivery.objects.resumed_consumers_with_parked_rows():  # (one statement)
+            Delivery.objects.unpark(consumer_id=consumer_id)
     report.dead_lettered = Delivery.objects.dead_letter_exhausted(now=now)
     # The hold runs from the claim's own clock reading, not from before the dead-lettering.
     claim = Delivery.objects.claim(limit=batch, select_related=("event",))
@@ -452,9 +478,10 @@ def sweep_until_idle(*, batch: int = 100, max_seconds: float = 50.0) -> SweepRep
     """Passes until a pass claims nothing or `max_seconds` have gone by."""
     report = SweepReport()
     deadline = time.monotonic() + max_seconds
+    chores = Housekeeping()
     with sweeper() as shared:
         while True:
-            one = sweep_once(batch=batch, **shared)
+            one = sweep_once(batch=batch, housekeeping=chores.due(), **shared)
             report.add(one)
             if one.claimed == 0 or time.monotonic() >= deadline:
                 return report
@@ -474,6 +501,7 @@ def sweep_listening(
     `seconds`, or until `should_stop()`."""
     report = SweepReport()
     deadline = None if seconds is None else time.monotonic() + seconds
+    chores = Housekeeping()
     with sweeper() as shared:
         while not should_stop():
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -481,7 +509,7 @@ def sweep_listening(
                 break
             if not connection.in_atomic_block:  # (a caller's transaction, e.g. a test's, stays open)
                 close_old_connections()  # a long-lived sweep drops a connection past its age or broken
-            one = sweep_once(batch=batch, **shared)
+            one = sweep_once(batch=batch, housekeeping=chores.due(), **shared)
             report.add(one)
             if one.claimed == 0 and not should_stop():
                 pause = poll_seconds if remaining is None else min(poll_seconds, remaining)

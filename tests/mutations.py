@@ -1890,7 +1890,7 @@ GUARDS = [
     Guard(
         "resume: the sweep unparks rows parked by a transaction that committed after the resume",
         "outbox/sweep.py",
-        "    for consumer_id in Delivery.objects.resumed_consumers_with_parked_rows():  # (one statement)\n        Delivery.objects.unpark(consumer_id=consumer_id)\n",
+        "        for consumer_id in Delivery.objects.resumed_consumers_with_parked_rows():  # (one statement)\n            Delivery.objects.unpark(consumer_id=consumer_id)\n",
         "",
         "tests/test_consumer_races.py::test_a_delivery_emitted_while_paused_but_committed_after_resume_is_not_parked_forever "
         "tests/test_consumer_races.py::test_a_failure_written_while_paused_but_committed_after_resume_is_not_parked_forever",

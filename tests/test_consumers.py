@@ -464,3 +464,12 @@ def test_odal_auto_pause_after_is_read_from_the_environment(value, seconds):
         env=environment, capture_output=True, text=True,
     )  # fmt: skip
     assert result.stdout.strip() == str(seconds), result.stderr
+
+
+def test_a_run_of_passes_parks_on_its_first_pass_then_about_once_a_second(monkeypatch):
+    from outbox import sweep as sweep_module
+
+    chores = sweep_module.Housekeeping()
+    clock = iter([100.0, 100.2, 100.9, 101.1, 101.5])
+    monkeypatch.setattr(sweep_module.time, "monotonic", lambda: next(clock))
+    assert [chores.due() for _ in range(5)] == [True, False, False, True, False]

@@ -47,6 +47,7 @@ ATTEMPTS = (1, 1000)  # a delivery's attempt budget: 0 would dead-letter it unat
 TIMEOUT_SECONDS = (1, 60)  # a webhook's timeout
 BATCH = (1, 10_000)  # rows a sweep or a drain claims per pass
 PORT = (1, 65_535)  # a TCP port to listen on (0, "any free one", is not a port a person asks for)
+WEB_WORKERS = (1, 256)  # gunicorn worker processes of one `odal serve`; each holds a database connection
 # How old a row must be for retention to delete it by hand (`odal outbox purge --older-than`): 0
 # would delete what was just settled; past a century the cutoff is no longer a date.
 RETENTION = (timedelta(minutes=1), timedelta(days=36_500))
@@ -210,6 +211,10 @@ def batch_size(value) -> int:
 
 def port(value) -> int:
     return whole_number(value, *PORT)
+
+
+def web_workers(value) -> int:
+    return whole_number(value, *WEB_WORKERS)
 
 
 def address(value) -> str:

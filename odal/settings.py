@@ -11,6 +11,8 @@ from urllib.parse import urlparse
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from odal import rules
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
@@ -79,6 +81,23 @@ def env_url(name: str, default: str, schemes: tuple[str, ...]) -> str:
     return value.rstrip("/")
 
 
+def env_address(name: str, default: str) -> str:
+    """HOST:PORT to listen on, checked by the command line's own rule (odal.rules.address)."""
+    raw = os.environ.get(name, "").strip() or default
+    try:
+        return rules.address(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} {exc}, got {raw!r}") from None
+
+
+def cores() -> int:
+    """The cores this process may run on (a container's CPU set, not the whole machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def database_from_env() -> dict:
     default = f"sqlite:///{VAR_DIR / 'odal.sqlite3'}"
     url = os.environ.get("DATABASE_URL", "").strip() or default
@@ -117,7 +136,15 @@ if PRODUCTION and SECRET_KEY == DEFAULT_SECRET_KEY:
 if PRODUCTION and DEBUG:
     raise ImproperlyConfigured("DEBUG must be off when ODAL_ENV=production")
 
-ALLOWED_HOSTS = [h.strip() for h in env_str("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h.strip()]
+# The host names this node answers to (the Host a load balancer forwards). Production must name
+# them: the development default answers only to requests made on the machine itself.
+ALLOWED_HOSTS = [h.strip() for h in env_str("ALLOWED_HOSTS", "").split(",") if h.strip()]
+if PRODUCTION and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured(
+        "ALLOWED_HOSTS must name this node's host names (comma-separated, e.g. dpp.example.eu) "
+        "when ODAL_ENV=production"
+    )
+ALLOWED_HOSTS = ALLOWED_HOSTS or ["127.0.0.1", "localhost"]
 CSRF_TRUSTED_ORIGINS = [o.strip() for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
 
 # The outbox and registry knobs of CONTRACT.md.
@@ -161,6 +188,12 @@ ODAL_READYZ_SWEEP_SECONDS = env_int("ODAL_READYZ_SWEEP_SECONDS", 300, minimum=1)
 # after ODAL_DEAD_RETENTION_DAYS. At most a century: a cutoff must stay a date.
 ODAL_RETENTION_DAYS = env_int("ODAL_RETENTION_DAYS", 30, minimum=1, maximum=36_500)
 ODAL_DEAD_RETENTION_DAYS = env_int("ODAL_DEAD_RETENTION_DAYS", 90, minimum=1, maximum=36_500)
+# `odal serve` (gunicorn): where it listens and how many worker processes it forks; gunicorn's
+# own GUNICORN_CMD_ARGS may change either, and --bind/--workers override both.
+ODAL_BIND = env_address("ODAL_BIND", "127.0.0.1:8000")
+ODAL_WEB_WORKERS = env_int(
+    "ODAL_WEB_WORKERS", min(2 * cores() + 1, rules.WEB_WORKERS[1]), minimum=1, maximum=rules.WEB_WORKERS[1]
+)  # gunicorn's advice: two per core, plus one
 # The biggest request body the API reads; larger ones get 413.
 ODAL_MAX_BODY_BYTES = env_int("ODAL_MAX_BODY_BYTES", 256 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = ODAL_MAX_BODY_BYTES
@@ -183,6 +216,7 @@ MIDDLEWARE = [
     "odal.middleware.BodySizeLimitMiddleware",
     "odal.middleware.UnstorableInputMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",  # static files, before anything spends work on them
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -224,7 +258,19 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+# `odal serve` collects the static files into it (a folder of their own for each release, or
+# var/static of the checkout); WhiteNoise serves them from there.
+STATIC_ROOT = Path(env_str("ODAL_STATIC_ROOT", "").strip() or VAR_DIR / "static")
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # Production serves compressed files under content-hashed names, cached for a year; the
+    # manifest that maps the names exists only once collectstatic ran (`odal serve` runs it).
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if PRODUCTION
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
+    },
+}
 
 SESSION_COOKIE_SECURE = PRODUCTION
 CSRF_COOKIE_SECURE = PRODUCTION

@@ -522,6 +522,28 @@ GUARDS = [
         "tests/test_settings.py::test_production_refuses_to_start_without_a_metrics_token",
     ),
     Guard(
+        "settings: production needs ALLOWED_HOSTS named",
+        "odal/settings.py",
+        "if PRODUCTION and not ALLOWED_HOSTS:\n",
+        "if False:\n",
+        "tests/test_settings.py::test_production_refuses_to_start_without_allowed_hosts "
+        "tests/test_serve.py::test_production_refuses_to_serve_without_its_settings",
+    ),
+    Guard(
+        "serve: production refuses --no-collectstatic when nothing was collected",
+        "odal/management/commands/serve.py",
+        "staticfiles_storage.read_manifest() is None:\n",
+        "False:\n",
+        "tests/test_serve.py::test_without_collected_static_files_production_refuses_to_serve",
+    ),
+    Guard(
+        "serve: an address in use is refused before gunicorn starts",
+        "odal/management/commands/serve.py",
+        "        serving(bind, int(port), ",
+        "        (lambda *a, **k: None)(bind, int(port), ",
+        "tests/test_serve.py::test_an_address_in_use_is_refused_before_anything_is_collected",
+    ),
+    Guard(
         "passport admin: lifecycle fields are read-only",
         "odal/admin.py",
         '        "id",\n        *LIFECYCLE_FIELDS,\n',

@@ -274,6 +274,7 @@ def test_production_mode_refuses_private_webhooks_by_default():
         "ODAL_ENV": "production",
         "SECRET_KEY": "k" * 50,
         "ODAL_METRICS_TOKEN": "m" * 32,
+        "ALLOWED_HOSTS": "dpp.example.eu",
         "PATH": "/usr/bin:/bin",
         "DJANGO_SETTINGS_MODULE": "odal.settings",
     }

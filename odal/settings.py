@@ -6,7 +6,7 @@ variable, so a typo in a deployment stops start-up instead of running with a sur
 
 import os
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import parse_qsl, urlencode, urlparse
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -18,6 +18,10 @@ VAR_DIR = BASE_DIR / "var"
 
 DEFAULT_SECRET_KEY = "odal-development-only-secret-key-change-me"  # refused when ODAL_ENV=production
 DB_CONNECT_TIMEOUT_SECONDS = 3  # PostgreSQL's connect_timeout unless DATABASE_URL sets one
+# Redis's socket_connect_timeout and socket_timeout unless ODAL_BROKER_URL sets them; the read
+# timeout stays above the 1 s BLPOP with which django-q2's pusher polls.
+BROKER_CONNECT_TIMEOUT_SECONDS = 2
+BROKER_TIMEOUT_SECONDS = 5
 
 
 def env_str(name: str, default: str) -> str:
@@ -124,6 +128,18 @@ def database_from_env() -> dict:
         # after the TCP timeout of minutes. A connect_timeout given in DATABASE_URL wins.
         config.setdefault("OPTIONS", {}).setdefault("connect_timeout", DB_CONNECT_TIMEOUT_SECONDS)
     return config
+
+
+def redis_url_with_timeouts(url: str) -> str:
+    """redis-py waits for ever by default. A Redis that takes connections and stops answering (a
+    hung server, a network partition) would then hold each kick (and the request that commits
+    it), the pusher's poll and the sentinel's heartbeat for good, and the cluster would never
+    come back; with these timeouts each fails within seconds and django-q2 reconnects."""
+    parsed = urlparse(url)
+    query = dict(parse_qsl(parsed.query))
+    query.setdefault("socket_connect_timeout", str(BROKER_CONNECT_TIMEOUT_SECONDS))
+    query.setdefault("socket_timeout", str(BROKER_TIMEOUT_SECONDS))
+    return parsed._replace(query=urlencode(query)).geturl()
 
 
 ODAL_ENV = env_choice("ODAL_ENV", "development", ("development", "production"))
@@ -292,7 +308,7 @@ Q_CLUSTER = {
 if ODAL_BROKER_URL:
     if not ODAL_BROKER_URL.startswith(("redis://", "rediss://")):
         raise ImproperlyConfigured(f"ODAL_BROKER_URL must be a redis:// URL, got {ODAL_BROKER_URL!r}")
-    Q_CLUSTER["redis"] = ODAL_BROKER_URL
+    Q_CLUSTER["redis"] = redis_url_with_timeouts(ODAL_BROKER_URL)
 else:
     Q_CLUSTER["orm"] = "default"
 

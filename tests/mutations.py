@@ -1261,6 +1261,20 @@ GUARDS = [
         "tests/test_readyz.py::test_odal_readyz_sweep_seconds_is_read_from_the_environment tests/test_readyz.py::test_a_database_that_accepts_and_never_answers_is_unreachable_within_seconds",
     ),
     Guard(
+        "settings: Redis broker connections time out (kicks, the pusher's poll, the sentinel's heartbeat)",
+        "odal/settings.py",
+        "    return parsed._replace(query=urlencode(query)).geturl()\n",
+        "    return url\n",
+        "tests/test_redis_broker.py::test_the_broker_url_gets_timeouts_unless_it_names_its_own",
+    ),
+    Guard(
+        "settings: ODAL_BROKER_URL is given the timeouts",
+        "odal/settings.py",
+        '    Q_CLUSTER["redis"] = redis_url_with_timeouts(ODAL_BROKER_URL)\n',
+        '    Q_CLUSTER["redis"] = ODAL_BROKER_URL\n',
+        "tests/test_redis_broker.py::test_the_broker_url_gets_timeouts_unless_it_names_its_own",
+    ),
+    Guard(
         "settings: ODAL_READYZ_SWEEP_SECONDS must be positive",
         "odal/settings.py",
         'env_int("ODAL_READYZ_SWEEP_SECONDS", 300, minimum=1)',

@@ -401,6 +401,7 @@ def test_two_redis_broker_clusters_deliver_once_each_and_survive_losing_redis(
             for schedule in Schedule.objects.filter(name__in=["outbox sweep", "registry drain"]):
                 assert schedule.next_run > due and schedule.task != taken_before[schedule.name], schedule.name
             assert all(r.status == "delivered" for r in Delivery.objects.all())
+            assert listener_holds_the_lock()  # the schedule's sweep listens again: the relay lives on
 
             # 5. The same clusters (no person restarted them) have reconnected: their pushers were
             # reincarnated and both take new tasks, each once; a publish's drain kick registers it

@@ -293,3 +293,15 @@ def test_one_request_kicks_the_drain_once_and_wakes_the_sweep_once(api_as, setti
         "registry.tasks.drain",
     ]
     assert Delivery.objects.count() == Registration.objects.count() == 300
+
+
+def test_on_a_node_without_registry_queues_bulk_publish_queues_none(api_as, settings):
+    settings.ODAL_REGISTRY_ADAPTER = "none"
+    settings.ODAL_KICK_SWEEP = True
+    with TestCase.captureOnCommitCallbacks(execute=True) as callbacks:
+        [made] = results(api_as("write").post("dpp/bulk", {"items": [item(1)], "publish": True}))
+    assert Passport.objects.get(pk=made["id"]).status == "published"
+    assert not Registration.objects.exists() and not callbacks  # no drain kick (and no consumer to wake)
+    assert AuditEntry.objects.get(action="passport_published").details == {
+        "registry": "no registry queues on this node"
+    }

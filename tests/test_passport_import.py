@@ -313,6 +313,9 @@ def test_a_batch_the_database_aborts_to_break_a_deadlock_is_run_again():
     batch finds both passports the other writer committed."""
     a, b = UPI.format("A"), UPI.format("B")
     other = connect()
+    other.execute(
+        "SET deadlock_timeout = '10s'"
+    )  # the batch (1 s) checks for the cycle first, however slow this is
     insert = (
         "INSERT INTO odal_passport (id, upi, operator_id, facility_id, commodity_code, data, status, created_at, "
         "updated_at) VALUES (gen_random_uuid(), %s, 'OP-9', '', '', '{}', 'draft', now(), now())"

@@ -46,6 +46,7 @@ HOST_LENGTH = 253  # the longest DNS name
 ATTEMPTS = (1, 1000)  # a delivery's attempt budget: 0 would dead-letter it unattempted
 TIMEOUT_SECONDS = (1, 60)  # a webhook's timeout
 BATCH = (1, 10_000)  # rows a sweep or a drain claims per pass
+BULK = (1, 1_000)  # passports per request of POST dpp/bulk, and per transaction of `odal passport import`
 PORT = (1, 65_535)  # a TCP port to listen on (0, "any free one", is not a port a person asks for)
 WEB_WORKERS = (1, 256)  # gunicorn worker processes of one `odal serve`; each holds a database connection
 # How old a row must be for retention to delete it by hand (`odal outbox purge --older-than`): 0
@@ -207,6 +208,10 @@ def timeout_seconds(value) -> int:
 
 def batch_size(value) -> int:
     return whole_number(value, *BATCH)
+
+
+def bulk_batch(value) -> int:
+    return whole_number(value, *BULK)
 
 
 def port(value) -> int:

@@ -212,7 +212,11 @@ ODAL_WEB_WORKERS = env_int(
 )  # gunicorn's advice: two per core, plus one
 # The biggest request body the API reads; larger ones get 413.
 ODAL_MAX_BODY_BYTES = env_int("ODAL_MAX_BODY_BYTES", 256 * 1024, minimum=1024)
-DATA_UPLOAD_MAX_MEMORY_SIZE = ODAL_MAX_BODY_BYTES
+# POST dpp/bulk's own limit: up to 1,000 passports in one body.
+ODAL_MAX_BULK_BODY_BYTES = env_int("ODAL_MAX_BULK_BODY_BYTES", 8 * 1024 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(
+    ODAL_MAX_BODY_BYTES, ODAL_MAX_BULK_BODY_BYTES
+)  # the middleware holds each route to its own
 
 INSTALLED_APPS = [
     "django.contrib.admin",

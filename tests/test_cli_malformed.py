@@ -87,6 +87,7 @@ MALFORMED = {
     ("passport", "suspend"): [[ID, "--actor", "\x1b[2J"]],
     ("passport", "show"): [[]],
     ("passport", "canonicalise"): [["--bogus"]],
+    ("passport", "import"): [["/nonexistent/passports.jsonl"], ["rows.csv", "--batch", "1001"]],
     ("token", "create"): [["--name", "ci\x07", "--scope", "read"]],
     ("token", "revoke"): [["abcdefgh", "--actor", LONG]],
     ("token", "list"): [["--bogus"]],

@@ -33,6 +33,7 @@ pytestmark = pytest.mark.django_db
 # new route cannot ship without deciding who may call it.
 SCOPES = {
     ("POST", "/vault/api/v1/dpp"): "write",
+    ("POST", "/vault/api/v1/dpp/bulk"): "write",
     ("GET", "/vault/api/v1/dpp/{dppId}"): "read",
     ("POST", "/vault/api/v1/dpp/{dppId}/publish"): "write",
     ("POST", "/vault/api/v1/dpp/{dppId}/suspend"): "write",

@@ -10,6 +10,11 @@ The lock is not a correctness lock: the claims decide who delivers what, and two
 listening at once would do no harm. It only keeps kicks from piling up tasks that would each
 linger. It lives on the listener's connection, so a listener that dies (SIGKILL, lost network)
 gives it up with its connection.
+
+A listener whose connection is lost (a database restart, a terminated backend) is reopened by
+its sweep's odal.reconnect.Outage once the database answers: it LISTENs again and takes the lock
+again if it is free. Meanwhile commits find the lock free and enqueue sweep tasks, as they do
+whenever no sweep listens.
 """
 
 import logging
@@ -46,10 +51,16 @@ class Listener:
     """A connection of its own that LISTENs on CHANNEL and may hold the listener lock."""
 
     def __init__(self):
-        self.conn = connection.get_new_connection(connection.get_connection_params())
-        self.conn.autocommit = True
-        self.conn.execute(f"LISTEN {CHANNEL}")
+        self.conn = self._connect()
         self.leading = False
+        self.wants_lead = False  # it tried to lead: after a lost connection it tries again
+
+    @staticmethod
+    def _connect():
+        conn = connection.get_new_connection(connection.get_connection_params())
+        conn.autocommit = True
+        conn.execute(f"LISTEN {CHANNEL}")
+        return conn
 
     @classmethod
     def open(cls) -> "Listener | None":
@@ -57,13 +68,27 @@ class Listener:
             return None
         return cls()
 
+    def reopen(self) -> str:
+        """After its connection was lost (the lock and the LISTEN went with it): a new
+        connection that LISTENs again, and takes the lock again if it tried to lead and the lock
+        is free. Part of an odal.reconnect.Outage: it raises while the database does not answer,
+        and says what it does now."""
+        self.close()
+        self.leading = False
+        self.conn = self._connect()
+        if self.wants_lead:
+            self.try_lead()
+        return "listening again, " + ("leading" if self.leading else "not leading (another sweep leads)")
+
     def try_lead(self) -> bool:
         """Take the listener lock if nobody holds it."""
+        self.wants_lead = True
         self.leading = self.conn.execute("SELECT pg_try_advisory_lock(%s)", [LISTENER_LOCK]).fetchone()[0]
         return self.leading
 
     def wait_to_lead(self, seconds: float) -> bool:
         """Wait up to `seconds` for the lock (a relay successor, while its predecessor hands over)."""
+        self.wants_lead = True
         try:
             self.conn.execute(f"SET lock_timeout = {int(seconds * 1000)}")
             self.conn.execute("SELECT pg_advisory_lock(%s)", [LISTENER_LOCK])

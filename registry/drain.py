@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 
-from odal import tally
+from odal import reconnect, tally
 from odal.models import Passport
 from odal.text import error_text, storable
 from outbox.claims import backoff_delay
@@ -76,7 +76,9 @@ class Attempt:
     def finish(self, operation: str, outcome: str, answer: str, write, on_taken=None) -> bool:
         """Write the outcome and its log line in one transaction. If the database refuses them,
         the row keeps its claim until the hold runs out (then it is due again) and the log gets
-        a write_error line instead: one row the database cannot store never ends the drain."""
+        a write_error line instead: one row the database cannot store never ends the drain. If the
+        database is lost meanwhile, DatabaseLost unwinds the pass: nothing more is written for
+        this claim, and the row is due again after the hold (odal.reconnect)."""
         try:
             with transaction.atomic():
                 took = write()
@@ -84,6 +86,7 @@ class Attempt:
                 if took and on_taken:
                     on_taken()
         except Exception as exc:
+            reconnect.raise_if_lost(exc)
             self.write_error(operation, outcome, answer, exc)
             return False
         if not took:
@@ -123,7 +126,8 @@ class Attempt:
         try:
             with transaction.atomic():
                 self.log(operation, RegistrationAttempt.WRITE_ERROR, error, late=False)
-        except Exception:
+        except Exception as exc:
+            reconnect.raise_if_lost(exc)
             log.exception(
                 "registration %s: not even the attempt-log line could be written", self.reg.pk, extra=ids
             )
@@ -307,11 +311,21 @@ def drain_until_idle(
     *, batch: int = 50, max_seconds: float = 50.0, linger_seconds: float = 10.0
 ) -> DrainReport:
     """Passes until nothing is due. Rows falling due within `linger_seconds` (a submitted row's
-    next check, a short backoff) are waited for, so a registration goes through in one run."""
+    next check, a short backoff) are waited for, so a registration goes through in one run. A
+    database lost meanwhile is waited for until `max_seconds` (odal.reconnect); past it, its
+    error is raised."""
     report = DrainReport()
     deadline = time.monotonic() + max_seconds
+    outage = reconnect.Outage("registry drain", deadline=deadline)
     while True:
-        one = drain_once(batch=batch)
+        try:
+            one = drain_once(batch=batch)
+        except reconnect.ERRORS as exc:
+            if not reconnect.is_lost(exc):
+                raise
+            if not outage.wait(exc):
+                raise reconnect.database_error(exc) from None
+            continue
         report.add(one)
         if time.monotonic() >= deadline:
             return report
@@ -331,10 +345,20 @@ def drain_until_idle(
 
 
 def drain_forever(*, batch: int = 50, idle_sleep: float = 1.0, should_stop=lambda: False) -> DrainReport:
+    """What `odal registry drain` runs: passes until told to stop, resting `idle_sleep` when
+    nothing is due. A lost database is waited for, however long, and the passes go on."""
     report = DrainReport()
+    outage = reconnect.Outage("registry drain", should_stop=should_stop)
     while not should_stop():
-        close_old_connections()
-        one = drain_once(batch=batch)
+        try:
+            close_old_connections()
+            one = drain_once(batch=batch)
+        except reconnect.ERRORS as exc:
+            if not reconnect.is_lost(exc):
+                raise
+            if not outage.wait(exc):
+                break
+            continue
         report.add(one)
         if one.claimed == 0 and not should_stop():
             time.sleep(idle_sleep)

@@ -2095,6 +2095,125 @@ GUARDS = [
         "                pass\n",
         "tests/test_bulk_api.py::test_the_bulk_route_has_a_body_limit_of_its_own",
     ),
+    Guard(
+        "reconnect: a lost database is told from a refused statement",
+        "odal/reconnect.py",
+        'return state is None or state.startswith("08") or state in LOST_STATES',
+        "return True",
+        "tests/test_reconnect.py::test_what_counts_as_a_lost_database",
+    ),
+    Guard(
+        "reconnect: waiting for the database backs off (the pause doubles)",
+        "odal/reconnect.py",
+        "            pause = min(pause * 2, LONGEST_PAUSE)\n",
+        "",
+        "tests/test_reconnect.py -k backs_off",
+    ),
+    Guard(
+        "reconnect: waiting for the database backs off (at most LONGEST_PAUSE)",
+        "odal/reconnect.py",
+        "            pause = min(pause * 2, LONGEST_PAUSE)\n",
+        "            pause = pause * 2\n",
+        "tests/test_reconnect.py -k backs_off",
+    ),
+    Guard(
+        "reconnect: DatabaseLost unwinds a pass through every except Exception",
+        "odal/reconnect.py",
+        "class DatabaseLost(BaseException):",
+        "class DatabaseLost(Exception):",
+        "tests/test_reconnect.py -k drain_that",
+    ),
+    Guard(
+        "reconnect: a sweep's outcomes lost with the database are not written one by one",
+        "outbox/sweep.py",
+        "    except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below\n"
+        "        reconnect.raise_if_lost(exc)\n",
+        "    except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below\n",
+        "tests/test_reconnect.py -k sweep_that",
+    ),
+    Guard(
+        "reconnect: a flush that lost the database is not written again by the pass's last flush",
+        "outbox/sweep.py",
+        "        finished, self.pending = self.pending, []\n"
+        "        self.last_flush = time.monotonic()\n"
+        "        settled = finish_attempts(self.claim.token, finished)\n",
+        "        finished = self.pending\n"
+        "        self.last_flush = time.monotonic()\n"
+        "        settled = finish_attempts(self.claim.token, finished)\n"
+        "        self.pending = []\n",
+        "tests/test_reconnect.py -k sweep_that",
+    ),
+    Guard(
+        "reconnect: the drain writes nothing in place of an outcome lost with the database",
+        "registry/drain.py",
+        "        except Exception as exc:\n            reconnect.raise_if_lost(exc)\n            self.write_error(",
+        "        except Exception as exc:\n            self.write_error(",
+        "tests/test_reconnect.py -k drain_that",
+    ),
+    Guard(
+        "reconnect: odal outbox sweep (and a relay turn) rides out a lost database",
+        "outbox/sweep.py",
+        "                if not outage.wait(exc):\n                    break\n    return report\n",
+        "                raise\n    return report\n",
+        "tests/test_reconnect.py -k sweep_that and outbox",
+    ),
+    Guard(
+        "reconnect: the django-q2 sweep task rides out a lost database",
+        "outbox/sweep.py",
+        "            except reconnect.ERRORS as exc:\n                if not reconnect.is_lost(exc):\n"
+        "                    raise\n                if not outage.wait(exc):\n"
+        "                    raise reconnect.database_error(exc) from None\n",
+        "            except ZeroDivisionError as exc:\n                if not reconnect.is_lost(exc):\n"
+        "                    raise\n                if not outage.wait(exc):\n"
+        "                    raise reconnect.database_error(exc) from None\n",
+        "tests/test_reconnect.py -k sweep_that and task",
+    ),
+    Guard(
+        "reconnect: odal registry drain rides out a lost database",
+        "registry/drain.py",
+        "            if not outage.wait(exc):\n                break\n",
+        "            raise\n",
+        "tests/test_reconnect.py -k drain_that and registry",
+    ),
+    Guard(
+        "reconnect: the django-q2 drain task rides out a lost database",
+        "registry/drain.py",
+        "        except reconnect.ERRORS as exc:\n            if not reconnect.is_lost(exc):\n"
+        "                raise\n            if not outage.wait(exc):\n"
+        "                raise reconnect.database_error(exc) from None\n",
+        "        except ZeroDivisionError as exc:\n            if not reconnect.is_lost(exc):\n"
+        "                raise\n            if not outage.wait(exc):\n"
+        "                raise reconnect.database_error(exc) from None\n",
+        "tests/test_reconnect.py -k drain_that and task",
+    ),
+    Guard(
+        "reconnect: a listening sweep reopens its listener once the database answers",
+        "outbox/sweep.py",
+        "reopen=listener and listener.reopen",
+        "reopen=None",
+        "tests/test_reconnect.py -k listening_sweep_whose",
+    ),
+    Guard(
+        "reconnect: a reopened listener leads again",
+        "outbox/wake.py",
+        "        if self.wants_lead:\n            self.try_lead()\n",
+        "",
+        "tests/test_reconnect.py -k listening_sweep_whose or relay",
+    ),
+    Guard(
+        "reconnect: a sweep's bookkeeping leaves a lost database to its loop",
+        "outbox/sweep.py",
+        "                if reconnect.is_lost(exc):\n                    raise  # (they are written",
+        "                if False:\n                    raise  # (they are written",
+        "tests/test_reconnect.py -k bookkeeping",
+    ),
+    Guard(
+        "reconnect: the Python-consumer thread replaces a lost connection",
+        "outbox/sweep.py",
+        "    close_old_connections()  # this thread's connection, if a database restart broke it\n",
+        "",
+        "tests/test_reconnect.py -k python_consumer",
+    ),
 ]
 
 

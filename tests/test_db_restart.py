@@ -40,6 +40,7 @@ LEADER_SQL = (
     "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.classid = %s AND l.objid = %s"
 )
 LEADER_PARAMS = [LISTENER_LOCK >> 32, LISTENER_LOCK & 0xFFFFFFFF]
+FIGURES: list[str] = []  # what the run measured, for the end of the test run's output
 
 
 def wait_for(condition, seconds: float, what: str):
@@ -264,12 +265,12 @@ def test_every_process_rides_out_a_database_restart_and_terminated_connections(d
             "SELECT finished_at FROM registry_registrationattempt WHERE outcome = 'registered'"
         )
     ]
-    print("\ndatabase restart figures (tests/test_db_restart.py):")
+    figures = ["database restart figures (tests/test_db_restart.py):"]
     for outage, following in zip(outages, [*outages[1:], None], strict=True):
         until = following["began"] if following else stopped  # (then the publisher stopped)
         until_wall = following["began_wall"] if following else stopped_wall
         cut = f" ({outage['cut']} connections cut)" if outage["cut"] is not None else ""
-        print(
+        figures.append(
             f"  {outage['name']}: the database was away {outage['down']:.2f} s{cut}; deliveries paused "
             f"{pause_across([r.at for r in received], outage['began'], until):.2f} s, registrations "
             f"{pause_across(registered_at, outage['began_wall'], until_wall):.2f} s"
@@ -280,11 +281,15 @@ def test_every_process_rides_out_a_database_restart_and_terminated_connections(d
             for seconds, tries in recovered(log)
         )
         losses = len(recovered(log))
-        print(f"  {what} logged {losses} {'loss' if losses == 1 else 'losses'}, answered again after {backs}")
-    print(
+        figures.append(
+            f"  {what} logged {losses} {'loss' if losses == 1 else 'losses'}, answered again after {backs}"
+        )
+    figures.append(
         f"  {len(ids)} passports published ({', '.join(str(phases[n]) for n in sorted(phases))} before, between"
         f" and after the outages, the last waking nothing), {len(deliveries)} deliveries, all delivered:"
         f" {len(received)} webhook requests ({len(received) - len(deliveries)} sent again after an outcome lost"
         f" with the database), {sum(d[5] for d in deliveries)} late outcomes refused; {len(ids)} registered,"
         " one registry request each"
     )
+    FIGURES[:] = figures  # the terminal summary prints them (tests/conftest.py)
+    print("\n" + "\n".join(figures))

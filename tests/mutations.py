@@ -1239,6 +1239,20 @@ GUARDS = [
         "tests/test_readyz.py::test_odal_readyz_sweep_seconds_is_read_from_the_environment tests/test_readyz.py::test_a_database_that_accepts_and_never_answers_is_unreachable_within_seconds",
     ),
     Guard(
+        "settings: PostgreSQL connections give a dead peer up within seconds (libpq keepalives, tcp_user_timeout)",
+        "odal/settings.py",
+        '            config["OPTIONS"].setdefault(name, value)\n',
+        "            pass\n",
+        "tests/test_db_keepalives.py",
+    ),
+    Guard(
+        "settings: the server-side backend gives a dead client up within seconds (keepalives in options)",
+        "odal/settings.py",
+        '        config["OPTIONS"].setdefault("options", DB_SERVER_KEEPALIVES)\n',
+        "",
+        "tests/test_db_keepalives.py::test_the_connection_and_its_backend_give_a_dead_peer_up_within_seconds",
+    ),
+    Guard(
         "settings: ODAL_READYZ_SWEEP_SECONDS must be positive",
         "odal/settings.py",
         'env_int("ODAL_READYZ_SWEEP_SECONDS", 300, minimum=1)',

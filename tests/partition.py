@@ -805,6 +805,9 @@ def main() -> int:
     except Refusal as exc:
         print(f"partition: {exc}.", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("partition: interrupted; what the run made is removed", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -586,8 +586,13 @@ def need_namespaces() -> None:
     """Refusal, saying what is missing, unless this process may build network namespaces."""
     if os.geteuid() != 0:
         raise Refusal("root is missing (the partition run builds network namespaces)")
-    if not shutil.which("ip") or subprocess.run(["ip", "netns", "list"], capture_output=True).returncode:
-        raise Refusal("`ip netns` is missing (iproute2's, working here)")
+    if not shutil.which("ip"):
+        raise Refusal("`ip netns` is missing (iproute2 is not installed)")
+    probe = f"{PREFIX}probe-{os.getpid()}"  # can this process add one (a container may forbid it)?
+    added = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if added.returncode:
+        raise Refusal(f"`ip netns` is missing (it cannot add a namespace here: {added.stderr.strip()})")
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
 
 
 def preconditions() -> None:

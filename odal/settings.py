@@ -22,6 +22,24 @@ DB_CONNECT_TIMEOUT_SECONDS = 3  # PostgreSQL's connect_timeout unless DATABASE_U
 # timeout stays above the 1 s BLPOP with which django-q2's pusher polls.
 BROKER_CONNECT_TIMEOUT_SECONDS = 2
 BROKER_TIMEOUT_SECONDS = 5
+# A worker cut off from PostgreSQL by the network must give its connection up, and so must its
+# backend on the server, which may hold row locks a claim or a terminal write took: without these
+# a cut-off transaction keeps its rows locked (other sweeps' dead-lettering waits behind them)
+# for the kernel's defaults of 15 minutes to 2 hours. libpq's keepalives probe an idle connection
+# and tcp_user_timeout gives up on data left unacknowledged; the same four, sent in `options`,
+# make the backend do the same. A dead peer is noticed within about 11 s; a slow query is not
+# affected (its connection is acknowledged and answers the probes). DATABASE_URL may set any of
+# them (e.g. ?keepalives_idle=30); an `options` of its own replaces the server settings (a pooler
+# that refuses the options parameter, as PgBouncer does, needs `ignore_startup_parameters =
+# options`, and its own keepalives towards the server).
+DB_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,  # milliseconds
+}
+DB_SERVER_KEEPALIVES = "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=3 -c tcp_user_timeout=10000"
 
 
 def env_str(name: str, default: str) -> str:
@@ -127,6 +145,9 @@ def database_from_env() -> dict:
         # A database that does not answer fails a connection (and /readyz) within seconds, not
         # after the TCP timeout of minutes. A connect_timeout given in DATABASE_URL wins.
         config.setdefault("OPTIONS", {}).setdefault("connect_timeout", DB_CONNECT_TIMEOUT_SECONDS)
+        for name, value in DB_KEEPALIVES.items():
+            config["OPTIONS"].setdefault(name, value)
+        config["OPTIONS"].setdefault("options", DB_SERVER_KEEPALIVES)
     return config
 
 

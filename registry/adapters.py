@@ -12,6 +12,8 @@ storable pieces: it ends in last_error and the attempt log as it is.
 """
 
 import json
+import socket
+import struct
 import time
 from dataclasses import dataclass, field
 from urllib.parse import quote
@@ -29,6 +31,11 @@ MAX_ID = 500  # the correlation_id and handle columns (and record handle's limit
 MAX_CURSOR = 2000  # a task-list cursor is sent back in the query string
 PROTOCOL_ERROR = "protocol error: "  # how an answer that is not the wire protocol's is told apart
 TASK_STATUSES = ("received", "checking", "registered", "rejected")
+# A connection the adapter closes is reset, not shut down: what it had not got through yet (a
+# register the network held back while the adapter timed out) is dropped, not sent on once the
+# network heals. Otherwise a register odal counts as failed could still reach the registry, after
+# an abandon's lookup found nothing there (make partition cuts links mid-request).
+RESET_ON_CLOSE = [(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))]
 
 
 class Retryable(Exception):
@@ -116,6 +123,7 @@ class HttpRegistry:
             self.client = httpx.Client(
                 base_url=self.base_url,
                 timeout=self.timeout,
+                transport=httpx.HTTPTransport(socket_options=RESET_ON_CLOSE),
                 headers={
                     "Authorization": f"Bearer {self.token}",
                     "User-Agent": "odal-registry/1",

@@ -1275,6 +1275,27 @@ GUARDS = [
         "tests/test_redis_broker.py::test_the_broker_url_gets_timeouts_unless_it_names_its_own",
     ),
     Guard(
+        "settings: PostgreSQL connections give a dead peer up within seconds (libpq keepalives, tcp_user_timeout)",
+        "odal/settings.py",
+        '            config["OPTIONS"].setdefault(name, value)\n',
+        "            pass\n",
+        "tests/test_db_keepalives.py",
+    ),
+    Guard(
+        "settings: the server-side backend gives a dead client up within seconds (keepalives in options)",
+        "odal/settings.py",
+        '        config["OPTIONS"].setdefault("options", DB_SERVER_KEEPALIVES)\n',
+        "",
+        "tests/test_db_keepalives.py::test_the_connection_and_its_backend_give_a_dead_peer_up_within_seconds",
+    ),
+    Guard(
+        "registry adapter: a connection it gives up is reset, so a held-back register is never sent (needs root)",
+        "registry/adapters.py",
+        "                transport=httpx.HTTPTransport(socket_options=RESET_ON_CLOSE),\n",
+        "",
+        "tests/test_partition.py::test_a_register_given_up_during_a_cut_never_reaches_the_registry_after_the_heal",
+    ),
+    Guard(
         "settings: ODAL_READYZ_SWEEP_SECONDS must be positive",
         "odal/settings.py",
         'env_int("ODAL_READYZ_SWEEP_SECONDS", 300, minimum=1)',

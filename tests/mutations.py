@@ -2117,6 +2117,13 @@ GUARDS = [
         "tests/test_bulk_api.py::test_the_bulk_route_has_a_body_limit_of_its_own",
     ),
     Guard(
+        "reconnect: a sweep started while the database is down waits for it (open_listener)",
+        "outbox/sweep.py",
+        "            if not outage.wait(exc):\n                return None\n",
+        "            raise\n",
+        "tests/test_reconnect.py::test_a_sweep_and_a_drain_started_while_the_database_is_down_wait_for_it",
+    ),
+    Guard(
         "reconnect: a lost database is told from a refused statement",
         "odal/reconnect.py",
         'return state is None or state.startswith("08") or state in LOST_STATES',

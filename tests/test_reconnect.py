@@ -418,3 +418,59 @@ def time_from_now(**delta):
     from django.utils import timezone
 
     return timezone.now() + timedelta(**delta)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sweep_and_a_drain_started_while_the_database_is_down_wait_for_it(settings, registry_sim):
+    """`odal outbox sweep` and `odal registry drain` started while their database refuses
+    connections (a host booting before its database, or cut off from it) wait for it instead of
+    exiting, then deliver and register what was published meanwhile."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from urllib.parse import urlparse
+
+    from odal import lifecycle
+    from tests.factories import PassportFactory
+    from tests.tcp_proxy import TcpProxy
+    from tests.test_django_q import database_url
+
+    real = urlparse(database_url())
+    proxy = TcpProxy((real.hostname, real.port))
+    proxy.refuse()  # the database "is down" before either process starts
+    env = {
+        **os.environ,
+        "DATABASE_URL": real._replace(netloc=f"{real.username}@127.0.0.1:{proxy.port}").geturl(),
+        "ODAL_REGISTRY_URL": settings.ODAL_REGISTRY_URL,
+        "ODAL_REGISTRY_TOKEN": settings.ODAL_REGISTRY_TOKEN,
+        "ODAL_REGISTRY_CHECK_SECONDS": "0",
+        "ODAL_KICK_SWEEP": "false",
+    }
+    argvs = (["outbox", "sweep"], ["registry", "drain"])
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "odal", *argv], env=env, stderr=subprocess.PIPE, text=True)
+        for argv in argvs
+    ]
+    try:
+        with WebhookServer() as server:
+            WebhookConsumerFactory(url=server.url, event_types=["passport.published"])
+            time.sleep(2)  # long enough for a process that gives up to have exited
+            assert [p.poll() for p in procs] == [None, None], "a process exited while the database was down"
+            passport = PassportFactory()
+            lifecycle.publish(passport.pk, actor="test")
+            proxy.restore()
+
+            def done():
+                reg = Registration.objects.get(passport=passport)
+                return server.received and reg.status == "registered"
+
+            assert wait_for(done, 20), "nothing was delivered and registered after the database came back"
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        logs = [p.communicate(timeout=20)[1] for p in procs]
+        proxy.close()
+    for argv, log in zip(argvs, logs, strict=True):
+        assert "lost the database" in log and "the database answers again" in log, (argv, log[-2000:])
+        assert "Traceback" not in log, (argv, log[-2000:])

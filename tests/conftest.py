@@ -1,3 +1,5 @@
+import os
+
 import pytest
 from django.conf import settings
 from django.test import Client
@@ -65,6 +67,24 @@ def _no_kicks(settings):
     settings.ODAL_REGISTRY_URL = "http://127.0.0.1:9"
 
 
+def run_name() -> str:
+    """A name of this run's own: the test database's name, which carries ODAL_TEST_DATABASE (one
+    per helper or suite) and, under pytest-xdist, the worker (test_odal_gw0, test_odal_gw1…).
+    Name whatever else a test makes that others could share after it: a database
+    (f"{run_name()}_torture"), a Redis key prefix, a folder, a network namespace."""
+    database = settings.DATABASES["default"]
+    name = (database.get("TEST") or {}).get("NAME") or f"test_{database['NAME']}"
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    # pytest-django adds the worker to the test database's name once that database is set up
+    return f"{name}_{worker}" if worker and not name.endswith(f"_{worker}") else name
+
+
+@pytest.fixture(scope="session")
+def unique_name():
+    """unique_name("torture") -> "test_odal_speed_gw0_torture": see run_name."""
+    return lambda what: f"{run_name()}_{what}"
+
+
 @pytest.fixture(scope="session")
 def registry_simulator():
     """One registry simulator on a free local port for the whole run (a server per test cost half
@@ -92,6 +112,17 @@ def registry_sim(registry_simulator, settings):
     settings.ODAL_REGISTRY_CHECK_SECONDS = 0  # submitted rows are due for a check at once
     settings.ODAL_BACKOFF_BASE_SECONDS = 0
     return registry_simulator.state
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Captured output as valid UTF-8: tests log lone surrogates on purpose (tests/test_logs.py),
+    and pytest-xdist cannot send such text from a worker (its report would kill the worker)."""
+    outcome = yield
+    report = outcome.get_result()
+    report.sections = [
+        (title, text.encode("utf-8", "backslashreplace").decode("utf-8")) for title, text in report.sections
+    ]
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -23,6 +23,9 @@ from odal.models import ApiToken, AuditEntry, Passport
 from outbox.models import Consumer, Delivery, Event
 from registry.models import Registration
 
+# Every case runs once, in the module's fixture: under pytest-xdist all of them on one worker.
+pytestmark = pytest.mark.xdist_group("cli_malformed")
+
 OUR_APPS = {"odal", "outbox", "registry"}
 TIMEOUT = 30  # seconds: a malformed argument must fail long before this
 ID = str(uuid.UUID(int=17))  # well-formed, names nothing
@@ -192,7 +195,8 @@ def test_every_subcommand_has_malformed_cases():
     assert subcommands() == set(MALFORMED)
 
 
-@pytest.mark.django_db  # also what makes pytest-django set up the database the cases run against
+# No django_db mark here: pytest-django runs marked tests before unmarked ones, which would split
+# this module in two and run every case twice (the fixture asks for the database itself).
 def test_no_malformed_command_wrote_anything(results):
     before, after = results["written"]
     assert after == before

@@ -4,7 +4,7 @@ import pytest
 from django.conf import settings
 from django.test import Client
 
-from tests.factories import issue_token
+from tests.factories import issue_token, password_hash
 
 
 def pytest_configure(config):
@@ -12,6 +12,29 @@ def pytest_configure(config):
     # and the triggers odal relies on.
     if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
         raise pytest.UsageError("Run the suite with `make test`: it needs PostgreSQL (DATABASE_URL).")
+
+
+def _kind(item) -> int:
+    """0: no database, 1: a database test rolled back, 2: a transactional one (pytest-django's
+    own classification)."""
+    marker = item.get_closest_marker("django_db")
+    fixtures = getattr(item, "fixturenames", ())
+    if (marker and (marker.kwargs.get("transaction") or marker.kwargs.get("reset_sequences"))) or {
+        "transactional_db",
+        "live_server",
+    } & set(fixtures):
+        return 2
+    return 1 if marker or "db" in fixtures else 0
+
+
+@pytest.hookimpl(trylast=True)  # after the conftests that mark (tests/browser) and after -k
+def pytest_collection_modifyitems(items):
+    """Tests without a database first, then the rolled-back ones, the transactional ones last
+    (they empty the tables, the rows the migrations made included); within each, those marked
+    slow first. pytest-django ran first and put the tests without a database last: their long
+    ones (the torture run, the malformed-CLI processes) then ran alone at the end of a run split
+    over pytest-xdist workers, as would any long test near the end."""
+    items.sort(key=lambda item: (_kind(item), item.get_closest_marker("slow") is None))
 
 
 class ApiClient:
@@ -57,6 +80,19 @@ def api_as():
 @pytest.fixture
 def admin_api(api_as):
     return api_as("admin")
+
+
+@pytest.fixture
+def admin_user(db, django_user_model):
+    """pytest-django's admin user (admin, password "password", behind admin_client), with its
+    password hashed once per run instead of once per test."""
+    manager = django_user_model._default_manager
+    user = manager.filter(username="admin").first() or manager.create_superuser(
+        username="admin", password=None
+    )
+    user.password = password_hash("password")
+    user.save(update_fields=["password"])
+    return user
 
 
 @pytest.fixture(autouse=True)

@@ -128,6 +128,7 @@ RAW_BODIES = [
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_every_operation_answers_hostile_input_it_cannot_generate_without_a_5xx(admin_token):
     headers = {"Authorization": f"Bearer {admin_token}"}
     for operation in OPERATIONS:

@@ -148,6 +148,7 @@ def test_healthz_without_a_database_is_503_not_a_500():
     assert "database did not answer" in answer["log"]
 
 
+@pytest.mark.slow
 def test_a_database_that_accepts_and_never_answers_is_unreachable_within_seconds():
     """A server that takes the connection and says nothing (a hung host, a full backlog) would
     hold a probe for minutes without the connect timeout."""

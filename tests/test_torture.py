@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_short_torture_run_finds_no_violation(tmp_path, unique_name):
     figures_file = tmp_path / "torture.json"
     result = subprocess.run(

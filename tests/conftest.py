@@ -1,4 +1,6 @@
 import os
+import sys
+from collections import Counter
 
 import pytest
 from django.conf import settings
@@ -8,6 +10,8 @@ from tests.factories import issue_token, password_hash
 
 
 def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(WorkerFigures(), "odal-worker-figures")
     # The suite runs on PostgreSQL only (make test finds one): SQLite would hide the locking
     # and the triggers odal relies on.
     if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
@@ -161,12 +165,57 @@ def pytest_runtest_makereport(item, call):
     ]
 
 
-def pytest_terminal_summary(terminalreporter):
-    import sys
+def run_figures() -> dict:
+    """What this process measured for the end of the run's output: the fuzz requests sent (by
+    operation and status), the database restart's figures."""
+    fuzz, restart = sys.modules.get("tests.test_fuzz"), sys.modules.get("tests.test_db_restart")
+    return {
+        "fuzz": [[list(key) if isinstance(key, tuple) else key, n] for key, n in fuzz.SENT.items()]
+        if fuzz
+        else [],
+        "restart": list(restart.FIGURES) if restart else [],
+    }
 
-    fuzz = sys.modules.get("tests.test_fuzz")
-    for line in fuzz.fuzz_summary() if fuzz else []:
-        terminalreporter.write_line(line)
-    restart = sys.modules.get("tests.test_db_restart")
-    for line in restart.FIGURES if restart else []:
+
+def fuzz_summary(sent: Counter) -> list[str]:
+    sent = Counter(sent)
+    hostile = sent.pop("hostile", 0)
+    if not sent:
+        return []
+    by_status = Counter()
+    for (_, status), n in sent.items():
+        by_status[status] += n
+    operations = len({label for label, _ in sent})
+    statuses = ", ".join(f"{status}: {n}" for status, n in sorted(by_status.items()))
+    verdict = "5xx found" if any(status >= 500 for status in by_status) else "no 5xx"
+    return [
+        f"fuzz: {sum(sent.values())} generated requests ({hostile} with hostile input) over {operations} "
+        f"operations ({statuses}); {verdict}"
+    ]
+
+
+class WorkerFigures:
+    """Under pytest-xdist the tests run in the workers: each sends its run_figures() when it ends
+    (pytest_sessionfinish below), and the controller, which prints the summary, collects them."""
+
+    def __init__(self):
+        self.received: list[dict] = []
+
+    def pytest_testnodedown(self, node, error):
+        self.received.append(getattr(node, "workeroutput", {}).get("odal_figures") or {})
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker
+        session.config.workeroutput["odal_figures"] = run_figures()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    workers = config.pluginmanager.get_plugin("odal-worker-figures")
+    figures = [run_figures(), *(workers.received if workers else [])]
+    sent = Counter()
+    for measured in figures:
+        for key, n in measured.get("fuzz", []):
+            sent[tuple(key) if isinstance(key, list) else key] += n
+    for line in fuzz_summary(sent) + [line for measured in figures for line in measured.get("restart", [])]:
         terminalreporter.write_line(line)

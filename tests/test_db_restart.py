@@ -180,6 +180,7 @@ def lose_the_database(world: Deployment, name: str) -> dict:
     return {"name": name, "began": began, "began_wall": began_wall, "down": down, "cut": cut}
 
 
+@pytest.mark.slow
 def test_every_process_rides_out_a_database_restart_and_terminated_connections(deployment):
     world = deployment
     received = world.receiver.received

@@ -387,6 +387,7 @@ def test_a_drain_that_loses_the_database_while_the_registry_answers_writes_nothi
     assert outage_lines(caplog, "registry drain") == [line.format("registry drain") for line in LOST_AND_BACK]
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_relay_turn_that_loses_the_database_leads_again_and_still_hands_over(start, settings, caplog):
     """The django-q2 task path: a leading turn whose connections are cut waits for the database

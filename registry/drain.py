@@ -443,16 +443,13 @@ NOT_SENT = Sent()  # the request never went out (a pause came while it waited fo
 
 def send_in_turn(request: Request, adapter, pace: Pace, slot: float) -> Sent:
     """On a pool thread: wait for the request's slot, then send it, unless a 429 paused every
-    drain meanwhile. A 429 stops this process's other requests at once. No database here."""
+    drain meanwhile. No database here."""
     delay = slot - time.monotonic()
     if delay > 0:
         time.sleep(delay)
     if pace.held_back():
         return NOT_SENT
-    sent = request.send(adapter)
-    if isinstance(sent.error, adapters.RateLimited):
-        pace.stop_for(sent.error.retry_after)
-    return sent
+    return request.send(adapter)
 
 
 class Pass:
@@ -492,19 +489,18 @@ class Pass:
     def start(self, reg: Registration, deadline: float):
         """Start one row's attempt: (its request's future, how to settle it), None if it owed no
         request, or False if it was not started."""
-        if not self.claim.holds():
-            # The hold ran out: the row is due again and may be another drain's already.
-            return False
         if self.pace.paused_for():
             return False  # the registry asked every drain to wait: the row is given back, not held
+        slot = self.pace.next_slot()  # (now, without a rate limit; one a withdrawn row leaves unused)
+        if slot >= deadline:
+            # The hold has run out, or will before this row's turn: the row is due again and may
+            # be another drain's already. Nothing is sent for it, nor written.
+            return False
         attempt = Attempt(reg, self.claim.token, self.report, self.endings)
         plan, settle = operation_of(reg)
         request = self.guarded(attempt, plan)
         if request is None:
             return None
-        slot = self.pace.next_slot()
-        if slot >= deadline:
-            return False  # its turn would come after the hold: never sent late
         return self.pool.submit(send_in_turn, request, self.adapter, self.pace, slot), (attempt, settle)
 
     def run(self) -> None:

@@ -9,14 +9,14 @@ request waits for its slot on its thread. A slot not given out within SLOT_LATEN
 dropped, never used late together with the next ones: so over any window the registry sees at
 most the rate times the window (plus SLOT_LATENESS), however many processes share it.
 
-A 429 pauses every drain. The request that got it stops its process's other requests at once
-(`stop_for`, in memory), and the pass writes the pause's end to the row (a pause is only ever
-lengthened); every other process reads the row at most PAUSE_REFRESH_SECONDS before it starts a
-request. While a pause holds a drain claims nothing, and a claimed row whose request has not gone
+A 429 pauses every drain. The pass that got it stops its process's requests at once (the
+request threads read the pause in memory) and writes the pause's end to the row (a pause is only
+ever lengthened); every other process reads the row at most PAUSE_REFRESH_SECONDS apart while it
+has requests waiting, and before it starts one. While a pause holds a drain claims nothing, and a claimed row whose request has not gone
 out yet is given back (registry.drain), not held through it.
 
-Only the pass's own thread uses the database here; the request threads read and stop the pause
-in memory.
+Only the pass's own thread uses the database here; the request threads only read the pause, in
+memory.
 """
 
 import threading
@@ -93,13 +93,9 @@ class Pace:
         )
         start = monotonic_at(first)
         with self.lock:
-            self.slots.extend(t for i in range(count) if (t := start + i * interval) >= self.resume_at)
+            self.slots.extend(start + i * interval for i in range(count))
 
     # -- any thread -------------------------------------------------------------------------------
-
-    def stop_for(self, seconds: float) -> None:
-        """Send nothing more for `seconds` (this process only; the pass tells the others)."""
-        self.stop_until(time.monotonic() + seconds)
 
     def stop_until(self, resume: float) -> None:
         with self.lock:

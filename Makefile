@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test lint format openapi clean mutations fuzz torture bench
+.PHONY: run test lint format openapi clean mutations fuzz torture partition bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ fuzz: $(VENV)/.installed-test
 
 torture: $(VENV)/.installed-test
 	$(BIN)/python tests/pg.py -- $(BIN)/python tests/torture.py --events 500 --sweeps 8 --seconds 120 --registry-seconds 60 --json var/torture.json
+
+# Three worker hosts in network namespaces, their links cut (needs root and `ip netns`; it starts
+# its own PostgreSQL and Redis, so it needs no DATABASE_URL).
+partition: $(VENV)/.installed-test
+	$(BIN)/python tests/partition.py --hosts 3 --seconds 240 --settle 60 --require-partitions 20 --require-kills 20 --json var/partition.json
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python tests/pg.py -- $(BIN)/python bench/run.py

@@ -15,7 +15,11 @@ docs/performance.md (and docs/performance.svg).
 - SQL statements and transactions per delivery;
 - issue 13 (bench/counts.py): the admin dashboard, /metrics, GET outbox and `odal outbox status`
   over a table of 10,000 and of 10,000,000 delivered rows, the plans of the pending and dead
-  counts, retention's purge throughput, and the no-op sweep's throughput while a purge runs.
+  counts, retention's purge throughput, and the no-op sweep's throughput while a purge runs;
+- issue 16 (bench/bulk.py): bulk intake, `odal passport import --publish`, published passports/s;
+- issue 16 (bench/drain.py): the concurrent drain at 50 ms latency (1 and 2 processes, and with one
+  request in flight), the rate the simulator sees under ODAL_REGISTRY_RATE_PER_SECOND, 429s
+  unheeded, and django-q2 tasks enqueued per 10,000 publishes.
 
 Usage: python bench/run.py [--backlog 100000] [--processes 1,2,4] [--big-counts 10000000] [--quick]
 [--only counts|drain]
@@ -39,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import counts, drain  # noqa: E402
+from bench import bulk, counts, drain  # noqa: E402
 from tests.torture import database_url, drop_database, recreate_database  # noqa: E402
 
 DATABASE = os.environ.get("ODAL_BENCH_DATABASE", "odal_bench")  # (one per run that may overlap)
@@ -446,6 +450,7 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument("--drain-registrations", type=int, default=3000, help="per concurrent drain row")
     parser.add_argument("--publishes", type=int, default=10_000, help="of the kicks row")
+    parser.add_argument("--bulk-passports", type=int, default=20_000, help="passports of the bulk import")
     parser.add_argument("--quick", action="store_true", help="small sizes, to try the benchmark itself")
     parser.add_argument(
         "--only",
@@ -458,6 +463,7 @@ def main() -> int:
         args.backlog, args.tasks, args.seconds, args.latency_seconds = 5000, 300, 1, 5
         args.registrations, args.big = 300, 50_000
         args.big_counts, args.beside_backlog = 200_000, 5000
+        args.bulk_passports = 2000
         args.drain_registrations, args.publishes = 600, 1000
     if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
         print(
@@ -483,6 +489,12 @@ def main() -> int:
     try:
         if args.only is None:
             measure_issue_7(args, env, psql_url, processes, base, r)
+            print(
+                f"measuring bulk intake, {args.bulk_passports:,} passports (`odal passport import`)…",
+                flush=True,
+            )
+            consumer("python")
+            r["bulk"] = bulk.run(env, passports=args.bulk_passports)
         if args.only in (None, "counts"):
             print(
                 f"measuring the counts over 10,000 and {args.big_counts:,} delivered rows, and retention…",
@@ -554,9 +566,14 @@ def report(args, processes: list[int], r: dict, server: str, fsync: str) -> int:
     if "counts" in r:
         more, targets_13, counts_doc = counts_report(args, r["counts"])
         rows += more
-    if "drain" in r:
-        more, targets_16, drain_doc = drain.report(r["drain"])
+    if "bulk" in r:
+        more, targets_16, bulk_doc = bulk.report(r["bulk"])
         rows += more
+        counts_doc += bulk_doc
+    if "drain" in r:
+        more, more_16, drain_doc = drain.report(r["drain"])
+        rows += more
+        targets_16 += more_16
     table = "\n".join(["| what | measured |", "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows])
     for title, listed in (("target (issue 7)", targets), ("target (issue 13)", targets_13),
                           ("target (issue 16)", targets_16)):  # fmt: skip

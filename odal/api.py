@@ -3,22 +3,23 @@
 import logging
 import uuid
 from datetime import datetime
+from typing import Annotated, Any
 
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.http import Http404, HttpResponse
-from ninja import NinjaAPI, Query, Router, Schema
+from ninja import Field, NinjaAPI, Query, Router, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
-from pydantic import field_validator
+from pydantic import WithJsonSchema, field_validator
 
-from odal import lifecycle, rules
+from odal import bulk, lifecycle
 from odal.auth import ScopedAuth, document_access
 from odal.errors import Refused
 from odal.idempotency import IdempotencyKey, idempotent
 from odal.middleware import ParsedBodyParser, bad_request, body_too_large
 from odal.models import AuditEntry, Passport
-from odal.schemas import responses
+from odal.schemas import PassportIn, invalid_request, responses
 from outbox.api import decode_cursor, encode_cursor
 from outbox.api import router as outbox_router
 from outbox.consumer_api import router as consumer_router
@@ -42,22 +43,9 @@ api = NinjaAPI(
 logger = logging.getLogger(__name__)
 
 
-def _field_of(loc) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "payload", "path", "query")]
-    return ".".join(parts) or "request"
-
-
 @api.exception_handler(ValidationError)
 def on_validation_error(request, exc: ValidationError):
-    problems = []
-    for error in exc.errors:
-        message = str(error.get("msg", "is not valid")).removeprefix("Value error, ")
-        problems.append(f"{_field_of(error.get('loc', ()))}: {message}")
-    detail = "The request is not valid. " + "; ".join(problems) + "."
-    errors = [{"field": _field_of(e.get("loc", ())), "message": str(e.get("msg"))} for e in exc.errors]
-    return api.create_response(
-        request, {"detail": detail, "code": "invalid_request", "errors": errors}, status=422
-    )
+    return api.create_response(request, invalid_request(exc.errors), status=422)
 
 
 @api.exception_handler(Refused)
@@ -93,7 +81,7 @@ def on_http_error(request, exc: HttpError):
 
 @api.exception_handler(RequestDataTooBig)
 def on_too_big(request, exc):
-    return api.create_response(request, body_too_large(), status=413)
+    return api.create_response(request, body_too_large(request.path), status=413)
 
 
 @api.exception_handler(SuspiciousOperation)
@@ -120,34 +108,6 @@ def on_unexpected(request, exc):
 # -- passports -----------------------------------------------------------------------------------
 
 passports = Router(tags=["passports"])
-
-
-class PassportIn(Schema):
-    upi: str
-    operatorId: str
-    facilityId: str | None = None
-    commodityCode: str | None = None
-    data: dict | None = None
-
-    @field_validator("upi")
-    @classmethod
-    def _upi(cls, value: str) -> str:
-        return rules.upi(value)
-
-    @field_validator("operatorId")
-    @classmethod
-    def _operator(cls, value: str) -> str:
-        return rules.operator_id(value)
-
-    @field_validator("facilityId")
-    @classmethod
-    def _facility(cls, value: str | None) -> str | None:
-        return None if value is None else rules.facility_id(value)
-
-    @field_validator("commodityCode")
-    @classmethod
-    def _commodity(cls, value: str | None) -> str | None:
-        return None if value is None else rules.commodity_code(value)
 
 
 class PassportOut(Schema):
@@ -219,6 +179,82 @@ def create_passport(
         except IntegrityError:
             raise Refused("A passport with this upi already exists.", code="upi_taken", status=409) from None
         return once.answer(201, passport_json(passport))
+
+
+# Each item is checked on its own (a bad one fails alone), so the schema takes any JSON value
+# and documents what an item should be: PassportIn.
+BulkItem = Annotated[Any, WithJsonSchema(PassportIn.model_json_schema())]
+
+
+class BulkIn(Schema):
+    items: list[BulkItem] = Field(
+        ...,
+        max_length=bulk.MAX_ITEMS,
+        description=f"Up to {bulk.MAX_ITEMS:,} passports, each as `POST dpp` takes one.",
+    )
+    publish: bool = Field(
+        False, description="Publish each passport created, as `POST dpp/{dppId}/publish` does."
+    )
+
+    @field_validator("items", mode="before")
+    @classmethod
+    def _at_most(cls, value):
+        if isinstance(value, list) and len(value) > bulk.MAX_ITEMS:
+            raise ValueError(
+                f"holds {len(value):,} passports, and a request holds at most {bulk.MAX_ITEMS:,}: "
+                "send the others in another request"
+            )
+        return value
+
+
+class BulkError(Schema):
+    detail: str
+    code: str
+    dppId: uuid.UUID | None = Field(
+        None, description="upi_taken, upi_repeated: the passport holding the UPI."
+    )
+    errors: list[dict] | None = Field(
+        None, description="invalid_request: each field and what is wrong with it."
+    )
+
+
+class BulkResult(Schema):
+    index: int = Field(..., description="The item's place in `items`, from 0.")
+    id: uuid.UUID | None = Field(None, description="The passport it created.")
+    error: BulkError | None = Field(None, description="Why it created none.")
+
+
+class BulkOut(Schema):
+    results: list[BulkResult]
+
+
+PUBLISHING = ScopedAuth("write", perm="odal.publish_passport")
+
+
+@passports.post(
+    "dpp/bulk",
+    auth=ScopedAuth("write", perm="odal.add_passport"),
+    response=responses({200: BulkOut}, 409, body=True),
+    exclude_none=True,
+)
+def create_passports(
+    request, payload: BulkIn, response: HttpResponse, idempotency_key: IdempotencyKey = None
+):
+    """Create up to 1,000 draft passports, each as `POST dpp` would, and with `publish` publish
+    each, in one transaction. Answers one result per item, in order: the passport's `id`, or an
+    `error` (`{detail, code}`) for that item alone: `invalid_request`, `upi_taken` or
+    `upi_repeated` (naming the passport in `dppId`), `batch_failed` (the database refused the
+    whole batch; nothing was created, safe to send again). With an `Idempotency-Key`, a repeat
+    creates nothing (an answer with `batch_failed` is not kept: the key stays free)."""
+    if payload.publish and request.auth.scope is None:  # a staff session: may it publish, too?
+        PUBLISHING.check_permission(request.user)
+    with idempotent(request, response, "POST dpp/bulk", payload, idempotency_key) as once:
+        if once.replay is not None:
+            return once.replay
+        intake = bulk.Intake(actor=request.auth.actor, publish=payload.publish)
+        results = intake.take(list(enumerate(payload.items)))
+        failed = any(r.error is not None and r.error["code"] == "batch_failed" for r in results)
+        return once.answer(200, {"results": [r.as_json() for r in results]}, keep=not failed)
 
 
 @passports.get(

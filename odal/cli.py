@@ -125,14 +125,14 @@ class Progress:
         self.close()
 
 
-def serving(make_server, port: int, what: str):
+def serving(make_server, port: int, what: str, option: str = "--port"):
     """`make_server()`, or a refusal (exit 1) saying why `what` cannot listen on `port` (a port
-    in use, or one this user may not open)."""
+    in use, or one this user may not open); `option` is how the command chooses another."""
     try:
         return make_server()
     except OSError as exc:
         raise CommandError(
             f"The {what} cannot listen on port {port}: {exc.strerror or exc}. "
-            "Stop what is using it, or choose another --port.",
+            f"Stop what is using it, or choose another {option}.",
             returncode=1,
         ) from None

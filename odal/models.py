@@ -9,6 +9,8 @@ from datetime import timedelta
 from django.db import models, transaction
 from django.utils import timezone
 
+from odal.rows import insert_rows
+
 SCOPE_ORDER = {"read": 0, "write": 1, "admin": 2}
 
 
@@ -94,6 +96,16 @@ class AuditEntryQuerySet(models.QuerySet):
             object_id=str(object_id),
             reason=reason,
             details=details or {},
+        )
+
+    def record_each(self, entries: list[tuple[str, object, dict]], *, actor: str, model) -> None:
+        """record() for many writes by one actor at once, in one INSERT: each entry (action, the
+        primary key of the `model` row it is about, details), in order. The same rules: inside
+        the transaction of the writes, each of which took its row."""
+        insert_rows(
+            self.model,
+            [{"action": action, "object_id": str(pk), "details": details} for action, pk, details in entries],
+            same={"actor": actor, "object_type": model._meta.label_lower, "reason": "", "at": timezone.now()},
         )
 
 

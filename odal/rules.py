@@ -46,8 +46,10 @@ HOST_LENGTH = 253  # the longest DNS name
 ATTEMPTS = (1, 1000)  # a delivery's attempt budget: 0 would dead-letter it unattempted
 TIMEOUT_SECONDS = (1, 60)  # a webhook's timeout
 BATCH = (1, 10_000)  # rows a sweep or a drain claims per pass
+BULK = (1, 1_000)  # passports per request of POST dpp/bulk, and per transaction of `odal passport import`
 PORT = (1, 65_535)  # a TCP port to listen on (0, "any free one", is not a port a person asks for)
 LATENCY_MS = (0, 60_000)  # the registry simulator's --latency-ms
+WEB_WORKERS = (1, 256)  # gunicorn worker processes of one `odal serve`; each holds a database connection
 # How old a row must be for retention to delete it by hand (`odal outbox purge --older-than`): 0
 # would delete what was just settled; past a century the cutoff is no longer a date.
 RETENTION = (timedelta(minutes=1), timedelta(days=36_500))
@@ -209,6 +211,10 @@ def batch_size(value) -> int:
     return whole_number(value, *BATCH)
 
 
+def bulk_batch(value) -> int:
+    return whole_number(value, *BULK)
+
+
 def port(value) -> int:
     return whole_number(value, *PORT)
 
@@ -229,6 +235,10 @@ def rate_per_second(value) -> int:
         return whole_number(number.strip(), 1, 1_000_000)
     except ValueError:
         raise ValueError(problem) from None
+
+
+def web_workers(value) -> int:
+    return whole_number(value, *WEB_WORKERS)
 
 
 def address(value) -> str:

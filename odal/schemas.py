@@ -2,6 +2,7 @@
 older names."""
 
 from ninja import Schema
+from pydantic import BaseModel, field_validator
 
 from odal import rules
 from odal.upi import MAX_UPI_LENGTH  # noqa: F401 (still importable here)
@@ -10,6 +11,57 @@ from odal.upi import MAX_UPI_LENGTH  # noqa: F401 (still importable here)
 class Error(Schema):
     detail: str
     code: str
+
+
+class PassportIn(BaseModel):
+    """A new passport, as `POST dpp` takes it and as each item of `POST dpp/bulk` (and each row of
+    `odal passport import`) gives it."""
+
+    upi: str
+    operatorId: str
+    facilityId: str | None = None
+    commodityCode: str | None = None
+    data: dict | None = None
+
+    @field_validator("upi")
+    @classmethod
+    def _upi(cls, value: str) -> str:
+        return rules.upi(value)
+
+    @field_validator("operatorId")
+    @classmethod
+    def _operator(cls, value: str) -> str:
+        return rules.operator_id(value)
+
+    @field_validator("facilityId")
+    @classmethod
+    def _facility(cls, value: str | None) -> str | None:
+        return None if value is None else rules.facility_id(value)
+
+    @field_validator("commodityCode")
+    @classmethod
+    def _commodity(cls, value: str | None) -> str | None:
+        return None if value is None else rules.commodity_code(value)
+
+
+def field_of(loc) -> str:
+    """Where a validation error is, as the API names it: `upi`, `items.3`, `request`."""
+    parts = [str(p) for p in loc if p not in ("body", "payload", "path", "query")]
+    return ".".join(parts) or "request"
+
+
+def invalid_request(errors, lead: str = "The request is not valid.") -> dict:
+    """The API's 422 body for pydantic's validation errors: a sentence naming each field, the code
+    `invalid_request`, and the errors one by one."""
+    problems = []
+    for error in errors:
+        message = str(error.get("msg", "is not valid")).removeprefix("Value error, ")
+        problems.append(f"{field_of(error.get('loc', ()))}: {message}")
+    return {
+        "detail": f"{lead} " + "; ".join(problems) + ".",
+        "code": "invalid_request",
+        "errors": [{"field": field_of(e.get("loc", ())), "message": str(e.get("msg"))} for e in errors],
+    }
 
 
 def check_upi(value: str) -> str:

@@ -6,16 +6,40 @@ variable, so a typo in a deployment stops start-up instead of running with a sur
 
 import os
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import parse_qsl, urlencode, urlparse
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from odal import rules
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
 DEFAULT_SECRET_KEY = "odal-development-only-secret-key-change-me"  # refused when ODAL_ENV=production
 DB_CONNECT_TIMEOUT_SECONDS = 3  # PostgreSQL's connect_timeout unless DATABASE_URL sets one
+# Redis's socket_connect_timeout and socket_timeout unless ODAL_BROKER_URL sets them; the read
+# timeout stays above the 1 s BLPOP with which django-q2's pusher polls.
+BROKER_CONNECT_TIMEOUT_SECONDS = 2
+BROKER_TIMEOUT_SECONDS = 5
+# A worker cut off from PostgreSQL by the network must give its connection up, and so must its
+# backend on the server, which may hold row locks a claim or a terminal write took: without these
+# a cut-off transaction keeps its rows locked (other sweeps' dead-lettering waits behind them)
+# for the kernel's defaults of 15 minutes to 2 hours. libpq's keepalives probe an idle connection
+# and tcp_user_timeout gives up on data left unacknowledged; the same four, sent in `options`,
+# make the backend do the same. A dead peer is noticed within about 11 s; a slow query is not
+# affected (its connection is acknowledged and answers the probes). DATABASE_URL may set any of
+# them (e.g. ?keepalives_idle=30); an `options` of its own replaces the server settings (a pooler
+# that refuses the options parameter, as PgBouncer does, needs `ignore_startup_parameters =
+# options`, and its own keepalives towards the server).
+DB_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,  # milliseconds
+}
+DB_SERVER_KEEPALIVES = "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=3 -c tcp_user_timeout=10000"
 
 
 def env_str(name: str, default: str) -> str:
@@ -97,6 +121,23 @@ def env_url(name: str, default: str, schemes: tuple[str, ...]) -> str:
     return value.rstrip("/")
 
 
+def env_address(name: str, default: str) -> str:
+    """HOST:PORT to listen on, checked by the command line's own rule (odal.rules.address)."""
+    raw = os.environ.get(name, "").strip() or default
+    try:
+        return rules.address(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} {exc}, got {raw!r}") from None
+
+
+def cores() -> int:
+    """The cores this process may run on (a container's CPU set, not the whole machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def database_from_env() -> dict:
     default = f"sqlite:///{VAR_DIR / 'odal.sqlite3'}"
     url = os.environ.get("DATABASE_URL", "").strip() or default
@@ -122,7 +163,22 @@ def database_from_env() -> dict:
         # A database that does not answer fails a connection (and /readyz) within seconds, not
         # after the TCP timeout of minutes. A connect_timeout given in DATABASE_URL wins.
         config.setdefault("OPTIONS", {}).setdefault("connect_timeout", DB_CONNECT_TIMEOUT_SECONDS)
+        for name, value in DB_KEEPALIVES.items():
+            config["OPTIONS"].setdefault(name, value)
+        config["OPTIONS"].setdefault("options", DB_SERVER_KEEPALIVES)
     return config
+
+
+def redis_url_with_timeouts(url: str) -> str:
+    """redis-py waits for ever by default. A Redis that takes connections and stops answering (a
+    hung server, a network partition) would then hold each kick (and the request that commits
+    it), the pusher's poll and the sentinel's heartbeat for good, and the cluster would never
+    come back; with these timeouts each fails within seconds and django-q2 reconnects."""
+    parsed = urlparse(url)
+    query = dict(parse_qsl(parsed.query))
+    query.setdefault("socket_connect_timeout", str(BROKER_CONNECT_TIMEOUT_SECONDS))
+    query.setdefault("socket_timeout", str(BROKER_TIMEOUT_SECONDS))
+    return parsed._replace(query=urlencode(query)).geturl()
 
 
 ODAL_ENV = env_choice("ODAL_ENV", "development", ("development", "production"))
@@ -135,7 +191,15 @@ if PRODUCTION and SECRET_KEY == DEFAULT_SECRET_KEY:
 if PRODUCTION and DEBUG:
     raise ImproperlyConfigured("DEBUG must be off when ODAL_ENV=production")
 
-ALLOWED_HOSTS = [h.strip() for h in env_str("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h.strip()]
+# The host names this node answers to (the Host a load balancer forwards). Production must name
+# them: the development default answers only to requests made on the machine itself.
+ALLOWED_HOSTS = [h.strip() for h in env_str("ALLOWED_HOSTS", "").split(",") if h.strip()]
+if PRODUCTION and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured(
+        "ALLOWED_HOSTS must name this node's host names (comma-separated, e.g. dpp.example.eu) "
+        "when ODAL_ENV=production"
+    )
+ALLOWED_HOSTS = ALLOWED_HOSTS or ["127.0.0.1", "localhost"]
 CSRF_TRUSTED_ORIGINS = [o.strip() for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
 
 # The outbox and registry knobs of CONTRACT.md.
@@ -185,9 +249,19 @@ ODAL_READYZ_SWEEP_SECONDS = env_int("ODAL_READYZ_SWEEP_SECONDS", 300, minimum=1)
 # after ODAL_DEAD_RETENTION_DAYS. At most a century: a cutoff must stay a date.
 ODAL_RETENTION_DAYS = env_int("ODAL_RETENTION_DAYS", 30, minimum=1, maximum=36_500)
 ODAL_DEAD_RETENTION_DAYS = env_int("ODAL_DEAD_RETENTION_DAYS", 90, minimum=1, maximum=36_500)
+# `odal serve` (gunicorn): where it listens and how many worker processes it forks; gunicorn's
+# own GUNICORN_CMD_ARGS may change either, and --bind/--workers override both.
+ODAL_BIND = env_address("ODAL_BIND", "127.0.0.1:8000")
+ODAL_WEB_WORKERS = env_int(
+    "ODAL_WEB_WORKERS", min(2 * cores() + 1, rules.WEB_WORKERS[1]), minimum=1, maximum=rules.WEB_WORKERS[1]
+)  # gunicorn's advice: two per core, plus one
 # The biggest request body the API reads; larger ones get 413.
 ODAL_MAX_BODY_BYTES = env_int("ODAL_MAX_BODY_BYTES", 256 * 1024, minimum=1024)
-DATA_UPLOAD_MAX_MEMORY_SIZE = ODAL_MAX_BODY_BYTES
+# POST dpp/bulk's own limit: up to 1,000 passports in one body.
+ODAL_MAX_BULK_BODY_BYTES = env_int("ODAL_MAX_BULK_BODY_BYTES", 8 * 1024 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(
+    ODAL_MAX_BODY_BYTES, ODAL_MAX_BULK_BODY_BYTES
+)  # the middleware holds each route to its own
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -207,6 +281,7 @@ MIDDLEWARE = [
     "odal.middleware.BodySizeLimitMiddleware",
     "odal.middleware.UnstorableInputMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",  # static files, before anything spends work on them
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -248,7 +323,19 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+# `odal serve` collects the static files into it (a folder of their own for each release, or
+# var/static of the checkout); WhiteNoise serves them from there.
+STATIC_ROOT = Path(env_str("ODAL_STATIC_ROOT", "").strip() or VAR_DIR / "static")
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # Production serves compressed files under content-hashed names, cached for a year; the
+    # manifest that maps the names exists only once collectstatic ran (`odal serve` runs it).
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if PRODUCTION
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
+    },
+}
 
 SESSION_COOKIE_SECURE = PRODUCTION
 CSRF_COOKIE_SECURE = PRODUCTION
@@ -270,7 +357,7 @@ Q_CLUSTER = {
 if ODAL_BROKER_URL:
     if not ODAL_BROKER_URL.startswith(("redis://", "rediss://")):
         raise ImproperlyConfigured(f"ODAL_BROKER_URL must be a redis:// URL, got {ODAL_BROKER_URL!r}")
-    Q_CLUSTER["redis"] = ODAL_BROKER_URL
+    Q_CLUSTER["redis"] = redis_url_with_timeouts(ODAL_BROKER_URL)
 else:
     Q_CLUSTER["orm"] = "default"
 

@@ -36,6 +36,7 @@ DEFAULT_PORT = 443
 _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 # an escape (%XX), a % that starts none, or a character a URI cannot hold as it is
 _ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})|%|[^\x21-\x7e]|[\"<>\\^`{|}]")
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 _https = URLValidator(schemes=["https"])
 
 
@@ -49,7 +50,7 @@ def canonical_upi(value) -> str:
         raise ValueError(f"must be at most {MAX_UPI_LENGTH} characters")
     if problem := unstorable(value):
         raise ValueError(problem)
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+    if _CONTROL.search(value):
         raise ValueError("must not contain control characters")
     try:
         _https(value)

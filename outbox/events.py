@@ -1,9 +1,13 @@
 """Emitting an event: the event row and its deliveries, in the caller's transaction."""
 
+import uuid
+
 from django.db import connection, transaction
+from django.utils import timezone
 
 from odal import rules
 from odal.errors import Refused
+from odal.rows import insert_rows
 from outbox.kick import kick_sweep_on_commit
 from outbox.models import Consumer, Delivery, Event
 
@@ -72,3 +76,36 @@ def emit(event_type: str, payload: dict, *, only=None, exclude=None) -> tuple[Ev
         if any(not c.paused for c in consumers):
             kick_sweep_on_commit()
     return event, len(consumers)
+
+
+def emit_many(event_type: str, payloads: list[dict]) -> tuple[list[uuid.UUID], int]:
+    """emit() for many events of one type at once (bulk intake): the events in one INSERT, one
+    delivery per subscribed consumer and event in another, the sweep woken once for them all.
+    Call it inside the transaction of the changes they report. Returns the events (in the order
+    of `payloads`: their ids) and the number of deliveries."""
+    check_event_type(event_type)
+    if not payloads:
+        return [], 0
+    with transaction.atomic():
+        now = timezone.now()
+        events = [{"id": uuid.uuid4(), "payload": p} for p in payloads]
+        insert_rows(Event, events, same={"type": event_type, "created_at": now})
+        consumers = [c for c in Consumer.objects.all() if c.wants(event_type)]
+        share_lock(consumers)
+        insert_rows(
+            Delivery,
+            [
+                {
+                    "event_id": event["id"],
+                    "consumer_id": c.pk,
+                    "max_attempts": c.max_attempts,
+                    "status": Delivery.Status.PAUSED if c.paused else Delivery.Status.PENDING,
+                }
+                for event in events
+                for c in consumers
+            ],
+            same={"next_attempt_at": now, "created_at": now},
+        )
+        if any(not c.paused for c in consumers):
+            kick_sweep_on_commit()
+    return [event["id"] for event in events], len(events) * len(consumers)

@@ -11,13 +11,16 @@ from django.db import transaction
 log = logging.getLogger(__name__)
 
 
-def kick(func: str, name: str, **kwargs) -> None:
+def kick(func: str, name: str, **kwargs) -> bool:
+    """Enqueue `func` through django-q2's broker; whether it was."""
     try:
         from django_q.tasks import async_task
 
         async_task(func, task_name=name, q_options={"save": False}, **kwargs)
     except Exception:  # the schedule will pick the rows up; a kick is an optimisation
         log.warning("could not enqueue %s", func, exc_info=True)
+        return False
+    return True
 
 
 def wake_on_commit(wake) -> None:

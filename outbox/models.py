@@ -413,6 +413,11 @@ class KickQuerySet(models.QuerySet):
         _, made = self.get_or_create(task=task, defaults={"enqueued_at": now})  # first use, or a test's flush
         return made
 
+    def withdraw(self, task: str, *, enqueued_at: datetime) -> int:
+        """The broker refused the kick this commit took (request): a commit from now on tries
+        again. Only that kick's mark is taken back, not a later one's."""
+        return self.filter(task=task, enqueued_at=enqueued_at).update(enqueued_at=None)
+
     def started(self, task: str) -> int:
         """A task for `task` has started, before its first look at the table: a commit from
         now on may enqueue another (the one that started may already have looked past it)."""

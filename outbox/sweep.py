@@ -17,12 +17,12 @@ from django.conf import settings
 from django.db import close_old_connections, connection, connections, transaction
 from django.utils import timezone
 
-from odal import tally
+from odal import reconnect, tally
 from odal.text import error_text, storable
 from outbox import consumers, service
 from outbox.claims import backoff_delay
 from outbox.models import Consumer, Delivery, DeliveryAttempt
-from outbox.wake import POLL_SECONDS, Listener
+from outbox.wake import POLL_SECONDS, SWEEP, Listener, open_listener
 
 log = logging.getLogger(__name__)
 
@@ -159,14 +159,17 @@ def finish_attempts(token, finished: list[Finished]) -> Settled:
     it, each outcome is written again in a transaction of its own, so one row it cannot store
     costs no other row its outcome. A row that still cannot be written keeps its claim until
     the hold runs out (then it is due again, its attempt counted) and gets an attempt-log line
-    saying why (outcome write_error). Outcomes not taken are logged as late and change nothing."""
+    saying why (outcome write_error). Outcomes not taken are logged as late and change nothing.
+    If the database is lost meanwhile, DatabaseLost: nothing more is written for this claim (see
+    odal.reconnect), and its rows not written are due again after the hold."""
     settled = Settled()
     if not finished:
         return settled
     try:
         with transaction.atomic():
             settled.taken = _settle(token, finished)
-    except Exception:  # DataError, or psycopg refusing to encode: see which row, below
+    except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below
+        reconnect.raise_if_lost(exc)
         log.warning(
             "writing %s outcomes together failed; writing them one by one", len(finished), exc_info=True
         )
@@ -175,6 +178,7 @@ def finish_attempts(token, finished: list[Finished]) -> Settled:
                 with transaction.atomic():
                     settled.taken |= _settle(token, [f])
             except Exception as exc:
+                reconnect.raise_if_lost(exc)
                 settled.unwritten.add(f.delivery.pk)
                 record_write_error(token, f, exc)
     for f in finished:
@@ -208,7 +212,8 @@ def record_write_error(token, f: Finished, exc: Exception) -> None:
                     )
                 ]
             )
-    except Exception:
+    except Exception as exc:
+        reconnect.raise_if_lost(exc)
         log.exception("delivery %s: not even the attempt-log line could be written", f.delivery.pk, extra=ids)
 
 
@@ -239,6 +244,7 @@ def run_python_consumers(jobs: list, client: httpx.Client, claim, run=None) -> N
     use the database, through that thread's own connection). Each job's future gets its result,
     so the sweep's thread writes outcomes of webhooks while these run. A job whose consumer was
     paused meanwhile (`run`, the Pass, says so) is not started: its result is None."""
+    close_old_connections()  # this thread's connection, if a database restart broke it
     for consumer, delivery, future in jobs:
         if not future.set_running_or_notify_cancel():
             continue  # the pass gave up on it
@@ -317,13 +323,17 @@ class Pass:
                     errors=s["errors"],
                 ):
                     self.paused.add(consumer_id)
-            except Exception:  # bookkeeping: it never costs a pass its outcomes
+            except Exception as exc:  # bookkeeping: it never costs a pass its outcomes
+                if reconnect.is_lost(exc):
+                    raise  # (they are written: the pass ends, and its loop waits for the database)
                 log.exception("recording the health of consumer %s failed", consumer.name)
 
     def flush(self) -> None:
-        settled = finish_attempts(self.claim.token, self.pending)
-        self.check_health(self.pending)
-        for f in self.pending:
+        # Taken off first: a flush that lost the database (DatabaseLost) is not written again.
+        finished, self.pending = self.pending, []
+        self.last_flush = time.monotonic()
+        settled = finish_attempts(self.claim.token, finished)
+        for f in finished:
             if f.delivery.pk in settled.unwritten:
                 self.report.write_errors += 1
             elif f.delivery.pk not in settled.taken:
@@ -332,8 +342,7 @@ class Pass:
                 self.report.delivered += 1
             else:
                 self.report.failed += 1
-        self.pending.clear()
-        self.last_flush = time.monotonic()
+        self.check_health(finished)
 
     def finished(self, f: Finished) -> None:
         self.pending.append(f)
@@ -390,7 +399,8 @@ class Pass:
                 if not done and self.pending:
                     self.flush()
         finally:
-            # Whatever stopped the pass, outcomes already known are written, not thrown away.
+            # Whatever stopped the pass, outcomes already known are written, not thrown away
+            # (unless the database was lost while writing them: then nothing more is, see flush).
             for future in in_flight:
                 future.cancel()
             self.flush()
@@ -475,13 +485,22 @@ def sweeper():
 
 
 def sweep_until_idle(*, batch: int = 100, max_seconds: float = 50.0) -> SweepReport:
-    """Passes until a pass claims nothing or `max_seconds` have gone by."""
+    """Passes until a pass claims nothing or `max_seconds` have gone by. A database lost
+    meanwhile is waited for until then (odal.reconnect); past it, its error is raised."""
     report = SweepReport()
     deadline = time.monotonic() + max_seconds
     chores = Housekeeping()
+    outage = reconnect.Outage("outbox sweep", deadline=deadline)
     with sweeper() as shared:
         while True:
-            one = sweep_once(batch=batch, housekeeping=chores.due(), **shared)
+            try:
+                one = sweep_once(batch=batch, housekeeping=chores.due(), **shared)
+            except reconnect.ERRORS as exc:
+                if not reconnect.is_lost(exc):
+                    raise
+                if not outage.wait(exc):
+                    raise reconnect.database_error(exc) from None
+                continue
             report.add(one)
             if one.claimed == 0 or time.monotonic() >= deadline:
                 return report
@@ -498,25 +517,36 @@ def sweep_listening(
     """Passes back to back while they find work; when a pass finds none, wait for a NOTIFY (a
     commit created deliveries) or `poll_seconds` (a retry may have fallen due), whichever comes
     first. Without a listener (not PostgreSQL) it just sleeps between passes. Runs for
-    `seconds`, or until `should_stop()`."""
+    `seconds`, or until `should_stop()`. A lost database (its own connection or the
+    listener's) is waited for, the listener reopened, and the passes go on (odal.reconnect);
+    if it does not answer within `seconds`, this returns what it did."""
     report = SweepReport()
     deadline = None if seconds is None else time.monotonic() + seconds
     chores = Housekeeping()
+    outage = reconnect.Outage(
+        "outbox sweep", should_stop=should_stop, deadline=deadline, reopen=listener and listener.reopen
+    )
     with sweeper() as shared:
         while not should_stop():
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 break
-            if not connection.in_atomic_block:  # (a caller's transaction, e.g. a test's, stays open)
-                close_old_connections()  # a long-lived sweep drops a connection past its age or broken
-            one = sweep_once(batch=batch, housekeeping=chores.due(), **shared)
-            report.add(one)
-            if one.claimed == 0 and not should_stop():
-                pause = poll_seconds if remaining is None else min(poll_seconds, remaining)
-                if listener is not None:
-                    listener.wait(pause)
-                else:
-                    time.sleep(pause)
+            try:
+                if not connection.in_atomic_block:  # (a caller's transaction, e.g. a test's, stays open)
+                    close_old_connections()  # a long-lived sweep drops a connection past its age or broken
+                one = sweep_once(batch=batch, housekeeping=chores.due(), **shared)
+                report.add(one)
+                if one.claimed == 0 and not should_stop():
+                    pause = poll_seconds if remaining is None else min(poll_seconds, remaining)
+                    if listener is not None:
+                        listener.wait(pause)
+                    else:
+                        time.sleep(pause)
+            except reconnect.ERRORS as exc:
+                if not reconnect.is_lost(exc):
+                    raise
+                if not outage.wait(exc):
+                    break
     return report
 
 
@@ -525,7 +555,5 @@ def sweep_forever(
 ) -> SweepReport:
     """What `odal outbox sweep` runs: passes until told to stop, woken by commits when idle. It
     takes the listener lock when free, so commits need not enqueue django-q2 sweeps meanwhile."""
-    with Listener.open() or nullcontext() as listener:
-        if listener is not None:
-            listener.try_lead()
+    with open_listener(SWEEP, should_stop=should_stop) or nullcontext() as listener:
         return sweep_listening(listener, batch=batch, poll_seconds=idle_sleep, should_stop=should_stop)

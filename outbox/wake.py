@@ -21,6 +21,11 @@ The lock is not a correctness lock: the claims decide who does what, and two lis
 would do no harm. It only keeps kicks from piling up tasks that would each linger. It lives on the
 listener's connection, so a listener that dies (SIGKILL, lost network) gives it up with its
 connection.
+
+A listener whose connection is lost (a database restart, a terminated backend) is reopened by
+its loop's odal.reconnect.Outage once the database answers: it LISTENs again and takes the lock
+again if it tried to lead and the lock is free. Meanwhile commits find the lock free and enqueue
+tasks, as they do whenever no listener leads.
 """
 
 import logging
@@ -29,6 +34,9 @@ from dataclasses import dataclass
 import psycopg
 from django.conf import settings
 from django.db import DatabaseError, connection
+from django.utils import timezone
+
+from odal import reconnect
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +89,17 @@ def wake_up(wake: Wake) -> None:
 
     if notify(wake):
         return
+    now = timezone.now()
     try:
-        enqueue = Kick.objects.request(wake.task, window_seconds=KICK_WINDOW_SECONDS)
+        enqueue = Kick.objects.request(wake.task, now=now, window_seconds=KICK_WINDOW_SECONDS)
     except DatabaseError:  # the schedule will pick the rows up; a kick is an optimisation
         log.warning("could not coalesce the kick of the %s; enqueueing it", wake.name, exc_info=True)
         enqueue = True
-    if enqueue:
-        kick(wake.task, f"{wake.name} (kicked)")
+    if enqueue and not kick(wake.task, f"{wake.name} (kicked)"):
+        try:  # the broker refused it: the next commit tries again
+            Kick.objects.withdraw(wake.task, enqueued_at=now)
+        except DatabaseError:
+            log.warning("could not withdraw the kick of the %s", wake.name, exc_info=True)
 
 
 class Listener:
@@ -95,10 +107,15 @@ class Listener:
 
     def __init__(self, wake: Wake = SWEEP):
         self.wake = wake
-        self.conn = connection.get_new_connection(connection.get_connection_params())
-        self.conn.autocommit = True
-        self.conn.execute(f"LISTEN {wake.channel}")
+        self.conn = self._connect()
         self.leading = False
+        self.wants_lead = False  # it tried to lead: after a lost connection it tries again
+
+    def _connect(self):
+        conn = connection.get_new_connection(connection.get_connection_params())
+        conn.autocommit = True
+        conn.execute(f"LISTEN {self.wake.channel}")
+        return conn
 
     @classmethod
     def open(cls, wake: Wake = SWEEP) -> "Listener | None":
@@ -106,13 +123,29 @@ class Listener:
             return None
         return cls(wake)
 
+    def reopen(self) -> str:
+        """After its connection was lost (the lock and the LISTEN went with it): a new
+        connection that LISTENs again, and takes the lock again if it tried to lead and the lock
+        is free. Part of an odal.reconnect.Outage: it raises while the database does not answer,
+        and says what it does now."""
+        self.close()
+        self.leading = False
+        self.conn = self._connect()
+        if self.wants_lead:
+            self.try_lead()
+        return "listening again, " + (
+            "leading" if self.leading else f"not leading (another {self.wake.name} leads)"
+        )
+
     def try_lead(self) -> bool:
         """Take the listener lock if nobody holds it."""
+        self.wants_lead = True
         self.leading = self.conn.execute("SELECT pg_try_advisory_lock(%s)", [self.wake.lock]).fetchone()[0]
         return self.leading
 
     def wait_to_lead(self, seconds: float) -> bool:
         """Wait up to `seconds` for the lock (a relay successor, while its predecessor hands over)."""
+        self.wants_lead = True
         try:
             self.conn.execute(f"SET lock_timeout = {int(seconds * 1000)}")
             self.conn.execute("SELECT pg_advisory_lock(%s)", [self.wake.lock])
@@ -156,6 +189,27 @@ class Listener:
         self.close()
 
 
+def open_listener(wake: Wake = SWEEP, *, should_stop=lambda: False) -> Listener | None:
+    """A listener that tries to lead, once the database answers: a worker started while its
+    database is down, or on a host cut off from it, waits for it (odal.reconnect.Outage) instead
+    of exiting. None outside PostgreSQL, or when told to stop while it waited."""
+    outage = reconnect.Outage(wake.name, should_stop=should_stop)
+    while True:
+        listener = None
+        try:
+            listener = Listener.open(wake)
+            if listener is not None:
+                listener.try_lead()
+            return listener
+        except reconnect.ERRORS as exc:
+            if listener is not None:
+                listener.close()
+            if not reconnect.is_lost(exc):
+                raise
+            if not outage.wait(exc):
+                return None
+
+
 def take_turn(wake: Wake, *, relay: bool, listening, until_idle, owed, due):
     """The body of a woken task (outbox.tasks.sweep, registry.tasks.drain); returns its report.
 
@@ -181,9 +235,8 @@ def take_turn(wake: Wake, *, relay: bool, listening, until_idle, owed, due):
             listener.close()  # another task listens: help with what is due, then make way
             return until_idle()
         report = listening(listener, TURN_SECONDS)
-        relayed = settings.ODAL_KICK_SWEEP and owed()
+        relayed = settings.ODAL_KICK_SWEEP and owed() and kick(wake.task, f"{wake.name} (relay)", relay=True)
         if relayed:
-            kick(wake.task, f"{wake.name} (relay)", relay=True)
             report.add(listening(listener, HANDOVER_SECONDS))
     # The last look, after the unlock (with a successor on its way, its first pass is the look).
     if settings.ODAL_KICK_SWEEP and not relayed and due():

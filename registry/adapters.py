@@ -13,6 +13,8 @@ storable pieces: it ends in last_error and the attempt log as it is.
 
 import json
 import math
+import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +35,11 @@ MAX_ID = 500  # the correlation_id and handle columns (and record handle's limit
 MAX_CURSOR = 2000  # a task-list cursor is sent back in the query string
 PROTOCOL_ERROR = "protocol error: "  # how an answer that is not the wire protocol's is told apart
 TASK_STATUSES = ("received", "checking", "registered", "rejected")
+# A connection the adapter closes is reset, not shut down: what it had not got through yet (a
+# register the network held back while the adapter timed out) is dropped, not sent on once the
+# network heals. Otherwise a register odal counts as failed could still reach the registry, after
+# an abandon's lookup found nothing there (make partition cuts links mid-request).
+RESET_ON_CLOSE = [(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))]
 RETRY_AFTER_DEFAULT = 1.0  # seconds every drain waits after a 429 that says nothing (or nonsense)
 RETRY_AFTER_CAP = 300.0  # ...and at most this long, whatever it says (the claim hold's default)
 
@@ -153,14 +160,18 @@ class HttpRegistry:
                 self.client = httpx.Client(
                     base_url=self.base_url,
                     timeout=self.timeout,
+                    # (with a transport of its own, a client's limits are the transport's)
+                    transport=httpx.HTTPTransport(
+                        socket_options=RESET_ON_CLOSE,
+                        limits=httpx.Limits(
+                            max_connections=self.connections, max_keepalive_connections=self.connections
+                        ),
+                    ),
                     headers={
                         "Authorization": f"Bearer {self.token}",
                         "User-Agent": "odal-registry/1",
                         "Accept-Encoding": "identity",  # read_answer's cap holds for raw bytes
                     },
-                    limits=httpx.Limits(
-                        max_connections=self.connections, max_keepalive_connections=self.connections
-                    ),
                 )
             return self.client
 

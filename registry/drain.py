@@ -27,12 +27,12 @@ from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
-from odal import tally
+from odal import reconnect, tally
 from odal.models import Passport
 from odal.text import error_text, storable
 from outbox.claims import backoff_delay
 from outbox.events import emit
-from outbox.wake import POLL_SECONDS, Listener
+from outbox.wake import POLL_SECONDS, Listener, open_listener
 from registry import adapters, service
 from registry.models import Registration, RegistrationAttempt, RegistrationQuerySet
 from registry.pace import PAUSE_REFRESH_SECONDS, Pace, monotonic_at
@@ -140,13 +140,16 @@ def write_endings(endings: list[Ending]) -> None:
     refuses it, each is written again in a transaction of its own, so one row it cannot store
     costs no other row its outcome: that one keeps its claim until the hold runs out (then it is
     due again) and its log gets a write_error line instead. An outcome whose write takes no row
-    (its claim was superseded, or the row settled) is logged as late and changes nothing else."""
+    (its claim was superseded, or the row settled) is logged as late and changes nothing else. If
+    the database is lost meanwhile, DatabaseLost unwinds the pass: nothing more is written for
+    its claim, and its rows are due again after the hold (odal.reconnect)."""
     if not endings:
         return
     try:
         with transaction.atomic():
             taken = _write(endings)
     except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below
+        reconnect.raise_if_lost(exc)
         if len(endings) == 1:
             endings[0].attempt.write_error(endings[0], exc)
             return
@@ -159,6 +162,7 @@ def write_endings(endings: list[Ending]) -> None:
                 with transaction.atomic():
                     taken += _write([ending])
             except Exception as exc:
+                reconnect.raise_if_lost(exc)
                 ending.attempt.write_error(ending, exc)
                 taken.append(None)
     for ending, took in zip(endings, taken, strict=True):
@@ -221,7 +225,8 @@ class Attempt:
                     self, ending.operation, RegistrationAttempt.WRITE_ERROR, error, lambda: False
                 )
                 refused.line(late=False).save()
-        except Exception:
+        except Exception as exc:
+            reconnect.raise_if_lost(exc)
             log.exception(
                 "registration %s: not even the attempt-log line could be written", self.reg.pk, extra=ids
             )
@@ -468,17 +473,20 @@ class Pass:
         self.flush_seconds = min(FLUSH_SECONDS, settings.ODAL_CLAIM_HOLD_SECONDS / 4)
 
     def flush(self) -> None:
+        # Taken off first (in place: the pass's attempts hold the list): a flush that lost the
+        # database (DatabaseLost) is not written again.
         endings = list(self.endings)
-        self.endings.clear()  # (in place: the pass's attempts hold this list)
-        write_endings(endings)
+        self.endings.clear()
         self.flushed_at = time.monotonic()
+        write_endings(endings)
 
     def guarded(self, attempt: Attempt, step, *args):
-        """A step of this thread for one attempt: a bug of ours (or a database error) fails the
-        attempt, not the pass."""
+        """A step of this thread for one attempt: a bug of ours (or a statement the database
+        refused) fails the attempt, not the pass; a lost database ends the pass (odal.reconnect)."""
         try:
             return step(attempt, *args)
         except Exception as exc:
+            reconnect.raise_if_lost(exc)
             log.exception(
                 "registration %s: attempt raised", attempt.reg.pk,
                 extra={"registration": attempt.reg.pk, "claim": attempt.token, "attempt": attempt.reg.attempts},
@@ -540,7 +548,8 @@ class Pass:
                     self.flush()
         finally:
             # Whatever stopped the pass: requests not begun are given back; outcomes already
-            # known are written, not thrown away; a request still out keeps its claim.
+            # known are written, not thrown away (unless the database was lost while writing
+            # them: then nothing more is, see flush); a request still out keeps its claim.
             not_started += [attempt.reg.pk for future, (attempt, _) in in_flight.items() if future.cancel()]
             self.flush()
             if not_started:
@@ -594,12 +603,21 @@ def drain_until_idle(
 ) -> DrainReport:
     """Passes until nothing is due. Rows falling due within `linger_seconds` (a submitted row's
     next check, a short backoff) are waited for, so a registration goes through in one run; so is
-    a pause the registry asked for, within `max_seconds`."""
+    a pause the registry asked for, within `max_seconds`. A database lost meanwhile is waited for
+    until `max_seconds` (odal.reconnect); past it, its error is raised."""
     report = DrainReport()
     deadline = time.monotonic() + max_seconds
+    outage = reconnect.Outage("registry drain", deadline=deadline)
     with drainer() as shared:
         while True:
-            one = drain_once(batch=batch, **shared)
+            try:
+                one = drain_once(batch=batch, **shared)
+            except reconnect.ERRORS as exc:
+                if not reconnect.is_lost(exc):
+                    raise
+                if not outage.wait(exc):
+                    raise reconnect.database_error(exc) from None
+                continue
             report.add(one)
             if time.monotonic() >= deadline:
                 return report
@@ -634,24 +652,35 @@ def drain_listening(
     """Passes back to back while they find work; when a pass finds none, wait for a NOTIFY (a
     commit owes the registry something) or `poll_seconds` (a retry or a check may have fallen
     due), whichever comes first. Without a listener (not PostgreSQL) it just sleeps between
-    passes. Runs for `seconds`, or until `should_stop()`."""
+    passes. Runs for `seconds`, or until `should_stop()`. A lost database (its own connection or
+    the listener's) is waited for, the listener reopened, and the passes go on (odal.reconnect);
+    if it does not answer within `seconds`, this returns what it did."""
     report = DrainReport()
     deadline = None if seconds is None else time.monotonic() + seconds
+    outage = reconnect.Outage(
+        "registry drain", should_stop=should_stop, deadline=deadline, reopen=listener and listener.reopen
+    )
     with drainer() as shared:
         while not should_stop():
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 break
-            if not connection.in_atomic_block:  # (a caller's transaction, e.g. a test's, stays open)
-                close_old_connections()  # a long-lived drain drops a connection past its age or broken
-            one = drain_once(batch=batch, **shared)
-            report.add(one)
-            if one.claimed == 0 and not should_stop():
-                pause = poll_seconds if remaining is None else min(poll_seconds, remaining)
-                if listener is not None:
-                    listener.wait(pause)
-                else:
-                    time.sleep(pause)
+            try:
+                if not connection.in_atomic_block:  # (a caller's transaction, e.g. a test's, stays open)
+                    close_old_connections()  # a long-lived drain drops a connection past its age or broken
+                one = drain_once(batch=batch, **shared)
+                report.add(one)
+                if one.claimed == 0 and not should_stop():
+                    pause = poll_seconds if remaining is None else min(poll_seconds, remaining)
+                    if listener is not None:
+                        listener.wait(pause)
+                    else:
+                        time.sleep(pause)
+            except reconnect.ERRORS as exc:
+                if not reconnect.is_lost(exc):
+                    raise
+                if not outage.wait(exc):
+                    break
     return report
 
 
@@ -660,8 +689,7 @@ def drain_forever(
 ) -> DrainReport:
     """What `odal registry drain` runs: passes until told to stop, woken by commits when idle. It
     takes the drain's listener lock when free, so commits need not enqueue django-q2 drains
-    meanwhile."""
-    with Listener.open(service.DRAIN) or nullcontext() as listener:
-        if listener is not None:
-            listener.try_lead()
+    meanwhile. A lost database is waited for, however long, and the passes go on; one that is
+    down when it starts, too."""
+    with open_listener(service.DRAIN, should_stop=should_stop) or nullcontext() as listener:
         return drain_listening(listener, batch=batch, poll_seconds=idle_sleep, should_stop=should_stop)

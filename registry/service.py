@@ -12,6 +12,7 @@ from odal import tally
 from odal.errors import Refused
 from odal.models import AuditEntry, Passport
 from odal.reasons import clean_reason
+from odal.rows import insert_rows
 from outbox.events import emit
 from outbox.kick import wake_on_commit
 from outbox.wake import Wake
@@ -70,6 +71,24 @@ def on_publish(passport: Passport) -> str:
         return f"registration left as it is ({reg.status})"
     kick_drain_on_commit()
     return outcome
+
+
+def on_publish_new(passport_ids: list) -> str:
+    """on_publish() for passports published in the transaction that created them (bulk intake,
+    odal.bulk): none can have a registration yet, so each gets a new one, pending and due now,
+    all in one INSERT, and the drain is kicked once for them all. Returns what it did for each, in
+    on_publish()'s words."""
+    if settings.ODAL_REGISTRY_ADAPTER == "none":
+        return "no registry queues on this node"
+    if passport_ids:
+        now = timezone.now()
+        insert_rows(
+            Registration,
+            [{"passport_id": pk} for pk in passport_ids],
+            same={"next_attempt_at": now, "queued_at": now, "created_at": now},
+        )
+        kick_drain_on_commit()
+    return "registration queued"
 
 
 def on_suspend(passport: Passport) -> str:

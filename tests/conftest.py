@@ -100,3 +100,6 @@ def pytest_terminal_summary(terminalreporter):
     fuzz = sys.modules.get("tests.test_fuzz")
     for line in fuzz.fuzz_summary() if fuzz else []:
         terminalreporter.write_line(line)
+    restart = sys.modules.get("tests.test_db_restart")
+    for line in restart.FIGURES if restart else []:
+        terminalreporter.write_line(line)

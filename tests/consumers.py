@@ -15,6 +15,13 @@ def explode(event, delivery_id):
     raise ValueError("boom")
 
 
+def reads_the_database(event, delivery_id):
+    """Reads its delivery through this thread's own database connection."""
+    from outbox.models import Delivery
+
+    calls.append(Delivery.objects.filter(pk=delivery_id).values_list("pk", flat=True).get())
+
+
 def slow(event, delivery_id):
     time.sleep(1.2)
     calls.append((event.type, str(delivery_id)))

@@ -522,6 +522,28 @@ GUARDS = [
         "tests/test_settings.py::test_production_refuses_to_start_without_a_metrics_token",
     ),
     Guard(
+        "settings: production needs ALLOWED_HOSTS named",
+        "odal/settings.py",
+        "if PRODUCTION and not ALLOWED_HOSTS:\n",
+        "if False:\n",
+        "tests/test_settings.py::test_production_refuses_to_start_without_allowed_hosts "
+        "tests/test_serve.py::test_production_refuses_to_serve_without_its_settings",
+    ),
+    Guard(
+        "serve: production refuses --no-collectstatic when nothing was collected",
+        "odal/management/commands/serve.py",
+        "staticfiles_storage.read_manifest() is None:\n",
+        "False:\n",
+        "tests/test_serve.py::test_without_collected_static_files_production_refuses_to_serve",
+    ),
+    Guard(
+        "serve: an address in use is refused before gunicorn starts",
+        "odal/management/commands/serve.py",
+        "        serving(bind, int(port), ",
+        "        (lambda *a, **k: None)(bind, int(port), ",
+        "tests/test_serve.py::test_an_address_in_use_is_refused_before_anything_is_collected",
+    ),
+    Guard(
         "passport admin: lifecycle fields are read-only",
         "odal/admin.py",
         '        "id",\n        *LIFECYCLE_FIELDS,\n',
@@ -862,22 +884,23 @@ GUARDS = [
     Guard(
         "sweep flush: a batch the database refuses is written again row by row",
         "outbox/sweep.py",
-        "    except Exception:  # DataError, or psycopg refusing to encode: see which row, below\n",
-        "    except ZeroDivisionError:\n",
+        "    except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below\n"
+        "        reconnect.raise_if_lost(exc)\n        log.warning(\n",
+        "    except ZeroDivisionError as exc:\n        reconnect.raise_if_lost(exc)\n        log.warning(\n",
         "tests/test_batch_isolation.py::test_an_unwritable_success_mid_batch_leaves_the_others_delivered_and_the_sweep_going",
     ),
     Guard(
         "sweep flush: a row that still cannot be written does not end the pass",
         "outbox/sweep.py",
-        "            except Exception as exc:\n                settled.unwritten.add(f.delivery.pk)\n",
-        "            except ZeroDivisionError as exc:\n                settled.unwritten.add(f.delivery.pk)\n",
+        "            except Exception as exc:\n                reconnect.raise_if_lost(exc)\n                settled.unwritten.add(f.delivery.pk)\n",
+        "            except ZeroDivisionError as exc:\n                reconnect.raise_if_lost(exc)\n                settled.unwritten.add(f.delivery.pk)\n",
         "tests/test_batch_isolation.py::test_an_unwritable_failure_mid_batch_leaves_the_other_failures_backed_off",
     ),
     Guard(
         "drain: an answer the database refuses does not end the drain",
         "registry/drain.py",
-        "            except Exception as exc:\n                ending.attempt.write_error(ending, exc)\n",
-        "            except ZeroDivisionError as exc:\n                ending.attempt.write_error(ending, exc)\n",
+        "            except Exception as exc:\n                reconnect.raise_if_lost(exc)\n                ending.attempt.write_error(ending, exc)\n",
+        "            except ZeroDivisionError as exc:\n                reconnect.raise_if_lost(exc)\n                ending.attempt.write_error(ending, exc)\n",
         "tests/test_batch_isolation.py::test_an_unwritable_registry_answer_leaves_the_drain_going",
     ),
     # -- issue 12, item 8: the guards the list lacked ----------------------------------------------
@@ -1237,6 +1260,41 @@ GUARDS = [
         '        config.setdefault("OPTIONS", {}).setdefault("connect_timeout", DB_CONNECT_TIMEOUT_SECONDS)\n',
         "        pass\n",
         "tests/test_readyz.py::test_odal_readyz_sweep_seconds_is_read_from_the_environment tests/test_readyz.py::test_a_database_that_accepts_and_never_answers_is_unreachable_within_seconds",
+    ),
+    Guard(
+        "settings: Redis broker connections time out (kicks, the pusher's poll, the sentinel's heartbeat)",
+        "odal/settings.py",
+        "    return parsed._replace(query=urlencode(query)).geturl()\n",
+        "    return url\n",
+        "tests/test_redis_broker.py::test_the_broker_url_gets_timeouts_unless_it_names_its_own",
+    ),
+    Guard(
+        "settings: ODAL_BROKER_URL is given the timeouts",
+        "odal/settings.py",
+        '    Q_CLUSTER["redis"] = redis_url_with_timeouts(ODAL_BROKER_URL)\n',
+        '    Q_CLUSTER["redis"] = ODAL_BROKER_URL\n',
+        "tests/test_redis_broker.py::test_the_broker_url_gets_timeouts_unless_it_names_its_own",
+    ),
+    Guard(
+        "settings: PostgreSQL connections give a dead peer up within seconds (libpq keepalives, tcp_user_timeout)",
+        "odal/settings.py",
+        '            config["OPTIONS"].setdefault(name, value)\n',
+        "            pass\n",
+        "tests/test_db_keepalives.py",
+    ),
+    Guard(
+        "settings: the server-side backend gives a dead client up within seconds (keepalives in options)",
+        "odal/settings.py",
+        '        config["OPTIONS"].setdefault("options", DB_SERVER_KEEPALIVES)\n',
+        "",
+        "tests/test_db_keepalives.py::test_the_connection_and_its_backend_give_a_dead_peer_up_within_seconds",
+    ),
+    Guard(
+        "registry adapter: a connection it gives up is reset, so a held-back register is never sent (needs root)",
+        "registry/adapters.py",
+        "                        socket_options=RESET_ON_CLOSE,\n",
+        "",
+        "tests/test_partition.py::test_a_register_given_up_during_a_cut_never_reaches_the_registry_after_the_heal",
     ),
     Guard(
         "settings: ODAL_READYZ_SWEEP_SECONDS must be positive",
@@ -1969,14 +2027,10 @@ GUARDS = [
     Guard(
         "wake: a leader's last look comes after it unlocks (a commit that found the lock held is seen)",
         "outbox/wake.py",
-        "        relayed = settings.ODAL_KICK_SWEEP and owed()\n        if relayed:\n"
-        '            kick(wake.task, f"{wake.name} (relay)", relay=True)\n'
-        "            report.add(listening(listener, HANDOVER_SECONDS))\n"
+        "        if relayed:\n            report.add(listening(listener, HANDOVER_SECONDS))\n"
         "    # The last look, after the unlock (with a successor on its way, its first pass is the look).\n"
         "    if settings.ODAL_KICK_SWEEP and not relayed and due():\n",
-        "        relayed = settings.ODAL_KICK_SWEEP and owed()\n        looked = due()\n        if relayed:\n"
-        '            kick(wake.task, f"{wake.name} (relay)", relay=True)\n'
-        "            report.add(listening(listener, HANDOVER_SECONDS))\n"
+        "        looked = due()\n        if relayed:\n            report.add(listening(listener, HANDOVER_SECONDS))\n"
         "    # The last look, after the unlock (with a successor on its way, its first pass is the look).\n"
         "    if settings.ODAL_KICK_SWEEP and not relayed and looked:\n",
         "tests/test_kicks.py::test_a_publish_committed_while_a_leading_drain_ends_its_turn_is_kicked",
@@ -2108,6 +2162,242 @@ GUARDS = [
         "    if not 0 < value <= maximum:  # NaN fails too\n",
         "    if False:\n",
         "tests/test_settings.py -k RATE_PER_SECOND",
+    ),
+    Guard(
+        "bulk: over 1,000 items is a 422 that says so",
+        "odal/api.py",
+        "        if isinstance(value, list) and len(value) > bulk.MAX_ITEMS:\n",
+        "        if False:\n",
+        "tests/test_bulk_api.py::test_up_to_1000_items_and_no_more",
+    ),
+    Guard(
+        "bulk: a staff session publishes only with publish_passport",
+        "odal/api.py",
+        "        PUBLISHING.check_permission(request.user)\n",
+        "        pass\n",
+        "tests/test_bulk_api.py::test_a_staff_session_publishes_only_with_the_publish_permission",
+    ),
+    Guard(
+        "bulk: an answer with batch_failed keeps no idempotency record (the key stays free)",
+        "odal/api.py",
+        "keep=not failed)",
+        "keep=True)",
+        "tests/test_bulk_api.py::test_a_batch_the_database_refuses_fails_its_items_and_leaves_the_key_free",
+    ),
+    Guard(
+        "bulk: the unique constraint decides (ON CONFLICT DO NOTHING): a UPI taken is reported, not a failed batch",
+        "odal/bulk.py",
+        "            ignore_conflicts=True,\n",
+        "            ignore_conflicts=False,\n",
+        "tests/test_bulk_api.py::test_each_item_gets_its_result_in_order_and_a_bad_one_fails_alone "
+        "tests/test_passport_import.py::test_concurrent_imports_of_overlapping_files_create_each_passport_once",
+    ),
+    Guard(
+        "bulk: only the passports the INSERT took get audit entries, registrations and events",
+        "odal/bulk.py",
+        '        created = [row for row in rows if row["id"] in made]\n',
+        "        created = rows\n",
+        "tests/test_passport_import.py::test_import_publishes_each_passport_and_a_rerun_reports_them_all_as_existing",
+    ),
+    Guard(
+        "bulk: a UPI given twice in one intake is refused the second time, naming the first",
+        "odal/bulk.py",
+        "            if passport.upi in self.seen:\n",
+        "            if False:\n",
+        "tests/test_bulk_api.py::test_each_item_gets_its_result_in_order_and_a_bad_one_fails_alone",
+    ),
+    Guard(
+        "bulk: a batch the database aborted to break a deadlock is run again",
+        "odal/bulk.py",
+        '                if run < RUNS and getattr(exc.__cause__, "sqlstate", None) in RETRYABLE:\n',
+        "                if False:\n",
+        "tests/test_passport_import.py::test_a_batch_the_database_aborts_to_break_a_deadlock_is_run_again",
+    ),
+    Guard(
+        "bulk: a batch the database refuses fails only its own items",
+        "odal/bulk.py",
+        "            except DatabaseError as exc:\n",
+        "            except TypeError as exc:\n",
+        "tests/test_passport_import.py::test_a_batch_the_database_refuses_fails_only_its_own_rows",
+    ),
+    Guard(
+        "import: a JSON line the API's boundary would refuse (NUL, lone surrogate, depth, NaN) is refused",
+        "odal/bulk.py",
+        "            if problem is not None:\n                yield number, _unstorable(*problem)\n",
+        "            if False:\n                yield number, _unstorable(*problem)\n",
+        "tests/test_passport_import.py::test_hostile_lines_are_refused_alone",
+    ),
+    Guard(
+        "import: bytes that are not UTF-8 make a line refused",
+        "odal/bulk.py",
+        "            if _not_utf8(line):\n",
+        "            if False:\n",
+        "tests/test_passport_import.py::test_hostile_lines_are_refused_alone",
+    ),
+    Guard(
+        "bulk: a batch kicks the drain once, not once per passport",
+        "registry/service.py",
+        '        kick_drain_on_commit()\n    return "registration queued"\n',
+        '        for _ in passport_ids:\n            kick_drain_on_commit()\n    return "registration queued"\n',
+        "tests/test_bulk_api.py::test_one_request_kicks_the_drain_once_and_wakes_the_sweep_once "
+        "tests/test_passport_import.py::test_each_batch_kicks_the_drain_once_and_wakes_the_sweep_once",
+    ),
+    Guard(
+        "bulk: a batch wakes the sweep once, not once per event",
+        "outbox/events.py",
+        "        if any(not c.paused for c in consumers):\n            kick_sweep_on_commit()\n    return [event",
+        "        for _ in events:\n            kick_sweep_on_commit()\n    return [event",
+        "tests/test_bulk_api.py::test_one_request_kicks_the_drain_once_and_wakes_the_sweep_once "
+        "tests/test_passport_import.py::test_each_batch_kicks_the_drain_once_and_wakes_the_sweep_once",
+    ),
+    Guard(
+        "body limit: POST dpp/bulk has a limit of its own",
+        "odal/middleware.py",
+        "    return settings.ODAL_MAX_BULK_BODY_BYTES if path == BULK_PATH else settings.ODAL_MAX_BODY_BYTES\n",
+        "    return settings.ODAL_MAX_BODY_BYTES\n",
+        "tests/test_bulk_api.py::test_the_bulk_route_has_a_body_limit_of_its_own",
+    ),
+    Guard(
+        "body limit: only POST dpp/bulk has the larger one",
+        "odal/middleware.py",
+        "    return settings.ODAL_MAX_BULK_BODY_BYTES if path == BULK_PATH else settings.ODAL_MAX_BODY_BYTES\n",
+        "    return settings.ODAL_MAX_BULK_BODY_BYTES\n",
+        "tests/test_bulk_api.py::test_the_bulk_route_has_a_body_limit_of_its_own",
+    ),
+    Guard(
+        "body limit: outside the API, a body over ODAL_MAX_BODY_BYTES is refused (DATA_UPLOAD_MAX_MEMORY_SIZE is the bulk route's)",
+        "odal/middleware.py",
+        '                raise RequestDataTooBig("The request body is larger than ODAL_MAX_BODY_BYTES.")\n',
+        "                pass\n",
+        "tests/test_bulk_api.py::test_the_bulk_route_has_a_body_limit_of_its_own",
+    ),
+    Guard(
+        "reconnect: a sweep or a drain started while the database is down waits for it (open_listener)",
+        "outbox/wake.py",
+        "            if not outage.wait(exc):\n                return None\n",
+        "            raise\n",
+        "tests/test_reconnect.py::test_a_sweep_and_a_drain_started_while_the_database_is_down_wait_for_it",
+    ),
+    Guard(
+        "reconnect: a lost database is told from a refused statement",
+        "odal/reconnect.py",
+        'return state is None or state.startswith("08") or state in LOST_STATES',
+        "return True",
+        "tests/test_reconnect.py::test_what_counts_as_a_lost_database",
+    ),
+    Guard(
+        "reconnect: waiting for the database backs off (the pause doubles)",
+        "odal/reconnect.py",
+        "            pause = min(pause * 2, LONGEST_PAUSE)\n",
+        "",
+        "tests/test_reconnect.py -k backs_off",
+    ),
+    Guard(
+        "reconnect: waiting for the database backs off (at most LONGEST_PAUSE)",
+        "odal/reconnect.py",
+        "            pause = min(pause * 2, LONGEST_PAUSE)\n",
+        "            pause = pause * 2\n",
+        "tests/test_reconnect.py -k backs_off",
+    ),
+    Guard(
+        "reconnect: DatabaseLost unwinds a pass through every except Exception",
+        "odal/reconnect.py",
+        "class DatabaseLost(BaseException):",
+        "class DatabaseLost(Exception):",
+        "tests/test_reconnect.py -k drain_that",
+    ),
+    Guard(
+        "reconnect: a sweep's outcomes lost with the database are not written one by one",
+        "outbox/sweep.py",
+        "    except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below\n"
+        "        reconnect.raise_if_lost(exc)\n",
+        "    except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below\n",
+        "tests/test_reconnect.py -k sweep_that",
+    ),
+    Guard(
+        "reconnect: a flush that lost the database is not written again by the pass's last flush",
+        "outbox/sweep.py",
+        "        finished, self.pending = self.pending, []\n"
+        "        self.last_flush = time.monotonic()\n"
+        "        settled = finish_attempts(self.claim.token, finished)\n",
+        "        finished = self.pending\n"
+        "        self.last_flush = time.monotonic()\n"
+        "        settled = finish_attempts(self.claim.token, finished)\n"
+        "        self.pending = []\n",
+        "tests/test_reconnect.py -k sweep_that",
+    ),
+    Guard(
+        "reconnect: the drain writes nothing in place of an outcome lost with the database",
+        "registry/drain.py",
+        "        reconnect.raise_if_lost(exc)\n        if len(endings) == 1:\n",
+        "        if len(endings) == 1:\n",
+        "tests/test_reconnect.py -k drain_that",
+    ),
+    Guard(
+        "reconnect: odal outbox sweep (and a relay turn) rides out a lost database",
+        "outbox/sweep.py",
+        "                if not outage.wait(exc):\n                    break\n    return report\n",
+        "                raise\n    return report\n",
+        "tests/test_reconnect.py -k sweep_that and outbox",
+    ),
+    Guard(
+        "reconnect: the django-q2 sweep task rides out a lost database",
+        "outbox/sweep.py",
+        "            except reconnect.ERRORS as exc:\n                if not reconnect.is_lost(exc):\n"
+        "                    raise\n                if not outage.wait(exc):\n"
+        "                    raise reconnect.database_error(exc) from None\n",
+        "            except ZeroDivisionError as exc:\n                if not reconnect.is_lost(exc):\n"
+        "                    raise\n                if not outage.wait(exc):\n"
+        "                    raise reconnect.database_error(exc) from None\n",
+        "tests/test_reconnect.py -k sweep_that and task",
+    ),
+    Guard(
+        "reconnect: odal registry drain rides out a lost database",
+        "registry/drain.py",
+        "                if not outage.wait(exc):\n                    break\n",
+        "                raise\n",
+        "tests/test_reconnect.py -k drain_that and registry",
+    ),
+    Guard(
+        "reconnect: the django-q2 drain task rides out a lost database",
+        "registry/drain.py",
+        "            except reconnect.ERRORS as exc:\n                if not reconnect.is_lost(exc):\n"
+        "                    raise\n                if not outage.wait(exc):\n"
+        "                    raise reconnect.database_error(exc) from None\n"
+        "                continue\n            report.add(one)\n            if time.monotonic() >= deadline:\n",
+        "            except ZeroDivisionError as exc:\n                if not reconnect.is_lost(exc):\n"
+        "                    raise\n                if not outage.wait(exc):\n"
+        "                    raise reconnect.database_error(exc) from None\n"
+        "                continue\n            report.add(one)\n            if time.monotonic() >= deadline:\n",
+        "tests/test_reconnect.py -k drain_that and task",
+    ),
+    Guard(
+        "reconnect: a listening sweep reopens its listener once the database answers",
+        "outbox/sweep.py",
+        "reopen=listener and listener.reopen",
+        "reopen=None",
+        "tests/test_reconnect.py -k listening_sweep_whose",
+    ),
+    Guard(
+        "reconnect: a reopened listener leads again",
+        "outbox/wake.py",
+        "        if self.wants_lead:\n            self.try_lead()\n",
+        "",
+        "tests/test_reconnect.py -k listening_sweep_whose or relay",
+    ),
+    Guard(
+        "reconnect: a sweep's bookkeeping leaves a lost database to its loop",
+        "outbox/sweep.py",
+        "                if reconnect.is_lost(exc):\n                    raise  # (they are written",
+        "                if False:\n                    raise  # (they are written",
+        "tests/test_reconnect.py -k bookkeeping",
+    ),
+    Guard(
+        "reconnect: the Python-consumer thread replaces a lost connection",
+        "outbox/sweep.py",
+        "    close_old_connections()  # this thread's connection, if a database restart broke it\n",
+        "",
+        "tests/test_reconnect.py -k python_consumer",
     ),
 ]
 

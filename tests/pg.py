@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 
 def answers(host: str, port: int) -> bool:
@@ -40,46 +41,112 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Cluster:
+    """A throwaway PostgreSQL cluster in a temporary folder (`prefix`…), started with the local
+    initdb/pg_ctl (as the postgres user when run as root: PostgreSQL refuses to run as root),
+    listening on `host`:`port` (a free local port unless given). start(), restart() (pg_ctl's
+    own, the way an operator restarts a server: every connection is cut) and stop(); remove()
+    stops it and deletes the folder. Used by `make test` when no server answers, and by the
+    tests that lose their database on purpose (tests/test_db_restart.py)."""
+
+    def __init__(self, *, prefix: str = "odal-pg-", host: str = "127.0.0.1", port: int | None = None):
+        self.initdb, self.pg_ctl = find_binary("initdb"), find_binary("pg_ctl")
+        if not (self.initdb and self.pg_ctl):
+            raise ClusterUnavailable("initdb/pg_ctl are not installed")
+        self.as_user: list[str] = []
+        if os.geteuid() == 0:
+            try:
+                pwd.getpwnam("postgres")
+            except KeyError:
+                raise ClusterUnavailable(
+                    "there is no 'postgres' user to run PostgreSQL as (this runs as root)"
+                ) from None
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+        self.host, self.port = host, port or free_port()
+        self.folder = tempfile.mkdtemp(prefix=prefix)
+        if self.as_user:
+            shutil.chown(self.folder, "postgres")
+        self.data = os.path.join(self.folder, "data")
+        self.log = os.path.join(self.folder, "log")
+        self.initialised = False
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgres://postgres@{self.host}:{self.port}/{database}"
+
+    def pg_ctl_run(self, *args: str) -> None:
+        subprocess.run(
+            [*self.as_user, self.pg_ctl, "-D", self.data, "-l", self.log, "-w", *args],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+
+    def start(self) -> "Cluster":
+        if not self.initialised:
+            subprocess.run(
+                [*self.as_user, self.initdb, "-D", self.data, "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+            self.initialised = True
+        options = f"-p {self.port} -k {self.folder} -c listen_addresses={self.host} -c fsync=off"
+        self.pg_ctl_run("-o", options, "start")
+        return self
+
+    def restart(self, *, down_seconds: float = 0) -> None:
+        """pg_ctl restart -m fast: every backend is terminated, the server stops and starts again
+        with the same options; returns once it accepts connections. With `down_seconds`, it
+        stays stopped that long in between (stop, wait, start)."""
+        if not down_seconds:
+            self.pg_ctl_run("-m", "fast", "restart")
+            return
+        self.stop()
+        time.sleep(down_seconds)
+        self.start()
+
+    def stop(self) -> None:
+        subprocess.run(
+            [*self.as_user, self.pg_ctl, "-D", self.data, "-m", "fast", "-w", "stop"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def remove(self) -> None:
+        if self.initialised:
+            self.stop()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> "Cluster":
+        try:
+            return self.start()
+        except BaseException:
+            self.remove()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+class ClusterUnavailable(Exception):
+    """No throwaway cluster can be started here (the message says why)."""
+
+
 def run_with_throwaway_cluster(command: list[str]) -> int:
-    initdb, pg_ctl = find_binary("initdb"), find_binary("pg_ctl")
-    if not (initdb and pg_ctl):
+    try:
+        cluster = Cluster()
+    except ClusterUnavailable as exc:
         sys.stderr.write(
-            "make test needs PostgreSQL and found none: DATABASE_URL is not set, nothing answers on "
-            "127.0.0.1:5432, and initdb/pg_ctl are not installed.\n"
+            f"make test needs PostgreSQL and found none: DATABASE_URL is not set, nothing answers on "
+            f"127.0.0.1:5432, and {exc}.\n"
             "Start a server (e.g. `apt-get install postgresql` or `docker run -p 5432:5432 postgres`) "
             "or set DATABASE_URL=postgres://user@host:port/odal, then run make test again.\n"
         )
         return 2
-    folder = tempfile.mkdtemp(prefix="odal-pg-")
-    data = os.path.join(folder, "data")
-    port = free_port()
-    as_user: list[str] = []
-    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-        try:
-            pwd.getpwnam("postgres")
-        except KeyError:
-            sys.stderr.write("Running as root and there is no 'postgres' user to start PostgreSQL as.\n")
-            return 2
-        shutil.chown(folder, "postgres")
-        as_user = ["runuser", "-u", "postgres", "--"]
-    print(f"tests/pg.py: starting a throwaway PostgreSQL on port {port} in {folder}", flush=True)
-    subprocess.run(
-        [*as_user, initdb, "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8"],
-        check=True,
-        stdout=subprocess.DEVNULL,
+    print(
+        f"tests/pg.py: starting a throwaway PostgreSQL on port {cluster.port} in {cluster.folder}", flush=True
     )
-    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
-    subprocess.run(
-        [*as_user, pg_ctl, "-D", data, "-o", options, "-l", os.path.join(folder, "log"), "-w", "start"],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        env = {**os.environ, "DATABASE_URL": f"postgres://postgres@127.0.0.1:{port}/odal"}
+    with cluster:
+        env = {**os.environ, "DATABASE_URL": cluster.url("odal")}
         return subprocess.call(command, env=env)
-    finally:
-        subprocess.run([*as_user, pg_ctl, "-D", data, "-m", "fast", "-w", "stop"], stdout=subprocess.DEVNULL)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main(argv: list[str]) -> int:

@@ -32,7 +32,7 @@ TARGET = "tests.consumers.accept"
 
 # subcommand -> malformed argument lists (after the subcommand's own words). Each case costs a
 # Python start (about a second): the wider table of bad values per rule is tests/test_input_rules.py,
-# in-process. The worker loops and servers (sweep, drain, receive, simulate, up) are given only
+# in-process. The worker loops and servers (sweep, drain, receive, simulate, up, serve) are given only
 # bad values, without --once: they must refuse at once rather than start.
 MALFORMED = {
     ("outbox", "sweep"): [["--batch", "-1"], ["--batch", "0"]],
@@ -94,11 +94,13 @@ MALFORMED = {
     ("passport", "suspend"): [[ID, "--actor", "\x1b[2J"]],
     ("passport", "show"): [[]],
     ("passport", "canonicalise"): [["--bogus"]],
+    ("passport", "import"): [["/nonexistent/passports.jsonl"], ["rows.csv", "--batch", "1001"]],
     ("token", "create"): [["--name", "ci\x07", "--scope", "read"]],
     ("token", "revoke"): [["abcdefgh", "--actor", LONG]],
     ("token", "list"): [["--bogus"]],
     ("demo",): [["--bogus"]],
     ("up",): [["--addr", "nonsense"], ["--addr", "127.0.0.1:99999"]],
+    ("serve",): [["--bind", "nonsense"], ["--bind", "127.0.0.1:0"], ["--workers", "0"], ["--workers", "2.5"]],
 }
 
 

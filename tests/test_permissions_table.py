@@ -37,6 +37,7 @@ WHO = ["anonymous", "read", "write", "admin", "Operators", "Viewers", "staff", "
 API = {
     #                                              anon read  write admin Oper. View. staff super
     ("POST", "dpp"):                               "401  403  ok    ok    403   403   403   ok",
+    ("POST", "dpp/bulk"):                          "401  403  ok    ok    403   403   403   ok",
     ("GET", "dpp"):                                "401  ok   ok    ok    ok    ok    403   ok",
     ("GET", "dpp/{dppId}"):                        "401  ok   ok    ok    ok    ok    403   ok",
     ("GET", "events/{eventId}"):                   "401  ok   ok    ok    ok    ok    403   ok",

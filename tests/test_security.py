@@ -33,6 +33,7 @@ pytestmark = pytest.mark.django_db
 # new route cannot ship without deciding who may call it.
 SCOPES = {
     ("POST", "/vault/api/v1/dpp"): "write",
+    ("POST", "/vault/api/v1/dpp/bulk"): "write",
     ("GET", "/vault/api/v1/dpp/{dppId}"): "read",
     ("POST", "/vault/api/v1/dpp/{dppId}/publish"): "write",
     ("POST", "/vault/api/v1/dpp/{dppId}/suspend"): "write",
@@ -274,6 +275,7 @@ def test_production_mode_refuses_private_webhooks_by_default():
         "ODAL_ENV": "production",
         "SECRET_KEY": "k" * 50,
         "ODAL_METRICS_TOKEN": "m" * 32,
+        "ALLOWED_HOSTS": "dpp.example.eu",
         "PATH": "/usr/bin:/bin",
         "DJANGO_SETTINGS_MODULE": "odal.settings",
     }

@@ -8,7 +8,11 @@ CHECK = "import django; django.setup(); print('ok')"
 
 
 def start(**env) -> subprocess.CompletedProcess:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("ODAL_", "DEBUG", "SECRET_KEY"))}
+    environment = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ODAL_", "DEBUG", "SECRET_KEY", "ALLOWED_HOSTS"))
+    }
     environment.update(env, DJANGO_SETTINGS_MODULE="odal.settings")
     return subprocess.run([sys.executable, "-c", CHECK], env=environment, capture_output=True, text=True)
 
@@ -33,6 +37,10 @@ def start(**env) -> subprocess.CompletedProcess:
         ("ODAL_REGISTRY_RATE_PER_SECOND", "0"),
         ("ODAL_REGISTRY_RATE_PER_SECOND", "nan"),
         ("ODAL_REGISTRY_RATE_PER_SECOND", "100/s"),
+        ("ODAL_BIND", "nonsense"),
+        ("ODAL_BIND", "127.0.0.1:70000"),
+        ("ODAL_WEB_WORKERS", "0"),
+        ("ODAL_WEB_WORKERS", "257"),
     ],
 )
 def test_bad_value_stops_start_up_naming_the_variable(name, value):
@@ -65,11 +73,24 @@ def test_production_refuses_debug():
 
 
 def test_production_refuses_to_start_without_a_metrics_token():
-    result = start(ODAL_ENV="production", SECRET_KEY="s3cret-of-our-own-" * 3)
+    result = start(ODAL_ENV="production", SECRET_KEY="s3cret-of-our-own-" * 3, ALLOWED_HOSTS="dpp.example.eu")
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and "ODAL_METRICS_TOKEN" in result.stderr
 
 
-def test_production_starts_with_a_key_a_metrics_token_and_debug_off():
-    result = start(ODAL_ENV="production", SECRET_KEY="s3cret-of-our-own-" * 3, ODAL_METRICS_TOKEN="m" * 32)
+@pytest.mark.parametrize("hosts", [None, "", " , "])
+def test_production_refuses_to_start_without_allowed_hosts(hosts):
+    env = {"ODAL_ENV": "production", "SECRET_KEY": "s3cret-of-our-own-" * 3, "ODAL_METRICS_TOKEN": "m" * 32}
+    result = start(**env, **({} if hosts is None else {"ALLOWED_HOSTS": hosts}))
+    assert result.returncode != 0
+    assert "ImproperlyConfigured: ALLOWED_HOSTS must name" in result.stderr
+
+
+def test_production_starts_with_a_key_hosts_a_metrics_token_and_debug_off():
+    result = start(
+        ODAL_ENV="production",
+        SECRET_KEY="s3cret-of-our-own-" * 3,
+        ODAL_METRICS_TOKEN="m" * 32,
+        ALLOWED_HOSTS="dpp.example.eu",
+    )
     assert result.returncode == 0, result.stderr

@@ -7,8 +7,9 @@ Phase 2: `odal registry drain` processes work against the registry simulator wit
 (lost replies, a slow task list read newest first), while the driver races abandon and
 record-handle against them (and keeps killing drains).
 
-A database-side history (triggers installed in the torture database only) records every UPDATE
-of a delivery or registration. At the end the driver checks, and prints, that nothing was lost,
+A database-side history (tests/invariants.py: triggers installed in the torture database only)
+records every UPDATE of a delivery or registration. At the end the driver checks (the same
+invariants.check as make partition), and prints, that nothing was lost,
 no late writer changed a settled row, every row's attempts equal the claims made on it (less the
 claims given back unstarted) and stay within budget, every abandoned registration stayed
 abandoned and is held by the registry under no request, and the audit trail has exactly
@@ -27,42 +28,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
 
+from invariants import check, install_history, person_registry_write, registry_holds, replay_dead
+
 ROOT = Path(__file__).resolve().parent.parent
 HOLD = 1  # seconds: stalls of 2.5 s outlive it
 MAX_ATTEMPTS = 3
-
-HISTORY_SQL = """
-CREATE TABLE IF NOT EXISTS torture_history (
-    id bigserial PRIMARY KEY, tbl text, row_id uuid, at timestamptz DEFAULT clock_timestamp(),
-    old_status text, new_status text, old_attempts int, new_attempts int,
-    old_token uuid, new_token uuid, note text
-);
-CREATE OR REPLACE FUNCTION torture_record_delivery() RETURNS trigger AS $$
-BEGIN
-    INSERT INTO torture_history (tbl, row_id, old_status, new_status, old_attempts, new_attempts,
-                                 old_token, new_token, note)
-    VALUES (TG_TABLE_NAME, NEW.id, OLD.status, NEW.status, OLD.attempts, NEW.attempts,
-            OLD.claim_token, NEW.claim_token, right(NEW.last_error, 60));
-    RETURN NEW;
-END $$ LANGUAGE plpgsql;
-CREATE OR REPLACE FUNCTION torture_record_registration() RETURNS trigger AS $$
-BEGIN
-    INSERT INTO torture_history (tbl, row_id, old_status, new_status, old_attempts, new_attempts,
-                                 old_token, new_token, note)
-    VALUES (TG_TABLE_NAME, NEW.id, OLD.status, NEW.status, OLD.attempts, NEW.attempts,
-            OLD.claim_token, NEW.claim_token, left(NEW.note, 60));
-    RETURN NEW;
-END $$ LANGUAGE plpgsql;
-CREATE TRIGGER torture_delivery AFTER UPDATE ON outbox_delivery
-    FOR EACH ROW EXECUTE FUNCTION torture_record_delivery();
-CREATE TRIGGER torture_registration AFTER UPDATE ON registry_registration
-    FOR EACH ROW EXECUTE FUNCTION torture_record_registration();
-"""
 
 
 def database_url(name: str) -> str:
@@ -183,21 +158,13 @@ def phase_deliveries(args, env, rng, figures):
             sweeps.kill_one(rng)
             next_kill = now + rng.uniform(1.0, 3.0)
         if now >= next_replay:
-            dead = list(Delivery.objects.filter(status="dead").values_list("pk", flat=True)[:15])
-            if dead:
-                replayed += Delivery.objects.filter(pk__in=dead).replay(
-                    actor="torture:driver", reason="torture replay"
-                )
+            replayed += replay_dead(actor="torture:driver", reason="torture replay")
             next_replay = now + rng.uniform(1.0, 3.0)
         time.sleep(0.1)
     # Let the survivors settle what is due (still replaying dead rows, no more kills), then stop.
     settle = time.monotonic() + args.settle
     while time.monotonic() < settle and Delivery.objects.filter(status__in=["pending", "dead"]).exists():
-        dead = list(Delivery.objects.filter(status="dead").values_list("pk", flat=True)[:15])
-        if dead:
-            replayed += Delivery.objects.filter(pk__in=dead).replay(
-                actor="torture:driver", reason="torture replay"
-            )
+        replayed += replay_dead(actor="torture:driver", reason="torture replay")
         time.sleep(0.5)
     sweeps.stop()
     server.shutdown()
@@ -214,9 +181,7 @@ def phase_registry(args, env, rng, figures):
     from django.conf import settings
 
     from odal import lifecycle
-    from odal.errors import Refused
     from odal.models import Passport
-    from registry import service
     from registry.models import Registration
     from registry.simulator import make_server
 
@@ -248,185 +213,16 @@ def phase_registry(args, env, rng, figures):
         roll = rng.random()
         if roll < 0.1:
             sim.state.faults.update(lost_reply=rng.randint(0, 2), register_5xx=rng.randint(0, 3))
-        regs = list(Registration.objects.values_list("passport_id", "status"))
-        pid, status = rng.choice(regs)
-        try:
-            if status == "submitted" and rng.random() < 0.3:
-                service.record_handle(pid, handle=f"reg-hand-{rng.randrange(10**6)}", actor="torture:person",
-                                      reason="read off the registry portal")  # fmt: skip
-                outcomes["handle recorded"] += 1
-            else:
-                result = service.abandon(pid, actor="torture:person", reason="the registry keeps refusing it")
-                outcomes["already abandoned" if result.already_abandoned else "abandoned"] += 1
-        except Refused as exc:
-            outcomes[f"refused {exc.code}"] += 1
+        person_registry_write(rng, outcomes, actor="torture:person")
         time.sleep(0.02)
     drains.stop()
     sim.shutdown()
     # What the registry holds, for the check that no abandoned registration is held there.
-    figures["registry_holds"] = sorted(
-        {r["upi"] for r in sim.state.requests.values() if r["status"] != "rejected"}
-    )
+    figures["registry_holds"] = registry_holds(sim)
     figures.update(
         registrations=Registration.objects.count(), drain_processes=args.drains, drain_kills=drains.kills,
         person_writes=dict(sorted(outcomes.items())),
     )  # fmt: skip
-
-
-# -- the checks ---------------------------------------------------------------------------------------
-
-
-def check(figures) -> list[str]:
-    from django.db import connection
-    from django.db.models import Count
-
-    from odal.models import AuditEntry
-    from outbox.models import Consumer, Delivery, DeliveryAttempt, Event
-    from registry.models import Registration, RegistrationAttempt
-
-    violations = []
-    counts = dict(Delivery.objects.values_list("status").annotate(n=Count("pk")).order_by())
-    figures["deliveries"] = {s: counts.get(s, 0) for s in ("delivered", "dead", "pending")}
-    owed = Event.objects.count() * Consumer.objects.count()  # every consumer subscribes to everything here
-    figures["deliveries_owed"] = owed
-    if sum(figures["deliveries"].values()) != owed or sum(counts.values()) != owed:
-        violations.append(f"deliveries lost: {owed} owed (events x consumers), found {counts}")
-
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT tbl, row_id, old_status, new_status, old_attempts, new_attempts, old_token, "
-                       "new_token, note FROM torture_history ORDER BY id")  # fmt: skip
-        history = cursor.fetchall()
-    figures["history_rows"] = len(history)
-
-    # A settled delivery never changes again, except dead -> pending by a replay.
-    claims = Counter()
-    releases = Counter()  # claimed rows a pass never started, their attempt given back
-    attempts_now = defaultdict(int)
-    terminal = set()  # (row, token) of every write that ended an attempt
-    dead_to_pending = 0
-    for tbl, row, old_s, new_s, old_a, new_a, old_t, new_t, note in history:
-        if tbl != "outbox_delivery":
-            continue
-        if old_s == "delivered":
-            violations.append(f"delivery {row} changed after it was delivered ({old_s} -> {new_s})")
-        if old_s == "dead":
-            if new_s != "pending" or new_a != 0:
-                violations.append(
-                    f"dead delivery {row} changed other than by replay ({new_s}, attempts {new_a})"
-                )
-            dead_to_pending += 1
-            attempts_now[row] = 0
-            continue
-        if new_a > MAX_ATTEMPTS:
-            violations.append(f"delivery {row} ran past its budget: {new_a} attempts")
-        if new_t is not None and new_t != old_t:  # a claim
-            claims[row] += 1
-            attempts_now[row] += 1
-            if new_a != old_a + 1:
-                violations.append(f"claim of {row} did not count exactly one attempt ({old_a} -> {new_a})")
-        elif old_t is not None and new_t is None and new_a == old_a - 1:  # a release: never started
-            releases[row] += 1
-            attempts_now[row] -= 1
-            if old_s != "pending" or new_s != "pending":
-                violations.append(f"release of {row} changed its status ({old_s} -> {new_s})")
-        elif (
-            old_t is not None
-            and new_t is None
-            and not (note or "").endswith("never reported (its claim expired)")
-        ):
-            terminal.add((row, old_t))
-    final = dict(Delivery.objects.values_list("pk", "attempts"))
-    mismatched = [row for row, n in attempts_now.items() if final.get(row) != n]
-    if mismatched:
-        violations.append(f"{len(mismatched)} deliveries whose attempts differ from the claims made on them")
-    log = list(DeliveryAttempt.objects.values_list("delivery_id", "claim_token", "late"))
-    current = {(d, t) for d, t, late in log if not late}
-    late = {(d, t) for d, t, late in log if late}
-    if current != terminal:
-        violations.append(
-            f"attempt log and history disagree: {len(current - terminal)} logged writes not in history, "
-            f"{len(terminal - current)} history writes not logged"
-        )
-    if late & terminal:
-        violations.append(f"{len(late & terminal)} late writes changed a row")
-    figures["claims"] = sum(claims.values())
-    figures["claims_released_unstarted"] = sum(releases.values())
-    figures["attempts_logged"] = len(log)
-    figures["late_writes_refused"] = len(late)
-
-    # Registrations: abandoned means the registry holds nothing for the passport.
-    held = set(figures.pop("registry_holds", []))
-    abandoned_upis = set(
-        Registration.objects.filter(status="abandoned").values_list("passport__upi", flat=True)
-    )
-    figures["abandoned_while_the_registry_holds_it"] = len(abandoned_upis & held)
-    for upi in sorted(abandoned_upis & held):
-        violations.append(f"registration of {upi} abandoned while the registry holds a submission for it")
-
-    # Registrations: abandoned stays abandoned; people's writes audited once each.
-    for tbl, row, old_s, new_s, *_rest in history:
-        if tbl == "registry_registration" and old_s == "abandoned":
-            violations.append(f"abandoned registration {row} changed to {new_s}")
-    abandoned_by_history = sum(1 for h in history if h[0] == "registry_registration" and h[3] == "abandoned"
-                               and h[2] != "abandoned")  # fmt: skip
-    handles_by_history = sum(1 for h in history if h[0] == "registry_registration" and h[2] == "submitted"
-                             and h[3] == "registered" and (h[8] or "").startswith("handle recorded by"))  # fmt: skip
-    audit = Counter(AuditEntry.objects.values_list("action", flat=True))
-    people = figures.get("person_writes", {})
-    expected = {
-        "delivery_replayed": figures["replayed"],
-        "registry_abandoned": people.get("abandoned", 0),
-        "registry_handle_recorded": people.get("handle recorded", 0),
-    }
-    for action, n in expected.items():
-        if audit.get(action, 0) != n:
-            violations.append(
-                f"audit trail has {audit.get(action, 0)} {action} entries for {n} writes that took"
-            )
-    if dead_to_pending != figures["replayed"]:
-        violations.append(f"{dead_to_pending} dead -> pending changes for {figures['replayed']} replays")
-    if abandoned_by_history != expected["registry_abandoned"]:
-        violations.append(
-            f"{abandoned_by_history} rows abandoned for {expected['registry_abandoned']} abandons"
-        )
-    if handles_by_history != expected["registry_handle_recorded"]:
-        violations.append(
-            f"{handles_by_history} handles in history for {expected['registry_handle_recorded']} recorded"
-        )
-    figures["registrations_by_status"] = dict(
-        Registration.objects.values_list("status").annotate(n=Count("pk")).order_by()
-    )
-    figures["registry_late_writes_refused"] = RegistrationAttempt.objects.filter(late=True).count()
-    figures["audit_entries"] = {k: audit[k] for k in expected}
-
-    # The counts the writes keep (odal.tally) must equal the rows they count, after every kill
-    # and every refused late write (nothing is purged here, and no delivered row moves again).
-    from odal import tally
-
-    kept = tally.totals("outbox.delivered", "outbox.attempts", "registry.status")
-    rows = {
-        "outbox.delivered": {
-            str(c): n
-            for c, n in Delivery.objects.filter(status="delivered")
-            .values_list("consumer_id")
-            .annotate(n=Count("pk"))
-            .order_by()
-        },
-        "outbox.attempts": {
-            outcome + (":late" if late else ""): n
-            for outcome, late, n in DeliveryAttempt.objects.values_list("outcome", "late")
-            .annotate(n=Count("pk"))
-            .order_by()
-        },
-        "registry.status": dict(figures["registrations_by_status"]),
-    }
-    for metric, expected_rows in rows.items():
-        found = {k: n for k, n in kept[metric].items() if n}
-        if found != expected_rows:
-            violations.append(f"tally {metric} says {found}, the rows say {expected_rows}")
-    figures["tally_checked"] = sorted(rows)
-    figures["violations"] = len(violations)
-    return violations
 
 
 def main() -> int:
@@ -460,14 +256,13 @@ def main() -> int:
     django.setup()
     from django.db import connection
 
-    with connection.cursor() as cursor:
-        cursor.execute(HISTORY_SQL)
+    install_history()
     figures = {"seed": seed}
     started = time.monotonic()
     try:
         phase_deliveries(args, env, rng, figures)
         phase_registry(args, env, rng, figures)
-        violations = check(figures)
+        violations = check(figures, max_attempts=MAX_ATTEMPTS)
     finally:
         connection.close()
     figures["wall_seconds"] = round(time.monotonic() - started, 1)

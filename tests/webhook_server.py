@@ -14,6 +14,7 @@ from registry.simulator import write_answer
 class Received:
     headers: dict
     body: str
+    at: float = field(default_factory=time.monotonic)  # when it arrived
 
 
 @dataclass

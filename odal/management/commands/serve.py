@@ -1,0 +1,141 @@
+"""`odal serve`: the production web entry. gunicorn runs odal's WSGI application (admin, API,
+/metrics, probes) in worker processes; WhiteNoise, a middleware of odal's, serves the static files
+`odal serve` collects first."""
+
+import socket
+
+from django.conf import settings
+from django.contrib.staticfiles.storage import staticfiles_storage
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
+from gunicorn.app.base import BaseApplication
+
+from odal import rules
+from odal.cli import serving, usage_error
+
+# A worker answering abandon waits for the registry's whole task list (ODAL_REGISTRY_LOOKUP_SECONDS);
+# gunicorn must not take that silence for a hung worker, and a graceful stop should let it finish.
+SLOWEST_REQUEST_MARGIN_SECONDS = 30
+
+
+class OdalApplication(BaseApplication):
+    """gunicorn's documented way to run an application from Python ("Custom Application"). Its
+    configuration, each layer over the one before: odal's (ODAL_BIND, ODAL_WEB_WORKERS and the
+    timeouts), then gunicorn's own GUNICORN_CMD_ARGS, then this command's --bind and --workers."""
+
+    def __init__(self, defaults: dict, overrides: dict):
+        self.defaults, self.overrides = defaults, overrides
+        super().__init__(prog="odal serve")
+
+    def load_config(self):
+        for name, value in self.defaults.items():
+            self.cfg.set(name, value)
+        from_env = self.cfg.parser().parse_args(self.cfg.get_cmd_args_from_env())
+        for name, value in vars(from_env).items():
+            if name != "args" and value is not None:
+                self.cfg.set(name.lower(), value)
+        for name, value in self.overrides.items():
+            self.cfg.set(name, value)
+
+    def load(self):  # in each worker, after the fork
+        from odal.wsgi import application
+
+        return application
+
+
+def gunicorn_application(overrides: dict) -> OdalApplication:
+    """odal's gunicorn application: odal's settings, then GUNICORN_CMD_ARGS, then `overrides`."""
+    hold = settings.ODAL_REGISTRY_LOOKUP_SECONDS + SLOWEST_REQUEST_MARGIN_SECONDS
+    return OdalApplication(
+        defaults={
+            "bind": [settings.ODAL_BIND],
+            "workers": settings.ODAL_WEB_WORKERS,
+            "proc_name": "odal",
+            "timeout": hold,
+            "graceful_timeout": hold,
+            # gunicorn's control socket has one default path per user: two `odal serve` on one
+            # host would take it from each other.
+            "control_socket_disable": True,
+        },
+        overrides=overrides,
+    )
+
+
+class Command(BaseCommand):
+    help = (
+        "Serve odal's web side (admin, API, /metrics) under gunicorn, with static files served by "
+        "WhiteNoise: the production web entry. SIGTERM stops it gracefully (requests in flight finish)."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--bind", help=f"HOST:PORT to listen on (default ODAL_BIND, {settings.ODAL_BIND})"
+        )
+        parser.add_argument(
+            "--workers",
+            help=f"worker processes, {rules.WEB_WORKERS[0]} to {rules.WEB_WORKERS[1]} "
+            f"(default ODAL_WEB_WORKERS, {settings.ODAL_WEB_WORKERS})",
+        )
+        parser.add_argument(
+            "--no-collectstatic",
+            action="store_true",
+            help="do not collect static files first (they were collected into STATIC_ROOT already)",
+        )
+
+    def handle(self, *args, bind, workers, no_collectstatic, **options):
+        # Checked here, not by argparse, so that call_command too sees a usage error (exit 2).
+        overrides = {}
+        if bind is not None:
+            try:
+                overrides["bind"] = [rules.address(bind)]
+            except ValueError as exc:
+                raise usage_error("--bind", bind, exc) from None
+        if workers is not None:
+            try:
+                overrides["workers"] = rules.web_workers(workers)
+            except ValueError as exc:
+                raise usage_error("--workers", workers, exc) from None
+        app = gunicorn_application(overrides)
+        for address in app.cfg.bind:
+            self.check_free(address)
+        if no_collectstatic:
+            self.check_collected()
+        else:
+            call_command("collectstatic", interactive=False, verbosity=0)  # copies only what changed
+        self.stdout.write(
+            f"odal serve: {app.cfg.workers} workers on {', '.join(app.cfg.bind)} "
+            "(admin at /admin/, API at /vault/api/v1/); SIGTERM stops it gracefully."
+        )
+        self.stdout.flush()
+        connections.close_all()  # forked workers must not share the master's connections
+        app.run()
+        # Nothing may follow: each worker returns through here (SystemExit) when it stops.
+
+    def check_collected(self):
+        """With --no-collectstatic, the hashed names of production's storage need its manifest:
+        without one every admin page would fail, so refuse to start instead."""
+        if hasattr(staticfiles_storage, "read_manifest") and staticfiles_storage.read_manifest() is None:
+            raise CommandError(
+                f"No static files were collected into {settings.STATIC_ROOT}: run `odal collectstatic` "
+                "first, or start without --no-collectstatic.",
+                returncode=1,
+            )
+
+    def check_free(self, address: str):
+        """A refusal now (exit 1) if the address cannot be listened on, instead of gunicorn's
+        five retries and a log line. Other kinds of address are gunicorn's to check."""
+        try:
+            host, _, port = rules.address(address).rpartition(":")
+        except ValueError:  # unix:PATH, fd://N or a host alone, from GUNICORN_CMD_ARGS
+            return
+
+        def bind():
+            family, kind, proto, _, where = socket.getaddrinfo(
+                host.strip("[]"), int(port), type=socket.SOCK_STREAM
+            )[0]
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds
+                probe.bind(where)
+
+        serving(bind, int(port), "web server", option="--bind")

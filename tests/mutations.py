@@ -2025,6 +2025,20 @@ GUARDS = [
         "tests/test_kicks.py::test_a_drain_task_takes_its_kick_when_it_starts",
     ),
     Guard(
+        "kicks: a kick the broker refuses is withdrawn (the next commit tries again)",
+        "outbox/wake.py",
+        '    if enqueue and not kick(wake.task, f"{wake.name} (kicked)"):\n',
+        '    if enqueue and not kick(wake.task, f"{wake.name} (kicked)") and False:\n',
+        "tests/test_kicks.py -k refuses_is_withdrawn",
+    ),
+    Guard(
+        "kicks: a withdrawn kick takes back only its own mark",
+        "outbox/models.py",
+        "        return self.filter(task=task, enqueued_at=enqueued_at).update(enqueued_at=None)\n",
+        "        return self.filter(task=task).update(enqueued_at=None)\n",
+        "tests/test_kicks.py -k only_its_own_mark",
+    ),
+    Guard(
         "wake: a leader's last look comes after it unlocks (a commit that found the lock held is seen)",
         "outbox/wake.py",
         "        if relayed:\n            report.add(listening(listener, HANDOVER_SECONDS))\n"
@@ -2331,7 +2345,7 @@ GUARDS = [
         "registry/drain.py",
         "        reconnect.raise_if_lost(exc)\n        if len(endings) == 1:\n",
         "        if len(endings) == 1:\n",
-        "tests/test_reconnect.py -k drain_that",
+        "tests/test_reconnect.py -k drain_that_loses_the_database_while_writing",
     ),
     Guard(
         "reconnect: odal outbox sweep (and a relay turn) rides out a lost database",

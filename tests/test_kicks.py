@@ -162,3 +162,24 @@ def test_a_leading_drain_leaves_a_registration_due_past_the_horizon_to_the_sched
     Registration.objects.update(next_attempt_at=timezone.now() + tasks.RELAY_HORIZON + timedelta(seconds=5))
     tasks.drain()
     assert not OrmQ.objects.exists()
+
+
+def test_a_kick_the_broker_refuses_is_withdrawn_so_the_next_commit_tries_again(db, monkeypatch, caplog):
+    from django_q.conf import Conf
+
+    monkeypatch.setattr(Conf, "ORM", "no-such-database")  # the broker refuses every task
+    wake.wake_up(service.DRAIN)  # nothing listens: a kick, which fails
+    assert "could not enqueue registry.tasks.drain" in caplog.text
+    assert not Kick.objects.filter(enqueued_at__isnull=False).exists()
+    monkeypatch.undo()
+    wake.wake_up(service.DRAIN)
+    assert queued() == ["registry.tasks.drain"]
+
+
+def test_withdrawing_a_kick_takes_back_only_its_own_mark(db):
+    now = timezone.now()
+    assert Kick.objects.request("registry.tasks.drain", now=now, window_seconds=5)
+    later = now + timedelta(seconds=6)
+    assert Kick.objects.request("registry.tasks.drain", now=later, window_seconds=5)  # a later kick's
+    assert Kick.objects.withdraw("registry.tasks.drain", enqueued_at=now) == 0
+    assert Kick.objects.get().enqueued_at == later

@@ -386,6 +386,33 @@ def test_a_drain_that_loses_the_database_while_the_registry_answers_writes_nothi
     assert lines == [(2, "register", "duplicate", False), (1, "check", "registered", False)], lines
     assert [request["upi"] for request in registry_sim.requests.values()] == [passport.upi]
     assert outage_lines(caplog, "registry drain") == [line.format("registry drain") for line in LOST_AND_BACK]
+    # (nor is the lost outcome reported as one the database refused)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drain_that_loses_the_database_while_writing_an_outcome_writes_nothing_in_its_place(
+    start, registry_sim, settings, caplog
+):
+    """The concurrent drain writes a run of outcomes in one transaction: the connection is cut
+    in the middle of it (at the attempt log's INSERT, after the outcome's UPDATE). Nothing of that
+    run lands, nothing is written in its place (no write error, no error logged), and the row,
+    due again after its hold, goes through with the registry's DUPLICATE_UPI."""
+    settings.ODAL_CLAIM_HOLD_SECONDS = 1
+    passport = PublishedPassportFactory()
+    registration = Registration.objects.create(passport=passport)
+    with connection_cut_at_first("INSERT", "registry_registrationattempt"):
+        worker = start(lambda should_stop: drain.drain_forever(idle_sleep=0.05, should_stop=should_stop))
+        assert wait_for(lambda: Registration.objects.get(pk=registration.pk).status == "registered", 15)
+        worker.stop()
+    lines = list(
+        Registration.objects.get(pk=registration.pk)
+        .attempt_log.order_by("started_at")
+        .values_list("number", "operation", "outcome", "late")
+    )
+    assert lines == [(2, "register", "duplicate", False), (1, "check", "registered", False)], lines
+    assert outage_lines(caplog, "registry drain") == [line.format("registry drain") for line in LOST_AND_BACK]
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
 
 
 @pytest.mark.django_db(transaction=True)

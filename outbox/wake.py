@@ -224,7 +224,10 @@ def take_turn(wake: Wake, *, relay: bool, listening, until_idle, owed, due):
     from outbox.kick import kick
     from outbox.models import Kick
 
-    Kick.objects.started(wake.task)
+    try:
+        Kick.objects.started(wake.task)
+    except DatabaseError:  # (a lost database is the loops' to wait for, below)
+        log.warning("could not take the kick of the %s", wake.name, exc_info=True)
     if settings.Q_CLUSTER.get("workers", 1) < 2:
         return until_idle()
     listener = Listener.open(wake)
@@ -235,10 +238,22 @@ def take_turn(wake: Wake, *, relay: bool, listening, until_idle, owed, due):
             listener.close()  # another task listens: help with what is due, then make way
             return until_idle()
         report = listening(listener, TURN_SECONDS)
-        relayed = settings.ODAL_KICK_SWEEP and owed() and kick(wake.task, f"{wake.name} (relay)", relay=True)
+        relayed = (
+            settings.ODAL_KICK_SWEEP and asked(owed) and kick(wake.task, f"{wake.name} (relay)", relay=True)
+        )
         if relayed:
             report.add(listening(listener, HANDOVER_SECONDS))
     # The last look, after the unlock (with a successor on its way, its first pass is the look).
-    if settings.ODAL_KICK_SWEEP and not relayed and due():
+    if settings.ODAL_KICK_SWEEP and not relayed and asked(due):
         wake_up(wake)
     return report
+
+
+def asked(question) -> bool:
+    """A turn's question of the table; a database that does not answer it (lost just then) is
+    a no: the next commit, or the schedule, wakes a task instead."""
+    try:
+        return question()
+    except DatabaseError:
+        log.warning("a leading turn could not look at its table", exc_info=True)
+        return False

@@ -2043,8 +2043,8 @@ GUARDS = [
         "outbox/wake.py",
         "        if relayed:\n            report.add(listening(listener, HANDOVER_SECONDS))\n"
         "    # The last look, after the unlock (with a successor on its way, its first pass is the look).\n"
-        "    if settings.ODAL_KICK_SWEEP and not relayed and due():\n",
-        "        looked = due()\n        if relayed:\n            report.add(listening(listener, HANDOVER_SECONDS))\n"
+        "    if settings.ODAL_KICK_SWEEP and not relayed and asked(due):\n",
+        "        looked = asked(due)\n        if relayed:\n            report.add(listening(listener, HANDOVER_SECONDS))\n"
         "    # The last look, after the unlock (with a successor on its way, its first pass is the look).\n"
         "    if settings.ODAL_KICK_SWEEP and not relayed and looked:\n",
         "tests/test_kicks.py::test_a_publish_committed_while_a_leading_drain_ends_its_turn_is_kicked",

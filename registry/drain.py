@@ -31,7 +31,7 @@ from odal import reconnect, tally
 from odal.models import Passport
 from odal.text import error_text, storable
 from outbox.claims import backoff_delay
-from outbox.events import emit
+from outbox.events import emit_many
 from outbox.wake import POLL_SECONDS, Listener, open_listener
 from registry import adapters, service
 from registry.models import Registration, RegistrationAttempt, RegistrationQuerySet
@@ -82,8 +82,9 @@ def next_check_at(attempt: int):
     )
 
 
-def registration_event(reg: Registration, event_type: str, **extra) -> None:
-    emit(event_type, {"dppId": str(reg.passport_id), "upi": reg.passport.upi, **extra})
+def registration_event(reg: Registration, event_type: str, **extra) -> tuple[str, dict]:
+    """An event about a registration, to emit if its write takes the row."""
+    return event_type, {"dppId": str(reg.passport_id), "upi": reg.passport.upi, **extra}
 
 
 # -- ending an attempt ------------------------------------------------------------------------------
@@ -92,7 +93,7 @@ def registration_event(reg: Registration, event_type: str, **extra) -> None:
 @dataclass
 class Ending:
     """An attempt's outcome, to be written: its guarded write, what follows if the write takes
-    the row (an event, a deactivation now owed), the report's count it adds to, and its line in
+    the row (an event; a deactivation now owed), the report's count it adds to, and its line in
     the attempt log."""
 
     attempt: "Attempt"
@@ -102,6 +103,7 @@ class Ending:
     write: Callable[[], bool]
     on_taken: Callable[[], object] | None = None
     counts: str | None = None
+    event: tuple[str, dict] | None = None  # (type, payload), emitted with the run's others
     finished_at: datetime = field(default_factory=timezone.now)  # when the answer came
 
     def take(self) -> bool:
@@ -126,12 +128,19 @@ class Ending:
 
 
 def _write(endings: list[Ending]) -> list[bool]:
-    """The endings' writes and their attempt-log lines (one INSERT), in the caller's transaction;
-    which writes took their row."""
+    """The endings' writes, their attempt-log lines (one INSERT) and the events of those that
+    took their row (one emit_many per event type), in the caller's transaction; which writes
+    took their row."""
     taken = [ending.take() for ending in endings]
     RegistrationAttempt.objects.bulk_create(
         ending.line(late=not took) for ending, took in zip(endings, taken, strict=True)
     )
+    events: dict[str, list[dict]] = {}
+    for ending, took in zip(endings, taken, strict=True):
+        if took and ending.event:
+            events.setdefault(ending.event[0], []).append(ending.event[1])
+    for event_type, payloads in events.items():
+        emit_many(event_type, payloads)
     return taken
 
 
@@ -186,11 +195,13 @@ class Attempt:
         self.rows = Registration.objects.filter(pk=reg.pk)
         self.endings = endings
 
-    def finish(self, operation: str, outcome: str, answer: str, write, *, on_taken=None, counts=None) -> None:
+    def finish(
+        self, operation: str, outcome: str, answer: str, write, *, on_taken=None, counts=None, event=None
+    ) -> None:
         """End the attempt: `write` (a guarded write, True if it took the row) and the log line
-        together, then `on_taken` in the same transaction if it took the row, and the report's
-        `counts` plus one."""
-        ending = Ending(self, operation, outcome, answer, write, on_taken, counts)
+        together, then, in the same transaction if it took the row, `on_taken` and the `event`
+        (registration_event), and the report's `counts` plus one."""
+        ending = Ending(self, operation, outcome, answer, write, on_taken, counts, event)
         if self.endings is None:
             write_endings([ending])
         else:
@@ -338,7 +349,7 @@ def settle_register(attempt: Attempt, sent: Sent) -> None:
         attempt.finish(
             "register", "rejected", answer.errors,
             lambda: rows.mark_rejected(token=token, errors=answer.errors),
-            on_taken=lambda: registration_event(reg, "passport.registration_rejected", errors=answer.errors),
+            event=registration_event(reg, "passport.registration_rejected", errors=answer.errors),
             counts="rejected",
         )  # fmt: skip
 
@@ -355,7 +366,6 @@ def settle_check(attempt: Attempt, sent: Sent) -> None:
     if answer.status == "registered":
 
         def after_registered():
-            registration_event(reg, "passport.registered", registrationId=answer.registration_id)
             # Suspended while the registry was checking: it now holds a registration it must drop.
             service.deactivate_if_suspended(reg)
 
@@ -363,12 +373,13 @@ def settle_check(attempt: Attempt, sent: Sent) -> None:
             "check", "registered", f"registrationId {answer.registration_id}",
             lambda: rows.mark_registered(token=token, handle=answer.registration_id),
             on_taken=after_registered, counts="registered",
+            event=registration_event(reg, "passport.registered", registrationId=answer.registration_id),
         )  # fmt: skip
     elif answer.status == "rejected":
         attempt.finish(
             "check", "rejected", answer.errors,
             lambda: rows.mark_rejected(token=token, errors=answer.errors),
-            on_taken=lambda: registration_event(reg, "passport.registration_rejected", errors=answer.errors),
+            event=registration_event(reg, "passport.registration_rejected", errors=answer.errors),
             counts="rejected",
         )  # fmt: skip
     else:
@@ -406,7 +417,6 @@ def settle_deactivate(attempt: Attempt, sent: Sent) -> None:
         return
 
     def after_deactivated():
-        registration_event(reg, "passport.deregistered", registrationId=reg.handle)
         # Published again while the registry was deactivating: it owes a registration afresh.
         service.reregister_if_published(reg)
 
@@ -414,6 +424,7 @@ def settle_deactivate(attempt: Attempt, sent: Sent) -> None:
         "deactivate", "deactivated", sent.answer,
         lambda: rows.mark_deactivated(token=token),
         on_taken=after_deactivated, counts="deactivated",
+        event=registration_event(reg, "passport.deregistered", registrationId=reg.handle),
     )  # fmt: skip
 
 

@@ -16,10 +16,13 @@ docs/performance.md (and docs/performance.svg).
 - issue 13 (bench/counts.py): the admin dashboard, /metrics, GET outbox and `odal outbox status`
   over a table of 10,000 and of 10,000,000 delivered rows, the plans of the pending and dead
   counts, retention's purge throughput, and the no-op sweep's throughput while a purge runs;
-- issue 16 (bench/bulk.py): bulk intake, `odal passport import --publish`, published passports/s.
+- issue 16 (bench/bulk.py): bulk intake, `odal passport import --publish`, published passports/s;
+- issue 16 (bench/drain.py): the concurrent drain at 50 ms latency (1 and 2 processes, and with one
+  request in flight), the rate the simulator sees under ODAL_REGISTRY_RATE_PER_SECOND, 429s
+  unheeded, and django-q2 tasks enqueued per 10,000 publishes.
 
 Usage: python bench/run.py [--backlog 100000] [--processes 1,2,4] [--big-counts 10000000] [--quick]
-[--only counts]
+[--only counts|drain]
 (DATABASE_URL must name a PostgreSQL server; `make bench` finds one.) Exits 1 when a target is
 missed.
 """
@@ -40,10 +43,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import bulk, counts  # noqa: E402
+from bench import bulk, counts, drain  # noqa: E402
 from tests.torture import database_url, drop_database, recreate_database  # noqa: E402
 
-DATABASE = "odal_bench"
+DATABASE = os.environ.get("ODAL_BENCH_DATABASE", "odal_bench")  # (one per run that may overlap)
 QUIET = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
 
 
@@ -445,10 +448,14 @@ def main() -> int:
         "--tally-sessions", type=int, default=120,
         help="database sessions writing the tally per hour of the 60 days the big table models",
     )  # fmt: skip
+    parser.add_argument("--drain-registrations", type=int, default=3000, help="per concurrent drain row")
+    parser.add_argument("--publishes", type=int, default=10_000, help="of the kicks row")
     parser.add_argument("--bulk-passports", type=int, default=20_000, help="passports of the bulk import")
     parser.add_argument("--quick", action="store_true", help="small sizes, to try the benchmark itself")
     parser.add_argument(
-        "--only", choices=["counts"], help="run only this part (to work on it; the report then has only it)"
+        "--only",
+        choices=["counts", "drain"],
+        help="run only this part (to work on it; the report then has only it)",
     )
     parser.add_argument("--out", default=str(ROOT / "docs" / "performance.md"))
     args = parser.parse_args()
@@ -457,6 +464,7 @@ def main() -> int:
         args.registrations, args.big = 300, 50_000
         args.big_counts, args.beside_backlog = 200_000, 5000
         args.bulk_passports = 2000
+        args.drain_registrations, args.publishes = 600, 1000
     if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
         print(
             "the benchmark needs DATABASE_URL naming PostgreSQL (run it through make bench)", file=sys.stderr
@@ -479,7 +487,7 @@ def main() -> int:
     r: dict = {}
     receiver, base = start_receiver()
     try:
-        if args.only != "counts":
+        if args.only is None:
             measure_issue_7(args, env, psql_url, processes, base, r)
             print(
                 f"measuring bulk intake, {args.bulk_passports:,} passports (`odal passport import`)…",
@@ -487,14 +495,22 @@ def main() -> int:
             )
             consumer("python")
             r["bulk"] = bulk.run(env, passports=args.bulk_passports)
-        print(
-            f"measuring the counts over 10,000 and {args.big_counts:,} delivered rows, and retention…",
-            flush=True,
-        )
-        r["counts"] = counts.run(
-            spawn, stop, env, sizes=[10_000, args.big_counts], sessions_per_hour=args.tally_sessions,
-            backlog=args.beside_backlog, repeats=args.beside_repeats, noop_consumer=lambda: consumer("python").pk,
-        )  # fmt: skip
+        if args.only in (None, "counts"):
+            print(
+                f"measuring the counts over 10,000 and {args.big_counts:,} delivered rows, and retention…",
+                flush=True,
+            )
+            r["counts"] = counts.run(
+                spawn, stop, env, sizes=[10_000, args.big_counts], sessions_per_hour=args.tally_sessions,
+                backlog=args.beside_backlog, repeats=args.beside_repeats, noop_consumer=lambda: consumer("python").pk,
+            )  # fmt: skip
+        if args.only in (None, "drain"):
+            consumer("python")  # (registered passports emit events; a no-op consumer takes them)
+            r["drain"] = drain.run(
+                spawn, stop, env, registrations=args.drain_registrations,
+                slow_registrations=max(60, args.drain_registrations // 15),
+                rate_registrations=max(300, args.drain_registrations // 4), publishes=args.publishes,
+            )  # fmt: skip
         with connection.cursor() as cursor:
             cursor.execute("SHOW server_version")
             server = cursor.fetchone()[0]
@@ -543,14 +559,21 @@ def measure_issue_7(args, env: dict, psql_url: str, processes: list[int], base: 
 
 
 def report(args, processes: list[int], r: dict, server: str, fsync: str) -> int:
-    rows, targets, targets_13, parts = [], [], [], []
+    rows, targets, targets_13, targets_16, parts = [], [], [], [], []
+    counts_doc = drain_doc = ""
     if "ceiling_1" in r:
         rows, targets, svg, how = issue_7_report(args, processes, r)
-    more, targets_13, counts_doc = counts_report(args, r["counts"])
-    rows += more
-    more, targets_16, bulk_doc = bulk.report(r["bulk"]) if "bulk" in r else ([], [], "")
-    rows += more
-    counts_doc += bulk_doc
+    if "counts" in r:
+        more, targets_13, counts_doc = counts_report(args, r["counts"])
+        rows += more
+    if "bulk" in r:
+        more, targets_16, bulk_doc = bulk.report(r["bulk"])
+        rows += more
+        counts_doc += bulk_doc
+    if "drain" in r:
+        more, more_16, drain_doc = drain.report(r["drain"])
+        rows += more
+        targets_16 += more_16
     table = "\n".join(["| what | measured |", "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows])
     for title, listed in (("target (issue 7)", targets), ("target (issue 13)", targets_13),
                           ("target (issue 16)", targets_16)):  # fmt: skip
@@ -566,16 +589,18 @@ def report(args, processes: list[int], r: dict, server: str, fsync: str) -> int:
         f"# Performance\n\nMeasured by `make bench` ({when}) on {platform.machine()}, {os.cpu_count()} cores, "
         f"PostgreSQL {server} (fsync {fsync}), everything in one run on the same machine"
         f"{' (--quick: small sizes, not the figures of record)' if args.quick else ''}"
-        f"{' (--only counts: only issue 13’s part)' if args.only else ''}. "
+        f"{f' (--only {args.only}: only that part)' if args.only else ''}. "
     )
     if targets:
         out.with_name("performance.svg").write_text(svg)
         head += (f"Backlogs: {args.backlog:,} deliveries per sweep measurement, {args.registrations:,} "
                  f"registrations per drain measurement; the counts over 10,000 and {args.big_counts:,} "
                  "delivered rows.")  # fmt: skip
-        body = f"{head}\n\n{table}\n\n{goals}\n\n![rates](performance.svg)\n\n{how}\n{counts_doc}"
+        body = (
+            f"{head}\n\n{table}\n\n{goals}\n\n![rates](performance.svg)\n\n{how}\n{counts_doc}\n{drain_doc}"
+        )
     else:
-        body = f"{head}\n\n{table}\n\n{goals}\n\n{counts_doc}"
+        body = f"{head}\n\n{table}\n\n{goals}\n\n{counts_doc}\n{drain_doc}"
     out.write_text(body)
     print(f"wrote {out}{'' if not targets else ' and ' + str(out.with_name('performance.svg'))}")
     missed = [a for a, ok in targets + targets_13 + targets_16 if not ok]

@@ -48,6 +48,7 @@ TIMEOUT_SECONDS = (1, 60)  # a webhook's timeout
 BATCH = (1, 10_000)  # rows a sweep or a drain claims per pass
 BULK = (1, 1_000)  # passports per request of POST dpp/bulk, and per transaction of `odal passport import`
 PORT = (1, 65_535)  # a TCP port to listen on (0, "any free one", is not a port a person asks for)
+LATENCY_MS = (0, 60_000)  # the registry simulator's --latency-ms
 WEB_WORKERS = (1, 256)  # gunicorn worker processes of one `odal serve`; each holds a database connection
 # How old a row must be for retention to delete it by hand (`odal outbox purge --older-than`): 0
 # would delete what was just settled; past a century the cutoff is no longer a date.
@@ -216,6 +217,24 @@ def bulk_batch(value) -> int:
 
 def port(value) -> int:
     return whole_number(value, *PORT)
+
+
+def latency_ms(value) -> int:
+    return whole_number(value, *LATENCY_MS)
+
+
+def rate_per_second(value) -> int:
+    """Requests per second, written N/s (or N alone), N from 1 to 1,000,000."""
+    problem = "must be a rate such as 100/s: a whole number of requests per second from 1 to 1,000,000"
+    if not isinstance(value, str):
+        raise ValueError(problem)
+    number, sep, unit = value.strip().partition("/")
+    if sep and unit.strip() != "s":
+        raise ValueError(problem)
+    try:
+        return whole_number(number.strip(), 1, 1_000_000)
+    except ValueError:
+        raise ValueError(problem) from None
 
 
 def web_workers(value) -> int:

@@ -72,6 +72,24 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name} must be true or false, got {raw!r}")
 
 
+def env_rate(name: str, *, maximum: float) -> float | None:
+    """A rate per second above 0 (decimals allowed, e.g. 0.5 for one every two seconds), or None
+    when unset."""
+    raw = (os.environ.get(name) or "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= maximum:  # NaN fails too
+        raise ImproperlyConfigured(
+            f"{name} must be a number of requests per second above 0 and at most {maximum:,g}, "
+            f"or unset for no limit; got {raw!r}"
+        )
+    return value
+
+
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     value = os.environ.get(name, default).strip() or default
     if value not in choices:
@@ -200,6 +218,12 @@ ODAL_REGISTRY_CHECK_SECONDS = env_int(
 )  # first poll of a submitted row
 ODAL_PUBLIC_URL = env_url("ODAL_PUBLIC_URL", "http://127.0.0.1:8000", ("http", "https"))  # dppEndpoint base
 ODAL_REGISTRY_STALL_ATTEMPTS = env_int("ODAL_REGISTRY_STALL_ATTEMPTS", 5, minimum=1)
+# How many registry requests a drain process has in flight at once (each on a thread of its own,
+# with a database connection of its own).
+ODAL_REGISTRY_CONCURRENCY = env_int("ODAL_REGISTRY_CONCURRENCY", 8, minimum=1, maximum=64)
+# Registry requests per second across every drain process of the deployment, on every machine
+# (kept in the database: registry.pace); unset, no limit. A 429 pauses them all either way.
+ODAL_REGISTRY_RATE_PER_SECOND = env_rate("ODAL_REGISTRY_RATE_PER_SECOND", maximum=10_000)
 ODAL_BROKER_URL = os.environ.get("ODAL_BROKER_URL", "").strip()
 # Webhook consumers on loopback/private addresses are refused in production unless allowed.
 ODAL_ALLOW_PRIVATE_WEBHOOKS = env_bool("ODAL_ALLOW_PRIVATE_WEBHOOKS", not PRODUCTION)

@@ -22,7 +22,7 @@ from odal.text import error_text, storable
 from outbox import consumers, service
 from outbox.claims import backoff_delay
 from outbox.models import Consumer, Delivery, DeliveryAttempt
-from outbox.wake import POLL_SECONDS, Listener
+from outbox.wake import POLL_SECONDS, SWEEP, Listener, open_listener
 
 log = logging.getLogger(__name__)
 
@@ -555,26 +555,5 @@ def sweep_forever(
 ) -> SweepReport:
     """What `odal outbox sweep` runs: passes until told to stop, woken by commits when idle. It
     takes the listener lock when free, so commits need not enqueue django-q2 sweeps meanwhile."""
-    with open_listener(should_stop=should_stop) or nullcontext() as listener:
+    with open_listener(SWEEP, should_stop=should_stop) or nullcontext() as listener:
         return sweep_listening(listener, batch=batch, poll_seconds=idle_sleep, should_stop=should_stop)
-
-
-def open_listener(*, should_stop=lambda: False) -> Listener | None:
-    """A listener that tries to lead, once the database answers: a sweep started while its
-    database is down, or on a host cut off from it, waits for it (odal.reconnect.Outage) instead
-    of exiting. None outside PostgreSQL, or when told to stop while it waited."""
-    outage = reconnect.Outage("outbox sweep", should_stop=should_stop)
-    while True:
-        listener = None
-        try:
-            listener = Listener.open()
-            if listener is not None:
-                listener.try_lead()
-            return listener
-        except reconnect.ERRORS as exc:
-            if listener is not None:
-                listener.close()
-            if not reconnect.is_lost(exc):
-                raise
-            if not outage.wait(exc):
-                return None

@@ -1,72 +1,127 @@
-"""Waking the sweep the moment a commit creates due work, and when a retry falls due.
+"""Waking a worker the moment a commit creates due work, and when a retry falls due: the outbox
+sweep and the registry drain, each with a Wake of its own (one mechanism, written once).
 
-On PostgreSQL one sweep at a time is *the listener*: it holds a session advisory lock on its own
-connection, LISTENs on a channel, and between passes waits for a notification or for the next
-poll (at most POLL_SECONDS, so a retry falling due is attempted within about a second of its
-next_attempt_at). A commit that creates deliveries sends a NOTIFY; only when no sweep holds the
-lock does it also enqueue a django-q2 sweep task (outbox.kick), which becomes the listener.
+On PostgreSQL one task at a time per Wake is *the listener*: it holds a session advisory lock on
+its own connection, LISTENs on the Wake's channel, and between passes waits for a notification or
+for the next poll (at most POLL_SECONDS, so a retry falling due is attempted within about a second
+of its next_attempt_at). A commit that creates work sends a NOTIFY; only when no listener holds
+the lock does it also enqueue a django-q2 task, and then only if no kick of that task is already
+on its way (outbox.models.Kick): however many commits land per second, a worker is woken, not
+flooded with tasks.
 
-The lock is not a correctness lock: the claims decide who delivers what, and two sweeps
-listening at once would do no harm. It only keeps kicks from piling up tasks that would each
-linger. It lives on the listener's connection, so a listener that dies (SIGKILL, lost network)
-gives it up with its connection.
+A task (`take_turn`) that gets the lock listens for a turn of TURN_SECONDS, then, while work is
+owed, enqueues its successor (a relay) and keeps working for HANDOVER_SECONDS while it starts.
+A task that cannot get the lock does what is due and returns. On the way out a leader unlocks
+*first* and takes its last look at the table *after*: a commit that found the lock held landed
+before the unlock, so the last look sees its rows; one that lands later finds the lock free and
+enqueues a task itself. (Looking first and unlocking after would leave a moment in which a commit
+is neither seen nor kicked, and its rows wait for the minute's schedule.)
+
+The lock is not a correctness lock: the claims decide who does what, and two listeners at once
+would do no harm. It only keeps kicks from piling up tasks that would each linger. It lives on the
+listener's connection, so a listener that dies (SIGKILL, lost network) gives it up with its
+connection.
 
 A listener whose connection is lost (a database restart, a terminated backend) is reopened by
-its sweep's odal.reconnect.Outage once the database answers: it LISTENs again and takes the lock
-again if it is free. Meanwhile commits find the lock free and enqueue sweep tasks, as they do
-whenever no sweep listens.
+its loop's odal.reconnect.Outage once the database answers: it LISTENs again and takes the lock
+again if it tried to lead and the lock is free. Meanwhile commits find the lock free and enqueue
+tasks, as they do whenever no listener leads.
 """
 
 import logging
+from dataclasses import dataclass
 
 import psycopg
+from django.conf import settings
 from django.db import DatabaseError, connection
+from django.utils import timezone
+
+from odal import reconnect
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "odal_outbox"
-LISTENER_LOCK = 0x6F64616C_0001  # pg advisory lock key ("odal", 1); per database
 POLL_SECONDS = 1.0  # the longest a listener waits without looking for rows that fell due
+TURN_SECONDS = 10.0  # a leading task's turn; short, so that stopping a cluster never waits long
+HANDOVER_SECONDS = 1.0  # the predecessor keeps working while its successor starts
+SUCCESSOR_WAIT_SECONDS = 5.0  # how long a successor waits for its predecessor's lock
+KICK_WINDOW_SECONDS = 60.0  # a kick not started this long after it was enqueued counts as lost (the
+# schedule's period: a lost kick costs no more than no kick at all)
 
 
-def notify_sweep() -> bool:
-    """After a commit that created due deliveries: NOTIFY the listener. Returns whether a
-    listener holds the lock (if not, the caller enqueues a sweep). One statement; outside
-    PostgreSQL there is no listener."""
+@dataclass(frozen=True)
+class Wake:
+    """What wakes one kind of worker: its NOTIFY channel, its listener lock (a pg advisory lock
+    key, per database) and the django-q2 task a kick enqueues."""
+
+    channel: str
+    lock: int
+    task: str
+    name: str
+
+
+SWEEP = Wake("odal_outbox", 0x6F64616C_0001, "outbox.tasks.sweep", "outbox sweep")  # ("odal", 1)
+CHANNEL, LISTENER_LOCK = SWEEP.channel, SWEEP.lock
+
+
+def notify(wake: Wake = SWEEP) -> bool:
+    """After a commit that created due work: NOTIFY the listener. Returns whether a listener
+    holds the lock (if not, the caller enqueues a task). One statement; outside PostgreSQL there
+    is no listener."""
     if connection.vendor != "postgresql":
         return False
     try:
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT pg_notify(%s, ''), pg_try_advisory_xact_lock_shared(%s)", [CHANNEL, LISTENER_LOCK]
+                "SELECT pg_notify(%s, ''), pg_try_advisory_xact_lock_shared(%s)", [wake.channel, wake.lock]
             )
             free = cursor.fetchone()[1]
     except DatabaseError:
-        log.warning("could not notify the sweep", exc_info=True)
+        log.warning("could not notify the %s", wake.name, exc_info=True)
         return False
     return not free
 
 
-class Listener:
-    """A connection of its own that LISTENs on CHANNEL and may hold the listener lock."""
+def wake_up(wake: Wake) -> None:
+    """NOTIFY the listener; only when none listens, enqueue a task, and only if no kick of it is
+    already on its way."""
+    from outbox.kick import kick
+    from outbox.models import Kick
 
-    def __init__(self):
+    if notify(wake):
+        return
+    now = timezone.now()
+    try:
+        enqueue = Kick.objects.request(wake.task, now=now, window_seconds=KICK_WINDOW_SECONDS)
+    except DatabaseError:  # the schedule will pick the rows up; a kick is an optimisation
+        log.warning("could not coalesce the kick of the %s; enqueueing it", wake.name, exc_info=True)
+        enqueue = True
+    if enqueue and not kick(wake.task, f"{wake.name} (kicked)"):
+        try:  # the broker refused it: the next commit tries again
+            Kick.objects.withdraw(wake.task, enqueued_at=now)
+        except DatabaseError:
+            log.warning("could not withdraw the kick of the %s", wake.name, exc_info=True)
+
+
+class Listener:
+    """A connection of its own that LISTENs on a Wake's channel and may hold its listener lock."""
+
+    def __init__(self, wake: Wake = SWEEP):
+        self.wake = wake
         self.conn = self._connect()
         self.leading = False
         self.wants_lead = False  # it tried to lead: after a lost connection it tries again
 
-    @staticmethod
-    def _connect():
+    def _connect(self):
         conn = connection.get_new_connection(connection.get_connection_params())
         conn.autocommit = True
-        conn.execute(f"LISTEN {CHANNEL}")
+        conn.execute(f"LISTEN {self.wake.channel}")
         return conn
 
     @classmethod
-    def open(cls) -> "Listener | None":
+    def open(cls, wake: Wake = SWEEP) -> "Listener | None":
         if connection.vendor != "postgresql":
             return None
-        return cls()
+        return cls(wake)
 
     def reopen(self) -> str:
         """After its connection was lost (the lock and the LISTEN went with it): a new
@@ -78,12 +133,14 @@ class Listener:
         self.conn = self._connect()
         if self.wants_lead:
             self.try_lead()
-        return "listening again, " + ("leading" if self.leading else "not leading (another sweep leads)")
+        return "listening again, " + (
+            "leading" if self.leading else f"not leading (another {self.wake.name} leads)"
+        )
 
     def try_lead(self) -> bool:
         """Take the listener lock if nobody holds it."""
         self.wants_lead = True
-        self.leading = self.conn.execute("SELECT pg_try_advisory_lock(%s)", [LISTENER_LOCK]).fetchone()[0]
+        self.leading = self.conn.execute("SELECT pg_try_advisory_lock(%s)", [self.wake.lock]).fetchone()[0]
         return self.leading
 
     def wait_to_lead(self, seconds: float) -> bool:
@@ -91,7 +148,7 @@ class Listener:
         self.wants_lead = True
         try:
             self.conn.execute(f"SET lock_timeout = {int(seconds * 1000)}")
-            self.conn.execute("SELECT pg_advisory_lock(%s)", [LISTENER_LOCK])
+            self.conn.execute("SELECT pg_advisory_lock(%s)", [self.wake.lock])
             self.leading = True
         except psycopg.errors.LockNotAvailable:  # someone else leads
             self.leading = False
@@ -101,7 +158,7 @@ class Listener:
 
     def wait(self, seconds: float) -> bool:
         """Block until a notification arrives or `seconds` pass; True if woken by one. Drains
-        the notifications already queued, so a burst of commits wakes the sweep once."""
+        the notifications already queued, so a burst of commits wakes the listener once."""
         woken = False
         for _ in self.conn.notifies(timeout=max(0.0, seconds), stop_after=1):
             woken = True
@@ -111,7 +168,15 @@ class Listener:
         return woken
 
     def close(self) -> None:
-        """Closing the connection releases the lock and stops listening."""
+        """Give up the lock and stop listening. The lock is released by a statement first: a
+        closed connection's backend lets go of it only a moment later, and a last look that
+        follows (take_turn) must find it free."""
+        try:
+            if self.leading and not self.conn.closed:
+                self.leading = False
+                self.conn.execute("SELECT pg_advisory_unlock(%s)", [self.wake.lock])
+        except Exception:  # a broken connection: closing it releases the lock all the same
+            log.debug("releasing the listener lock failed", exc_info=True)
         try:
             self.conn.close()
         except Exception:  # pragma: no cover - closing a broken connection
@@ -122,3 +187,73 @@ class Listener:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def open_listener(wake: Wake = SWEEP, *, should_stop=lambda: False) -> Listener | None:
+    """A listener that tries to lead, once the database answers: a worker started while its
+    database is down, or on a host cut off from it, waits for it (odal.reconnect.Outage) instead
+    of exiting. None outside PostgreSQL, or when told to stop while it waited."""
+    outage = reconnect.Outage(wake.name, should_stop=should_stop)
+    while True:
+        listener = None
+        try:
+            listener = Listener.open(wake)
+            if listener is not None:
+                listener.try_lead()
+            return listener
+        except reconnect.ERRORS as exc:
+            if listener is not None:
+                listener.close()
+            if not reconnect.is_lost(exc):
+                raise
+            if not outage.wait(exc):
+                return None
+
+
+def take_turn(wake: Wake, *, relay: bool, listening, until_idle, owed, due):
+    """The body of a woken task (outbox.tasks.sweep, registry.tasks.drain); returns its report.
+
+    1. The kick is taken (Kick.started): a commit from now on may enqueue another task.
+    2. Lead if nobody does (a relay successor waits a little for its predecessor's lock) and
+       work for a turn, woken by commits: `listening(listener, seconds)`. While work is `owed()`,
+       enqueue a successor and keep working while it starts. A task that cannot lead does what
+       is due, `until_idle()`, and returns; so does every task with one django-q2 worker (a
+       listener would keep the other tasks waiting) or off PostgreSQL.
+    3. Unlock, then the last look: if anything is `due()` now, wake as a commit would (a new
+       task, or whoever leads by then). See the module's docstring for why in this order."""
+    from outbox.kick import kick
+    from outbox.models import Kick
+
+    try:
+        Kick.objects.started(wake.task)
+    except DatabaseError:  # (a lost database is the loops' to wait for, below)
+        log.warning("could not take the kick of the %s", wake.name, exc_info=True)
+    if settings.Q_CLUSTER.get("workers", 1) < 2:
+        return until_idle()
+    listener = Listener.open(wake)
+    if listener is None:
+        return until_idle()
+    with listener:
+        if not (listener.try_lead() or (relay and listener.wait_to_lead(SUCCESSOR_WAIT_SECONDS))):
+            listener.close()  # another task listens: help with what is due, then make way
+            return until_idle()
+        report = listening(listener, TURN_SECONDS)
+        relayed = (
+            settings.ODAL_KICK_SWEEP and asked(owed) and kick(wake.task, f"{wake.name} (relay)", relay=True)
+        )
+        if relayed:
+            report.add(listening(listener, HANDOVER_SECONDS))
+    # The last look, after the unlock (with a successor on its way, its first pass is the look).
+    if settings.ODAL_KICK_SWEEP and not relayed and asked(due):
+        wake_up(wake)
+    return report
+
+
+def asked(question) -> bool:
+    """A turn's question of the table; a database that does not answer it (lost just then) is
+    a no: the next commit, or the schedule, wakes a task instead."""
+    try:
+        return question()
+    except DatabaseError:
+        log.warning("a leading turn could not look at its table", exc_info=True)
+        return False

@@ -12,10 +12,14 @@ storable pieces: it ends in last_error and the attempt log as it is.
 """
 
 import json
+import math
 import socket
 import struct
+import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from urllib.parse import quote
 
 import httpx
@@ -36,10 +40,40 @@ TASK_STATUSES = ("received", "checking", "registered", "rejected")
 # network heals. Otherwise a register odal counts as failed could still reach the registry, after
 # an abandon's lookup found nothing there (make partition cuts links mid-request).
 RESET_ON_CLOSE = [(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))]
+RETRY_AFTER_DEFAULT = 1.0  # seconds every drain waits after a 429 that says nothing (or nonsense)
+RETRY_AFTER_CAP = 300.0  # ...and at most this long, whatever it says (the claim hold's default)
 
 
 class Retryable(Exception):
     """The registry did not answer usefully; the attempt failed and may be retried."""
+
+
+class RateLimited(Retryable):
+    """The registry answered 429: it did not act on the request and asks every client to wait
+    `retry_after` seconds (its Retry-After, capped)."""
+
+    def __init__(self, message: str, retry_after: float):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def retry_after_seconds(value: str | None, *, now: datetime | None = None) -> float:
+    """A Retry-After header as seconds to wait: delay-seconds or an HTTP-date (RFC 9110), from
+    0 to RETRY_AFTER_CAP; RETRY_AFTER_DEFAULT when it is missing or unreadable."""
+    text = (value or "").strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return RETRY_AFTER_DEFAULT
+        if when.tzinfo is None:  # an HTTP-date is GMT; an obsolete format may come without a zone
+            when = when.replace(tzinfo=UTC)
+        return min(RETRY_AFTER_CAP, max(0.0, (when - (now or datetime.now(UTC))).total_seconds()))
+    if not (math.isfinite(seconds) and seconds >= 0):  # delay-seconds are never negative
+        return RETRY_AFTER_DEFAULT
+    return min(RETRY_AFTER_CAP, seconds)
 
 
 class RegistryUnreadable(Exception):
@@ -114,23 +148,32 @@ class HttpRegistry:
     token: str
     timeout: float = 10.0
     lookup_seconds: float | None = None  # find_submission's deadline; None: ODAL_REGISTRY_LOOKUP_SECONDS
+    connections: int = 8  # kept open at most (the drain's requests in flight)
     client: httpx.Client | None = field(default=None, repr=False)
+    made: threading.Lock = field(default_factory=threading.Lock, repr=False)  # the drain's threads share it
 
     name = "http"
 
     def _client(self) -> httpx.Client:
-        if self.client is None:
-            self.client = httpx.Client(
-                base_url=self.base_url,
-                timeout=self.timeout,
-                transport=httpx.HTTPTransport(socket_options=RESET_ON_CLOSE),
-                headers={
-                    "Authorization": f"Bearer {self.token}",
-                    "User-Agent": "odal-registry/1",
-                    "Accept-Encoding": "identity",  # read_answer's cap holds for raw bytes
-                },
-            )
-        return self.client
+        with self.made:
+            if self.client is None:
+                self.client = httpx.Client(
+                    base_url=self.base_url,
+                    timeout=self.timeout,
+                    # (with a transport of its own, a client's limits are the transport's)
+                    transport=httpx.HTTPTransport(
+                        socket_options=RESET_ON_CLOSE,
+                        limits=httpx.Limits(
+                            max_connections=self.connections, max_keepalive_connections=self.connections
+                        ),
+                    ),
+                    headers={
+                        "Authorization": f"Bearer {self.token}",
+                        "User-Agent": "odal-registry/1",
+                        "Accept-Encoding": "identity",  # read_answer's cap holds for raw bytes
+                    },
+                )
+            return self.client
 
     def close(self) -> None:
         if self.client is not None:
@@ -158,6 +201,13 @@ class HttpRegistry:
                     f"{error_text(exc)}"
                 ) from None
             raise Retryable(f"registry unreachable: {error_text(exc)}") from None
+        if status == 429:
+            retry_after = retry_after_seconds(response.headers.get("retry-after"))
+            raise RateLimited(
+                f"registry answered HTTP 429 (too many requests): every drain waits {retry_after:g}s "
+                f"(Retry-After: {storable(response.headers.get('retry-after') or 'none', 60)})",
+                retry_after,
+            )
         if 300 <= status < 400:
             raise Retryable(f"registry answered {redirect_text(response)}")
         if status >= 500:
@@ -332,6 +382,7 @@ def get_adapter():
         base_url=settings.ODAL_REGISTRY_URL,
         token=settings.ODAL_REGISTRY_TOKEN,
         timeout=settings.ODAL_REGISTRY_TIMEOUT_SECONDS,
+        connections=settings.ODAL_REGISTRY_CONCURRENCY,
     )
 
 

@@ -4,26 +4,44 @@ and end each attempt with a guarded write and a line in the attempt log.
 Due pending rows register (or deactivate); due submitted rows are checked. Every write is
 guarded by the drain's claim and the status it expects, so nothing the drain writes can touch a
 row that a person abandoned, or that another attempt settled, while it was asking.
+
+A pass has up to ODAL_REGISTRY_CONCURRENCY requests in flight, each on a thread of the run's pool
+and each sent when the registry's pace allows (registry.pace: the deployment's rate limit, and the
+pauses a 429 asks for). Only the pass's own thread touches the database, as in the outbox's
+sweep: it decides what each row owes before its request goes out (a passport withdrawn meanwhile
+is sent nothing), and writes the outcomes several at a time, in one transaction, each by the
+guarded write of the pass's claim. So a drain process holds one database connection (and the
+listener's), however many requests it has in flight.
 """
 
 import logging
 import time
-from dataclasses import dataclass
-from datetime import timedelta
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
 from odal import reconnect, tally
 from odal.models import Passport
 from odal.text import error_text, storable
 from outbox.claims import backoff_delay
-from outbox.events import emit
+from outbox.events import emit_many
+from outbox.wake import POLL_SECONDS, Listener, open_listener
 from registry import adapters, service
 from registry.models import Registration, RegistrationAttempt, RegistrationQuerySet
+from registry.pace import PAUSE_REFRESH_SECONDS, Pace, monotonic_at
 
 log = logging.getLogger(__name__)
+
+FLUSH_ROWS = 100  # outcomes written together, in one transaction
+FLUSH_SECONDS = 0.25  # ...or sooner (a quarter of the hold if that is less): a registered row's
+# check, and the rows a person waits to see settle, are not held back behind slow requests
 
 
 @dataclass
@@ -37,6 +55,7 @@ class DrainReport:
     late: int = 0
     write_errors: int = 0  # outcomes the database refused (each in the attempt log)
     not_started: int = 0  # claimed, but the hold ran out before their turn (attempt given back)
+    rate_limited: int = 0  # the registry answered 429 (attempt given back, due when the pause ends)
     passes: int = 0
 
     def add(self, other: "DrainReport") -> None:
@@ -52,6 +71,8 @@ class DrainReport:
             text += f", {self.write_errors} not written (database refused)"
         if self.not_started:
             text += f", {self.not_started} not started (hold ran out)"
+        if self.rate_limited:
+            text += f", {self.rate_limited} rate-limited (429; given back)"
         return text
 
 
@@ -61,71 +82,160 @@ def next_check_at(attempt: int):
     )
 
 
-def registration_event(reg: Registration, event_type: str, **extra) -> None:
-    emit(event_type, {"dppId": str(reg.passport_id), "upi": reg.passport.upi, **extra})
+def registration_event(reg: Registration, event_type: str, **extra) -> tuple[str, dict]:
+    """An event about a registration, to emit if its write takes the row."""
+    return event_type, {"dppId": str(reg.passport_id), "upi": reg.passport.upi, **extra}
 
 
-class Attempt:
-    """One claimed row's attempt: ask, then write the outcome and its log line together."""
+# -- ending an attempt ------------------------------------------------------------------------------
 
-    def __init__(self, reg: Registration, token, report: DrainReport):
-        self.reg, self.token, self.report = reg, token, report
-        self.started_at = timezone.now()
-        self.rows = Registration.objects.filter(pk=reg.pk)
 
-    def finish(self, operation: str, outcome: str, answer: str, write, on_taken=None) -> bool:
-        """Write the outcome and its log line in one transaction. If the database refuses them,
-        the row keeps its claim until the hold runs out (then it is due again) and the log gets
-        a write_error line instead: one row the database cannot store never ends the drain. If the
-        database is lost meanwhile, DatabaseLost unwinds the pass: nothing more is written for
-        this claim, and the row is due again after the hold (odal.reconnect)."""
-        try:
-            with transaction.atomic():
-                took = write()
-                self.log(operation, outcome, answer, late=not took)
-                if took and on_taken:
-                    on_taken()
-        except Exception as exc:
-            reconnect.raise_if_lost(exc)
-            self.write_error(operation, outcome, answer, exc)
-            return False
-        if not took:
-            self.report.late += 1
-            log.warning(
-                "late %s answer (%s) for registration %s attempt %s (claim %s): its claim was superseded "
-                "or the row settled; nothing written",
-                operation,
-                outcome,
-                self.reg.pk,
-                self.reg.attempts,
-                self.token,
-                extra={"registration": self.reg.pk, "claim": self.token, "attempt": self.reg.attempts},
-            )
+@dataclass
+class Ending:
+    """An attempt's outcome, to be written: its guarded write, what follows if the write takes
+    the row (an event; a deactivation now owed), the report's count it adds to, and its line in
+    the attempt log."""
+
+    attempt: "Attempt"
+    operation: str
+    outcome: str
+    answer: str
+    write: Callable[[], bool]
+    on_taken: Callable[[], object] | None = None
+    counts: str | None = None
+    event: tuple[str, dict] | None = None  # (type, payload), emitted with the run's others
+    finished_at: datetime = field(default_factory=timezone.now)  # when the answer came
+
+    def take(self) -> bool:
+        took = self.write()
+        if took and self.on_taken:
+            self.on_taken()
         return took
 
-    def log(self, operation: str, outcome: str, answer: str, *, late: bool) -> None:
-        RegistrationAttempt.objects.create(
-            registration_id=self.reg.pk,
-            number=self.reg.attempts,
-            claim_token=self.token,
-            operation=operation,
-            started_at=self.started_at,
-            finished_at=timezone.now(),
-            outcome=outcome,
-            answer=storable(answer),
+    def line(self, *, late: bool) -> RegistrationAttempt:
+        attempt = self.attempt
+        return RegistrationAttempt(
+            registration_id=attempt.reg.pk,
+            number=attempt.reg.attempts,
+            claim_token=attempt.token,
+            operation=self.operation,
+            started_at=attempt.started_at,
+            finished_at=self.finished_at,
+            outcome=self.outcome,
+            answer=storable(self.answer),
             late=late,
         )
 
-    def write_error(self, operation: str, outcome: str, answer: str, exc: Exception) -> None:
+
+def _write(endings: list[Ending]) -> list[bool]:
+    """The endings' writes, their attempt-log lines (one INSERT) and the events of those that
+    took their row (one emit_many per event type), in the caller's transaction; which writes
+    took their row."""
+    taken = [ending.take() for ending in endings]
+    RegistrationAttempt.objects.bulk_create(
+        ending.line(late=not took) for ending, took in zip(endings, taken, strict=True)
+    )
+    events: dict[str, list[dict]] = {}
+    for ending, took in zip(endings, taken, strict=True):
+        if took and ending.event:
+            events.setdefault(ending.event[0], []).append(ending.event[1])
+    for event_type, payloads in events.items():
+        emit_many(event_type, payloads)
+    return taken
+
+
+def write_endings(endings: list[Ending]) -> None:
+    """Write a run of outcomes with their attempt-log lines in one transaction. If the database
+    refuses it, each is written again in a transaction of its own, so one row it cannot store
+    costs no other row its outcome: that one keeps its claim until the hold runs out (then it is
+    due again) and its log gets a write_error line instead. An outcome whose write takes no row
+    (its claim was superseded, or the row settled) is logged as late and changes nothing else. If
+    the database is lost meanwhile, DatabaseLost unwinds the pass: nothing more is written for
+    its claim, and its rows are due again after the hold (odal.reconnect)."""
+    if not endings:
+        return
+    try:
+        with transaction.atomic():
+            taken = _write(endings)
+    except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below
+        reconnect.raise_if_lost(exc)
+        if len(endings) == 1:
+            endings[0].attempt.write_error(endings[0], exc)
+            return
+        log.warning(
+            "writing %s outcomes together failed; writing them one by one", len(endings), exc_info=True
+        )
+        taken = []
+        for ending in endings:
+            try:
+                with transaction.atomic():
+                    taken += _write([ending])
+            except Exception as exc:
+                reconnect.raise_if_lost(exc)
+                ending.attempt.write_error(ending, exc)
+                taken.append(None)
+    for ending, took in zip(endings, taken, strict=True):
+        if took is None:
+            continue
+        if not took:
+            ending.attempt.was_late(ending)
+        elif ending.counts:
+            report = ending.attempt.report
+            setattr(report, ending.counts, getattr(report, ending.counts) + 1)
+
+
+class Attempt:
+    """One claimed row's attempt: ask, then write the outcome and its log line together. A pass
+    collects its attempts' outcomes (`endings`) and writes them a run at a time; an attempt on
+    its own writes its outcome at once."""
+
+    def __init__(self, reg: Registration, token, report: DrainReport, endings: list | None = None):
+        self.reg, self.token, self.report = reg, token, report
+        self.started_at = timezone.now()
+        self.rows = Registration.objects.filter(pk=reg.pk)
+        self.endings = endings
+
+    def finish(
+        self, operation: str, outcome: str, answer: str, write, *, on_taken=None, counts=None, event=None
+    ) -> None:
+        """End the attempt: `write` (a guarded write, True if it took the row) and the log line
+        together, then, in the same transaction if it took the row, `on_taken` and the `event`
+        (registration_event), and the report's `counts` plus one."""
+        ending = Ending(self, operation, outcome, answer, write, on_taken, counts, event)
+        if self.endings is None:
+            write_endings([ending])
+        else:
+            self.endings.append(ending)
+
+    def was_late(self, ending: Ending) -> None:
+        self.report.late += 1
+        log.warning(
+            "late %s answer (%s) for registration %s attempt %s (claim %s): its claim was superseded "
+            "or the row settled; nothing written",
+            ending.operation,
+            ending.outcome,
+            self.reg.pk,
+            self.reg.attempts,
+            self.token,
+            extra={"registration": self.reg.pk, "claim": self.token, "attempt": self.reg.attempts},
+        )
+
+    def write_error(self, ending: Ending, exc: Exception) -> None:
         """The database refused this outcome: a write_error line in the attempt log (counted as
         registry_write_errors_total) and the process log say so."""
         self.report.write_errors += 1
-        error = f"the registry answered {outcome} ({answer}), but it could not be written: {error_text(exc)}"
+        error = (
+            f"the registry answered {ending.outcome} ({ending.answer}), but it could not be written: "
+            f"{error_text(exc)}"
+        )
         ids = {"registration": self.reg.pk, "claim": self.token, "attempt": self.reg.attempts}
-        log.error("registration %s %s: %s", self.reg.pk, operation, storable(error), extra=ids)
+        log.error("registration %s %s: %s", self.reg.pk, ending.operation, storable(error), extra=ids)
         try:
             with transaction.atomic():
-                self.log(operation, RegistrationAttempt.WRITE_ERROR, error, late=False)
+                refused = Ending(
+                    self, ending.operation, RegistrationAttempt.WRITE_ERROR, error, lambda: False
+                )
+                refused.line(late=False).save()
         except Exception as exc:
             reconnect.raise_if_lost(exc)
             log.exception(
@@ -133,87 +243,145 @@ class Attempt:
             )
 
     def failed(self, operation: str, error: str) -> None:
-        # Every failed attempt, taken or late (a late one gets a line of its own from finish).
+        # Every failed attempt, taken or late (a late one gets a line of its own when written).
         log.warning(
             "registration %s %s attempt %s (claim %s) failed: %s",
             self.reg.pk, operation, self.reg.attempts, self.token, storable(error, 200),
             extra={"registration": self.reg.pk, "claim": self.token, "attempt": self.reg.attempts},
         )  # fmt: skip
         retry_at = timezone.now() + backoff_delay(self.reg.attempts)
-        if self.finish(
+        self.finish(
             operation, "failed", error,
             lambda: self.rows.mark_attempt_failed(token=self.token, error=error, retry_at=retry_at),
-        ):  # fmt: skip
-            self.report.failed += 1
+            counts="failed",
+        )  # fmt: skip
+
+    def rate_limited(self, operation: str, exc: adapters.RateLimited) -> None:
+        """The registry answered 429: it acted on nothing, so this attempt does not count against
+        the row (it is given back: a rate limit is the registry's state, not the row's; counting
+        it would back the row off and call it stalled for no fault of its own). The row is due
+        when the pause ends; the attempt log keeps a rate_limited line."""
+        retry_at = timezone.now() + timedelta(seconds=exc.retry_after)
+        error = storable(exc)
+        self.finish(
+            operation, RegistrationAttempt.RATE_LIMITED, error,
+            lambda: self.rows.mark_rate_limited(token=self.token, error=error, retry_at=retry_at),
+            counts="rate_limited",
+        )  # fmt: skip
 
 
-def run_register(attempt: Attempt, adapter) -> None:
+# -- what each operation owes: decided before its request, settled from its answer ---------------------
+
+
+@dataclass
+class Request:
+    """The request an attempt sends: which adapter call, with what."""
+
+    call: str  # register, check, deactivate
+    arg: object
+
+    def send(self, adapter) -> "Sent":
+        try:
+            return Sent(answer=getattr(adapter, self.call)(self.arg))
+        except Exception as exc:  # a Retryable, or a bug of ours: the attempt fails, not the drain
+            return Sent(error=exc)
+
+
+@dataclass
+class Sent:
+    """What a request got: the registry's answer, or what it raised."""
+
+    answer: object = None
+    error: Exception | None = None
+
+    def failed(self, attempt: Attempt, operation: str) -> bool:
+        """End the attempt if its request failed (a 429 gives it back); True if it did."""
+        if self.error is None:
+            return False
+        if isinstance(self.error, adapters.RateLimited):
+            attempt.rate_limited(operation, self.error)
+        elif isinstance(self.error, adapters.Retryable):
+            attempt.failed(operation, storable(self.error))
+        else:
+            log.error(
+                "registration %s: attempt raised", attempt.reg.pk, exc_info=self.error,
+                extra={"registration": attempt.reg.pk, "claim": attempt.token, "attempt": attempt.reg.attempts},
+            )  # fmt: skip
+            attempt.failed(operation, error_text(self.error))
+        return True
+
+
+def plan_register(attempt: Attempt) -> Request | None:
     reg, token, rows = attempt.reg, attempt.token, attempt.rows
     if reg.passport.status != Passport.Status.PUBLISHED:
         # Withdrawn before this attempt asked the registry: nothing was sent, nothing is owed.
         attempt.finish(
             "register", "withdrawn", "passport no longer published", lambda: rows.mark_withdrawn(token=token)
         )
+        return None
+    return Request("register", reg)
+
+
+def settle_register(attempt: Attempt, sent: Sent) -> None:
+    reg, token, rows = attempt.reg, attempt.token, attempt.rows
+    if sent.failed(attempt, "register"):
         return
-    try:
-        answer = adapter.register(reg)
-    except adapters.Retryable as exc:
-        attempt.failed("register", storable(exc))
-        return
+    answer = sent.answer
     if isinstance(answer, adapters.Accepted):
-        if attempt.finish(
+        attempt.finish(
             "register", "submitted", f"requestId {answer.request_id}",
             lambda: rows.mark_submitted(token=token, correlation_id=answer.request_id, next_check_at=next_check_at(1)),
-        ):  # fmt: skip
-            attempt.report.submitted += 1
+            counts="submitted",
+        )  # fmt: skip
     elif isinstance(answer, adapters.Duplicate):
         note = (
             f"the registry already held request {answer.request_id} for this UPI (DUPLICATE_UPI), "
             "most likely ours whose reply was lost; adopted it"
         )
-        if attempt.finish(
+        attempt.finish(
             "register", "duplicate", f"DUPLICATE_UPI requestId {answer.request_id}",
             lambda: rows.mark_submitted_noting(
                 token=token, correlation_id=answer.request_id, note=note, next_check_at=next_check_at(1)
             ),
-        ):  # fmt: skip
-            attempt.report.submitted += 1
+            counts="submitted",
+        )  # fmt: skip
     else:
-        if attempt.finish(
+        attempt.finish(
             "register", "rejected", answer.errors,
             lambda: rows.mark_rejected(token=token, errors=answer.errors),
-            on_taken=lambda: registration_event(reg, "passport.registration_rejected", errors=answer.errors),
-        ):  # fmt: skip
-            attempt.report.rejected += 1
+            event=registration_event(reg, "passport.registration_rejected", errors=answer.errors),
+            counts="rejected",
+        )  # fmt: skip
 
 
-def run_check(attempt: Attempt, adapter) -> None:
+def plan_check(attempt: Attempt) -> Request:
+    return Request("check", attempt.reg.correlation_id)
+
+
+def settle_check(attempt: Attempt, sent: Sent) -> None:
     reg, token, rows = attempt.reg, attempt.token, attempt.rows
-    try:
-        answer = adapter.check(reg.correlation_id)
-    except adapters.Retryable as exc:
-        attempt.failed("check", storable(exc))
+    if sent.failed(attempt, "check"):
         return
+    answer = sent.answer
     if answer.status == "registered":
 
         def after_registered():
-            registration_event(reg, "passport.registered", registrationId=answer.registration_id)
             # Suspended while the registry was checking: it now holds a registration it must drop.
             service.deactivate_if_suspended(reg)
 
-        if attempt.finish(
+        attempt.finish(
             "check", "registered", f"registrationId {answer.registration_id}",
             lambda: rows.mark_registered(token=token, handle=answer.registration_id),
-            on_taken=after_registered,
-        ):  # fmt: skip
-            attempt.report.registered += 1
+            on_taken=after_registered, counts="registered",
+            event=registration_event(reg, "passport.registered", registrationId=answer.registration_id),
+        )  # fmt: skip
     elif answer.status == "rejected":
-        if attempt.finish(
+        attempt.finish(
             "check", "rejected", answer.errors,
             lambda: rows.mark_rejected(token=token, errors=answer.errors),
-            on_taken=lambda: registration_event(reg, "passport.registration_rejected", errors=answer.errors),
-        ):  # fmt: skip
-            attempt.report.rejected += 1
+            event=registration_event(reg, "passport.registration_rejected", errors=answer.errors),
+            counts="rejected",
+        )  # fmt: skip
     else:
         attempt.finish(
             "check", "checking", "still checking",
@@ -221,7 +389,7 @@ def run_check(attempt: Attempt, adapter) -> None:
         )  # fmt: skip
 
 
-def run_deactivate(attempt: Attempt, adapter) -> None:
+def plan_deactivate(attempt: Attempt) -> Request | None:
     reg, token, rows = attempt.reg, attempt.token, attempt.rows
     if service.passport_status_locked(reg.passport_id) == Passport.Status.PUBLISHED:
         # Published again since the deactivation was owed: nothing is sent. If this is its first
@@ -239,70 +407,204 @@ def run_deactivate(attempt: Attempt, adapter) -> None:
                 lambda: rows.reregister(token=token, now=timezone.now()) == 1,
                 on_taken=service.kick_drain_on_commit,
             )  # fmt: skip
-        return
-    try:
-        outcome = adapter.deactivate(reg.handle)
-    except adapters.Retryable as exc:
-        attempt.failed("deactivate", storable(exc))
+        return None
+    return Request("deactivate", reg.handle)
+
+
+def settle_deactivate(attempt: Attempt, sent: Sent) -> None:
+    reg, token, rows = attempt.reg, attempt.token, attempt.rows
+    if sent.failed(attempt, "deactivate"):
         return
 
     def after_deactivated():
-        registration_event(reg, "passport.deregistered", registrationId=reg.handle)
         # Published again while the registry was deactivating: it owes a registration afresh.
         service.reregister_if_published(reg)
 
-    if attempt.finish(
-        "deactivate", "deactivated", outcome,
+    attempt.finish(
+        "deactivate", "deactivated", sent.answer,
         lambda: rows.mark_deactivated(token=token),
-        on_taken=after_deactivated,
-    ):  # fmt: skip
-        attempt.report.deactivated += 1
+        on_taken=after_deactivated, counts="deactivated",
+        event=registration_event(reg, "passport.deregistered", registrationId=reg.handle),
+    )  # fmt: skip
 
 
-def drain_once(*, batch: int = 50, adapter=None) -> DrainReport:
-    """One pass: claim up to `batch` due registrations and do what each owes."""
-    report = DrainReport(passes=1)
-    if settings.ODAL_REGISTRY_ADAPTER == "none" and adapter is None:
-        return report  # no registry queues on this node
-    claim = Registration.objects.claim(limit=batch, select_related=("passport",))
-    report.claimed = len(claim.rows)
-    if not claim.rows:
-        tally.beat(tally.DRAIN)
-        return report
+def operation_of(reg: Registration):
+    """What a claimed row owes: (plan, settle)."""
+    if reg.status == Registration.Status.SUBMITTED:
+        return plan_check, settle_check
+    if reg.operation == Registration.Operation.DEACTIVATE:
+        return plan_deactivate, settle_deactivate
+    return plan_register, settle_register
+
+
+# An attempt on its own, start to end, on this thread (no pace): what tests of one write use.
+def run_register(attempt: Attempt, adapter) -> None:
+    if request := plan_register(attempt):
+        settle_register(attempt, request.send(adapter))
+
+
+def run_check(attempt: Attempt, adapter) -> None:
+    settle_check(attempt, plan_check(attempt).send(adapter))
+
+
+def run_deactivate(attempt: Attempt, adapter) -> None:
+    if request := plan_deactivate(attempt):
+        settle_deactivate(attempt, request.send(adapter))
+
+
+# -- a pass -------------------------------------------------------------------------------------------
+
+NOT_SENT = Sent()  # the request never went out (a pause came while it waited for its slot)
+
+
+def send_in_turn(request: Request, adapter, pace: Pace, slot: float) -> Sent:
+    """On a pool thread: wait for the request's slot, then send it, unless a 429 paused every
+    drain meanwhile. No database here."""
+    delay = slot - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+    if pace.held_back():
+        return NOT_SENT
+    return request.send(adapter)
+
+
+class Pass:
+    """The attempts of one claim. Requests go out on the pool, at most ODAL_REGISTRY_CONCURRENCY
+    at once, each in a slot of the registry's pace; this thread does the rest: what each row owes
+    before its request, and its outcome after, written FLUSH_ROWS at a time or every
+    FLUSH_SECONDS. No request is started after the claim's hold has run out, or while the
+    registry has asked every drain to wait; rows whose turn came too late get their counted
+    attempt back and are due again at once."""
+
+    def __init__(self, claim, report: DrainReport, adapter, pace: Pace, pool: ThreadPoolExecutor):
+        self.claim, self.report, self.adapter, self.pace, self.pool = claim, report, adapter, pace, pool
+        self.endings: list[Ending] = []
+        self.flushed_at = time.monotonic()
+        # Outcomes must be written well inside the claim's hold, or they arrive late for nothing.
+        self.flush_seconds = min(FLUSH_SECONDS, settings.ODAL_CLAIM_HOLD_SECONDS / 4)
+
+    def flush(self) -> None:
+        # Taken off first (in place: the pass's attempts hold the list): a flush that lost the
+        # database (DatabaseLost) is not written again.
+        endings = list(self.endings)
+        self.endings.clear()
+        self.flushed_at = time.monotonic()
+        write_endings(endings)
+
+    def guarded(self, attempt: Attempt, step, *args):
+        """A step of this thread for one attempt: a bug of ours (or a statement the database
+        refused) fails the attempt, not the pass; a lost database ends the pass (odal.reconnect)."""
+        try:
+            return step(attempt, *args)
+        except Exception as exc:
+            reconnect.raise_if_lost(exc)
+            log.exception(
+                "registration %s: attempt raised", attempt.reg.pk,
+                extra={"registration": attempt.reg.pk, "claim": attempt.token, "attempt": attempt.reg.attempts},
+            )  # fmt: skip
+            attempt.failed(attempt.reg.operation, error_text(exc))
+            return None
+
+    def start(self, reg: Registration, deadline: float):
+        """Start one row's attempt: (its request's future, how to settle it), None if it owed no
+        request, or False if it was not started."""
+        if self.pace.paused_for():
+            return False  # the registry asked every drain to wait: the row is given back, not held
+        slot = self.pace.next_slot()  # (now, without a rate limit; one a withdrawn row leaves unused)
+        if slot >= deadline:
+            # The hold has run out, or will before this row's turn: the row is due again and may
+            # be another drain's already. Nothing is sent for it, nor written.
+            return False
+        attempt = Attempt(reg, self.claim.token, self.report, self.endings)
+        plan, settle = operation_of(reg)
+        request = self.guarded(attempt, plan)
+        if request is None:
+            return None
+        return self.pool.submit(send_in_turn, request, self.adapter, self.pace, slot), (attempt, settle)
+
+    def run(self) -> None:
+        waiting = deque(self.claim.rows)
+        in_flight: dict = {}  # future -> (attempt, settle)
+        not_started: list = []
+        deadline = monotonic_at(self.claim.held_until)
+        size = settings.ODAL_REGISTRY_CONCURRENCY
+        try:
+            while waiting or in_flight:
+                while waiting and len(in_flight) < size:
+                    reg = waiting.popleft()
+                    started = self.start(reg, deadline)
+                    if started is False:
+                        not_started.append(reg.pk)
+                    elif started is not None:
+                        future, then = started
+                        in_flight[future] = then
+                if not in_flight:
+                    continue
+                # Requests waiting for their slot see a pause another process met within this.
+                self.pace.paused_for()
+                done, _ = wait(in_flight, timeout=PAUSE_REFRESH_SECONDS, return_when=FIRST_COMPLETED)
+                for future in done:
+                    attempt, settle = in_flight.pop(future)
+                    sent = future.result()
+                    if sent is NOT_SENT:
+                        not_started.append(attempt.reg.pk)
+                        continue
+                    if isinstance(sent.error, adapters.RateLimited):
+                        self.pace.pause(sent.error.retry_after, str(sent.error))  # for every drain
+                    self.guarded(attempt, settle, sent)
+                if (
+                    len(self.endings) >= FLUSH_ROWS
+                    or time.monotonic() - self.flushed_at >= self.flush_seconds
+                ):
+                    self.flush()
+        finally:
+            # Whatever stopped the pass: requests not begun are given back; outcomes already
+            # known are written, not thrown away (unless the database was lost while writing
+            # them: then nothing more is, see flush); a request still out keeps its claim.
+            not_started += [attempt.reg.pk for future, (attempt, _) in in_flight.items() if future.cancel()]
+            self.flush()
+            if not_started:
+                self.report.not_started += len(not_started)
+                Registration.objects.filter(pk__in=not_started).release(token=self.claim.token)
+                log.warning(
+                    "%s claimed registrations not started: the claim's hold ran out first, or the "
+                    "registry asked every drain to wait (429)",
+                    len(not_started),
+                )
+
+
+@contextmanager
+def drainer(adapter=None):
+    """What a run of passes shares: the registry adapter (a run's own is closed with it), the
+    pace (registry.pace) and the pool its requests go out on."""
     own = adapter is None
     adapter = adapter or adapters.get_adapter()
-    started = 0
     try:
-        for reg in claim.rows:
-            if not claim.holds():
-                # The hold ran out: these rows are due again and may be another drain's already.
-                # No request goes out for them from here; they get their counted attempt back.
-                break
-            started += 1
-            attempt = Attempt(reg, claim.token, report)
-            try:
-                if reg.status == Registration.Status.SUBMITTED:
-                    run_check(attempt, adapter)
-                elif reg.operation == Registration.Operation.DEACTIVATE:
-                    run_deactivate(attempt, adapter)
-                else:
-                    run_register(attempt, adapter)
-            except Exception as exc:  # a bug of ours fails the attempt, not the drain
-                log.exception(
-                    "registration %s: attempt raised", reg.pk,
-                    extra={"registration": reg.pk, "claim": claim.token, "attempt": reg.attempts},
-                )  # fmt: skip
-                attempt.failed(reg.operation, error_text(exc))
+        with ThreadPoolExecutor(settings.ODAL_REGISTRY_CONCURRENCY, thread_name_prefix="odal-drain") as pool:
+            yield {"adapter": adapter, "pace": Pace(), "pool": pool}
     finally:
         if own:
             adapter.close()
-        if started < len(claim.rows):
-            report.not_started += len(claim.rows) - started
-            given_back = Registration.objects.filter(pk__in=[r.pk for r in claim.rows[started:]])
-            given_back.release(token=claim.token)
-            log.warning(
-                "%s claimed registrations not started: the claim's hold ran out first", report.not_started
-            )
+
+
+def drain_once(
+    *, batch: int = 50, adapter=None, pace: Pace | None = None, pool: ThreadPoolExecutor | None = None
+) -> DrainReport:
+    """One pass: claim up to `batch` due registrations and do what each owes, up to
+    ODAL_REGISTRY_CONCURRENCY requests at once. While the registry's pause holds (a 429), it
+    claims nothing."""
+    report = DrainReport(passes=1)
+    if settings.ODAL_REGISTRY_ADAPTER == "none" and adapter is None:
+        return report  # no registry queues on this node
+    if pace is None or pool is None:  # a pass on its own
+        with drainer(adapter) as shared:
+            return drain_once(batch=batch, **shared)
+    if pace.paused_for():
+        return report
+    claim = Registration.objects.claim(limit=batch, select_related=("passport",))
+    report.claimed = len(claim.rows)
+    if claim.rows:
+        Pass(claim, report, adapter, pace, pool).run()
     tally.beat(tally.DRAIN)
     return report
 
@@ -311,55 +613,94 @@ def drain_until_idle(
     *, batch: int = 50, max_seconds: float = 50.0, linger_seconds: float = 10.0
 ) -> DrainReport:
     """Passes until nothing is due. Rows falling due within `linger_seconds` (a submitted row's
-    next check, a short backoff) are waited for, so a registration goes through in one run. A
-    database lost meanwhile is waited for until `max_seconds` (odal.reconnect); past it, its
-    error is raised."""
+    next check, a short backoff) are waited for, so a registration goes through in one run; so is
+    a pause the registry asked for, within `max_seconds`. A database lost meanwhile is waited for
+    until `max_seconds` (odal.reconnect); past it, its error is raised."""
     report = DrainReport()
     deadline = time.monotonic() + max_seconds
     outage = reconnect.Outage("registry drain", deadline=deadline)
-    while True:
-        try:
-            one = drain_once(batch=batch)
-        except reconnect.ERRORS as exc:
-            if not reconnect.is_lost(exc):
-                raise
-            if not outage.wait(exc):
-                raise reconnect.database_error(exc) from None
-            continue
-        report.add(one)
-        if time.monotonic() >= deadline:
-            return report
-        if one.claimed:
-            continue
-        now = timezone.now()
-        upcoming = (
-            Registration.objects.filter(status__in=RegistrationQuerySet.claimable_statuses)
-            .filter(next_attempt_at__gt=now, next_attempt_at__lte=now + timedelta(seconds=linger_seconds))
-            .order_by("next_attempt_at")
-            .values_list("next_attempt_at", flat=True)
-            .first()
-        )
-        if upcoming is None:
-            return report
-        time.sleep(min(max(0.05, (upcoming - now).total_seconds()), max(0.0, deadline - time.monotonic())))
+    with drainer() as shared:
+        while True:
+            try:
+                one = drain_once(batch=batch, **shared)
+            except reconnect.ERRORS as exc:
+                if not reconnect.is_lost(exc):
+                    raise
+                if not outage.wait(exc):
+                    raise reconnect.database_error(exc) from None
+                continue
+            report.add(one)
+            if time.monotonic() >= deadline:
+                return report
+            if one.claimed:
+                continue
+            if paused := shared["pace"].paused_for():
+                time.sleep(min(paused, max(0.0, deadline - time.monotonic())))
+                continue
+            now = timezone.now()
+            upcoming = (
+                Registration.objects.filter(status__in=RegistrationQuerySet.claimable_statuses)
+                .filter(next_attempt_at__gt=now, next_attempt_at__lte=now + timedelta(seconds=linger_seconds))
+                .order_by("next_attempt_at")
+                .values_list("next_attempt_at", flat=True)
+                .first()
+            )
+            if upcoming is None:
+                return report
+            time.sleep(
+                min(max(0.05, (upcoming - now).total_seconds()), max(0.0, deadline - time.monotonic()))
+            )
 
 
-def drain_forever(*, batch: int = 50, idle_sleep: float = 1.0, should_stop=lambda: False) -> DrainReport:
-    """What `odal registry drain` runs: passes until told to stop, resting `idle_sleep` when
-    nothing is due. A lost database is waited for, however long, and the passes go on."""
+def drain_listening(
+    listener: Listener | None,
+    *,
+    batch: int = 50,
+    seconds: float | None = None,
+    poll_seconds: float = POLL_SECONDS,
+    should_stop=lambda: False,
+) -> DrainReport:
+    """Passes back to back while they find work; when a pass finds none, wait for a NOTIFY (a
+    commit owes the registry something) or `poll_seconds` (a retry or a check may have fallen
+    due), whichever comes first. Without a listener (not PostgreSQL) it just sleeps between
+    passes. Runs for `seconds`, or until `should_stop()`. A lost database (its own connection or
+    the listener's) is waited for, the listener reopened, and the passes go on (odal.reconnect);
+    if it does not answer within `seconds`, this returns what it did."""
     report = DrainReport()
-    outage = reconnect.Outage("registry drain", should_stop=should_stop)
-    while not should_stop():
-        try:
-            close_old_connections()
-            one = drain_once(batch=batch)
-        except reconnect.ERRORS as exc:
-            if not reconnect.is_lost(exc):
-                raise
-            if not outage.wait(exc):
+    deadline = None if seconds is None else time.monotonic() + seconds
+    outage = reconnect.Outage(
+        "registry drain", should_stop=should_stop, deadline=deadline, reopen=listener and listener.reopen
+    )
+    with drainer() as shared:
+        while not should_stop():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
                 break
-            continue
-        report.add(one)
-        if one.claimed == 0 and not should_stop():
-            time.sleep(idle_sleep)
+            try:
+                if not connection.in_atomic_block:  # (a caller's transaction, e.g. a test's, stays open)
+                    close_old_connections()  # a long-lived drain drops a connection past its age or broken
+                one = drain_once(batch=batch, **shared)
+                report.add(one)
+                if one.claimed == 0 and not should_stop():
+                    pause = poll_seconds if remaining is None else min(poll_seconds, remaining)
+                    if listener is not None:
+                        listener.wait(pause)
+                    else:
+                        time.sleep(pause)
+            except reconnect.ERRORS as exc:
+                if not reconnect.is_lost(exc):
+                    raise
+                if not outage.wait(exc):
+                    break
     return report
+
+
+def drain_forever(
+    *, batch: int = 50, idle_sleep: float = POLL_SECONDS, should_stop=lambda: False
+) -> DrainReport:
+    """What `odal registry drain` runs: passes until told to stop, woken by commits when idle. It
+    takes the drain's listener lock when free, so commits need not enqueue django-q2 drains
+    meanwhile. A lost database is waited for, however long, and the passes go on; one that is
+    down when it starts, too."""
+    with open_listener(service.DRAIN, should_stop=should_stop) or nullcontext() as listener:
+        return drain_listening(listener, batch=batch, poll_seconds=idle_sleep, should_stop=should_stop)

@@ -2,11 +2,12 @@
 registry for it, and the log of every attempt at that work."""
 
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db import models
-from django.db.models import Q
+from django.db import models, transaction
+from django.db.models import F, Q, Value
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from odal.models import Passport
@@ -96,6 +97,20 @@ class RegistrationQuerySet(ClaimQuerySet):
         return (
             self._held(token, Registration.Status.SUBMITTED).update(
                 next_attempt_at=next_check_at, claim_token=None
+            )
+            == 1
+        )
+
+    def mark_rate_limited(self, *, token, error: str, retry_at: datetime) -> bool:
+        """The registry answered 429: it did not act on the request, so the attempt does not
+        count (attempts - 1, as when a claim gives back a row it never started) and the row is due
+        again when the pause the registry asked for ends."""
+        return (
+            self._held(token, Registration.Status.PENDING, Registration.Status.SUBMITTED).update(
+                attempts=F("attempts") - 1,
+                next_attempt_at=retry_at,
+                claim_token=None,
+                last_error=storable(error),
             )
             == 1
         )
@@ -312,6 +327,7 @@ class RegistrationAttempt(models.Model):
     answered, late answers included. Never changed once written."""
 
     WRITE_ERROR = "write_error"  # the outcome the database refused (the answer says which and why)
+    RATE_LIMITED = "rate_limited"  # a 429: the attempt was given back (the next one has its number)
 
     registration = models.ForeignKey(Registration, on_delete=models.CASCADE, related_name="attempt_log")
     number = models.PositiveIntegerField()
@@ -343,3 +359,56 @@ class StalledRegistration(Registration):
         proxy = True
         verbose_name = "stalled registration"
         verbose_name_plural = "stalled registrations"
+
+
+LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+class RegistryPaceQuerySet(models.QuerySet):
+    """The writes of RegistryPace's one row (made on first use: a test's flush empties the table)."""
+
+    def book(self, *, slots: int, interval: timedelta, now: datetime) -> datetime:
+        """Book `slots` requests, `interval` apart, after every slot booked before (by any drain
+        process) and after any pause: one UPDATE, whose row lock puts concurrent bookings one
+        after the other. Returns when the first of them may go out."""
+        rows = self.filter(pk=1)
+        with transaction.atomic():
+            after = Greatest(F("next_slot_at"), F("paused_until"), Value(now))
+            if not rows.update(next_slot_at=after + interval * slots):
+                self.get_or_create(pk=1)
+                rows.update(next_slot_at=after + interval * slots)
+            return rows.values_list("next_slot_at", flat=True).get() - interval * slots
+
+    def pause(self, *, until: datetime, reason: str) -> bool:
+        """A 429 asked every client to wait until `until`: every drain, in every process, sends
+        nothing before then. Only ever lengthens a pause (a shorter Retry-After answered later
+        does not cut one short). Returns whether it lengthened it."""
+        self.get_or_create(pk=1)
+        return (
+            self.filter(pk=1, paused_until__lt=until).update(
+                paused_until=until, pause_reason=storable(reason, 500)
+            )
+            == 1
+        )
+
+    def paused_until(self) -> datetime:
+        return self.filter(pk=1).values_list("paused_until", flat=True).first() or LONG_AGO
+
+
+class RegistryPace(models.Model):
+    """How fast every drain, in every process on every machine, may send to the registry
+    (registry.pace): the next free slot of ODAL_REGISTRY_RATE_PER_SECOND, and the end of a pause a
+    429 asked for. One row."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1, editable=False)
+    next_slot_at = models.DateTimeField(
+        default=LONG_AGO,
+        help_text="The rate limit's first free slot: the next booking starts here, or later.",
+    )
+    paused_until = models.DateTimeField(default=LONG_AGO, help_text="Every drain waits until then.")
+    pause_reason = models.TextField(blank=True, default="", help_text="The 429 that asked for the pause.")
+
+    objects = RegistryPaceQuerySet.as_manager()
+
+    def __str__(self) -> str:
+        return f"registry pace (paused until {self.paused_until:%Y-%m-%d %H:%M:%S})"

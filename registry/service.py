@@ -14,15 +14,22 @@ from odal.models import AuditEntry, Passport
 from odal.reasons import clean_reason
 from odal.rows import insert_rows
 from outbox.events import emit
-from outbox.kick import kick_on_commit
+from outbox.kick import wake_on_commit
+from outbox.wake import Wake
 from registry import adapters
 from registry.models import Registration
 
 MAX_HANDLE_LENGTH = adapters.MAX_ID  # what the drain would take from the registry, and the column holds
 
 
+# The drain is woken like the sweep (outbox.wake): a listening drain task, NOTIFYed by commits.
+DRAIN = Wake("odal_registry", 0x6F64616C_0002, "registry.tasks.drain", "registry drain")  # ("odal", 2)
+
+
 def kick_drain_on_commit() -> None:
-    kick_on_commit("registry.tasks.drain", "registry drain (kicked)")
+    """When the commit lands, wake the drain: a NOTIFY to the listening drain, or, when none
+    listens, one django-q2 task however many commits land meanwhile."""
+    wake_on_commit(DRAIN)
 
 
 def registration_for(dpp_id) -> Registration:

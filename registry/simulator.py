@@ -5,7 +5,16 @@ Faults are switched on at start (`--fault name=value`) or at run time with
 `POST /_faults {"name": value, ...}` (`GET /_faults` shows them, `POST /_reset` forgets
 everything). The faults:
 
-- latency (seconds): every answer waits this long first;
+- latency (seconds): every answer waits this long first (`--latency-ms N` sets it, with a jitter
+  of 20 %);
+- latency_jitter (fraction, 0 to 1): each wait is latency times a random 1 ± this (default 0);
+- rate_limit (requests per second; 0, the default: none): past this many requests admitted in the
+  last second, the registry answers 429 with Retry-After, at once and doing nothing (`--rate-limit
+  N/s` sets it). What arrived is counted (RegistryState.rate_seen, GET /_stats) whether admitted
+  or not, so a test or the bench can read the rate the registry actually saw;
+- retry_after (seconds; 0, the default: until the last second's window frees, at least 1): what a
+  429's Retry-After says;
+- retry_after_http_date (bool): Retry-After as an HTTP-date instead of seconds;
 - register_5xx (count): the next N register calls answer 503 and keep nothing;
 - lost_reply (count): the next N register calls keep the request but answer 503, as if the
   reply was lost on the way back;
@@ -51,8 +60,11 @@ Duplicates need no switch: a second request for a UPI the registry holds answers
 DUPLICATE_UPI with the held requestId.
 """
 
+import bisect
 import json
+import math
 import os
+import random
 import re
 import socket
 import struct
@@ -60,11 +72,17 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
+from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 DEFAULT_FAULTS = {
     "latency": 0.0,
+    "latency_jitter": 0.0,
+    "rate_limit": 0,
+    "retry_after": 0,
+    "retry_after_http_date": False,
     "register_5xx": 0,
     "lost_reply": 0,
     "refuse_upi_containing": "",
@@ -90,6 +108,7 @@ HOSTILE_ANSWERS = (
     "wrong_content_type", "wrong_shape", "deep_json",
 )  # fmt: skip
 UPI_SPELLINGS = ("upper", "escaped")
+HEEDED_WITHIN = 0.25  # seconds after a 429 that requests already on their way may still arrive
 
 
 def fault_problem(name: str, value) -> str | None:
@@ -100,6 +119,18 @@ def fault_problem(name: str, value) -> str | None:
         return f"hostile_answer is one of {', '.join(HOSTILE_ANSWERS)} (or empty: off)"
     if name == "upi_spelling" and value not in ("", *UPI_SPELLINGS):
         return f"upi_spelling is one of {', '.join(UPI_SPELLINGS)} (or empty: as submitted)"
+    if name == "latency_jitter" and (
+        isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1
+    ):
+        return "latency_jitter is a fraction from 0 to 1 (0.2: each wait 80 % to 120 % of latency)"
+    if name in ("rate_limit", "retry_after") and (
+        isinstance(value, bool) or not isinstance(value, int) or value < 0
+    ):
+        return (
+            f"{name} is a whole number, 0 or more (0: {'no limit' if name == 'rate_limit' else 'computed'})"
+        )
+    if name == "retry_after_http_date" and not isinstance(value, bool):
+        return "retry_after_http_date is true or false"
     return None
 
 
@@ -129,6 +160,14 @@ class RegistryState:
         self.registrations: dict[str, dict] = {}  # registrationId -> {"requestId", "active"}
         self.calls: list[tuple[str, str]] = []
         self.generation = 0  # bumped by reset()
+        self._forget_traffic()
+
+    def _forget_traffic(self) -> None:
+        self.arrivals: list[float] = []  # time.monotonic() of every protocol request
+        self.admitted: deque[float] = deque()  # ...of those admitted in the last second (rate_limit)
+        self.refusals: list[tuple[float, float]] = []  # (when, Retry-After seconds) of every 429
+        self.in_flight = 0
+        self.most_in_flight = 0
 
     def reset(self) -> None:
         with self.lock:
@@ -138,6 +177,66 @@ class RegistryState:
             self.by_key.clear()
             self.registrations.clear()
             self.calls.clear()
+            self._forget_traffic()
+
+    def arrive(self) -> tuple[int, dict, float] | None:
+        """A protocol request arrives: counted, and over rate_limit refused with a 429 (its
+        status, body and Retry-After seconds); None when it is admitted (and then in flight until
+        `leave`)."""
+        now = time.monotonic()
+        with self.lock:
+            self.arrivals.append(now)
+            limit = int(self.faults["rate_limit"])
+            if limit:
+                while self.admitted and self.admitted[0] <= now - 1.0:
+                    self.admitted.popleft()
+                if len(self.admitted) >= limit:
+                    frees_in = self.admitted[0] + 1.0 - now
+                    retry_after = int(self.faults["retry_after"]) or max(1, math.ceil(frees_in))
+                    self.refusals.append((now, retry_after))
+                    return 429, {"code": "RATE_LIMITED"}, retry_after
+                self.admitted.append(now)
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        return None
+
+    def leave(self) -> None:
+        with self.lock:
+            self.in_flight -= 1
+
+    def rate_seen(self, window: float = 10.0, heeded_within: float = HEEDED_WITHIN) -> dict:
+        """What the registry saw: requests (admitted or not), 429s, the most requests that
+        arrived within any `window` seconds (and that over the window: the highest rate it saw
+        over any such window), the most in flight at once,
+        and the requests that arrived while a 429's Retry-After ran, more than `heeded_within`
+        after it (requests already on their way may arrive that late): unheeded."""
+        with self.lock:
+            arrivals, refusals = sorted(self.arrivals), list(self.refusals)
+            most_in_flight = self.most_in_flight
+        most, first = 0, 0
+        for last, at in enumerate(arrivals):
+            while arrivals[first] <= at - window:
+                first += 1
+            most = max(most, last - first + 1)
+        paused = sorted((t + heeded_within, t + r) for t, r in refusals if r > heeded_within)
+        unheeded, spans = 0, []
+        for start, end in paused:  # the union of the pauses, then the arrivals inside it
+            if spans and start <= spans[-1][1]:
+                spans[-1][1] = max(spans[-1][1], end)
+            else:
+                spans.append([start, end])
+        for start, end in spans:
+            unheeded += bisect.bisect_left(arrivals, end) - bisect.bisect_right(arrivals, start)
+        return {
+            "requests": len(arrivals),
+            "refused": len(refusals),
+            "unheeded": unheeded,
+            "window": window,
+            "mostInWindow": most,
+            "maxRatePerSecond": most / window,
+            "seconds": arrivals[-1] - arrivals[0] if arrivals else 0.0,
+            "mostInFlight": most_in_flight,
+        }
 
     def hold(self, upi: str, request_id: str, status: str = "checking") -> None:
         """Make the registry hold a request for `upi` (as if someone had submitted it), for tests
@@ -340,12 +439,12 @@ def make_server(host: str = "127.0.0.1", port: int = 8100, *, token: str, faults
         # waits for the client's delayed ACK (about 40 ms).
         disable_nagle_algorithm = True
 
-        def _answer(self, status: int, body: dict, hostile: str = "") -> None:
+        def _answer(self, status: int, body: dict, hostile: str = "", headers=()) -> None:
             if hostile:
                 status, data, headers, options = spoil(hostile, status, body)
                 return write_answer(self, status, data, headers, **options)
             data = json.dumps(body).encode() if status != 204 else b""
-            write_answer(self, status, data, [("content-type", "application/json")])
+            write_answer(self, status, data, [("content-type", "application/json"), *headers])
 
         def _body(self) -> dict | None:
             raw = self.rfile.read(int(self.headers.get("content-length") or 0))
@@ -371,12 +470,31 @@ def make_server(host: str = "127.0.0.1", port: int = 8100, *, token: str, faults
             if path == "/_reset" and method == "POST":
                 state.reset()
                 return self._answer(200, state.faults)
+            if path == "/_stats" and method == "GET":
+                return self._answer(200, state.rate_seen())
             if self.headers.get("Authorization") != f"Bearer {state.token}":
                 return self._answer(401, {"code": "UNAUTHORIZED"})
+            refused = state.arrive()
+            if refused:
+                status, body, retry_after = refused
+                self.rfile.read(int(self.headers.get("content-length") or 0))  # the connection stays usable
+                said = (
+                    formatdate(time.time() + retry_after, usegmt=True)
+                    if state.faults["retry_after_http_date"]
+                    else str(retry_after)
+                )
+                return self._answer(status, body, headers=[("retry-after", said)])
+            try:
+                self._protocol(method, url, path)
+            finally:
+                state.leave()
+
+        def _protocol(self, method: str, url, path: str) -> None:
             generation = state.generation
             state.calls.append((method, path))
             if state.faults["latency"]:
-                time.sleep(float(state.faults["latency"]))
+                jitter = float(state.faults["latency_jitter"])
+                time.sleep(float(state.faults["latency"]) * random.uniform(1 - jitter, 1 + jitter))
                 if generation != state.generation:  # reset while it waited: forgotten with the rest
                     return self._answer(503, {"code": "UNAVAILABLE"})
             if path == "/dpp-registration-requests" and method == "POST":
@@ -410,6 +528,7 @@ def make_server(host: str = "127.0.0.1", port: int = 8100, *, token: str, faults
 
     class Server(ThreadingHTTPServer):
         daemon_threads = True
+        request_queue_size = 128  # drains open dozens of connections at once (socketserver's 5 resets them)
 
         def handle_error(self, request, client_address):
             if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that hung up is no news

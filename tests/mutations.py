@@ -139,15 +139,15 @@ GUARDS = [
     Guard(
         "wake: a commit NOTIFYs the listening sweep",
         "outbox/wake.py",
-        """                "SELECT pg_notify(%s, ''), pg_try_advisory_xact_lock_shared(%s)", [CHANNEL, LISTENER_LOCK]""",
-        """                "SELECT length(%s), pg_try_advisory_xact_lock_shared(%s)", [CHANNEL, LISTENER_LOCK]""",
+        """                "SELECT pg_notify(%s, ''), pg_try_advisory_xact_lock_shared(%s)", [wake.channel, wake.lock]""",
+        """                "SELECT length(%s), pg_try_advisory_xact_lock_shared(%s)", [wake.channel, wake.lock]""",
         "tests/test_outbox_wake.py::test_a_commit_wakes_the_listening_sweep_and_enqueues_no_task",
     ),
     Guard(
         "wake: no django-q2 task is enqueued while a sweep listens",
-        "outbox/kick.py",
-        "    if not notify_sweep():\n",
-        "    if notify_sweep() or True:\n",
+        "outbox/wake.py",
+        "    if notify(wake):\n        return\n",
+        "    if notify(wake) and False:\n        return\n",
         "tests/test_outbox_wake.py -k enqueues",
     ),
     Guard(
@@ -160,15 +160,15 @@ GUARDS = [
     Guard(
         "wake: one sweep leads at a time",
         "outbox/wake.py",
-        """        self.leading = self.conn.execute("SELECT pg_try_advisory_lock(%s)", [LISTENER_LOCK]).fetchone()[0]""",
-        """        self.leading = self.conn.execute("SELECT pg_try_advisory_lock(%s) OR true", [LISTENER_LOCK]).fetchone()[0]""",
+        """        self.leading = self.conn.execute("SELECT pg_try_advisory_lock(%s)", [self.wake.lock]).fetchone()[0]""",
+        """        self.leading = self.conn.execute("SELECT pg_try_advisory_lock(%s) OR true", [self.wake.lock]).fetchone()[0]""",
         "tests/test_outbox_wake.py -k lead",
     ),
     Guard(
         "wake: a leading turn relays while deliveries are pending",
         "outbox/tasks.py",
-        """(report.claimed or Delivery.objects.filter(status="pending").exists())""",
-        """(report.claimed)""",
+        """        owed=lambda: Delivery.objects.filter(status=Delivery.Status.PENDING).exists(),\n""",
+        """        owed=lambda: False,\n""",
         "tests/test_outbox_wake.py -k relay",
     ),
     Guard(
@@ -361,11 +361,11 @@ GUARDS = [
         "tests/test_sweep_python.py::test_webhook_outcomes_are_written_while_a_python_consumer_runs",
     ),
     Guard(
-        "drain: no attempt starts after the claim's hold ran out",
+        "drain: no attempt starts after the claim's hold ran out (nor one whose slot comes after it)",
         "registry/drain.py",
-        "            if not claim.holds():\n",
-        "            if False:\n",
-        "tests/test_registry_drain.py::test_a_drain_pass_starts_no_register_after_its_claims_hold_ran_out",
+        "        if slot >= deadline:\n",
+        "        if False:\n",
+        "tests/test_registry_drain.py tests/test_registry_concurrency.py -k hold_ran_out or slot_comes_after",
     ),
     Guard(
         "release: only rows still held by the claim's token",
@@ -884,22 +884,23 @@ GUARDS = [
     Guard(
         "sweep flush: a batch the database refuses is written again row by row",
         "outbox/sweep.py",
-        "    except Exception:  # DataError, or psycopg refusing to encode: see which row, below\n",
-        "    except ZeroDivisionError:\n",
+        "    except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below\n"
+        "        reconnect.raise_if_lost(exc)\n        log.warning(\n",
+        "    except ZeroDivisionError as exc:\n        reconnect.raise_if_lost(exc)\n        log.warning(\n",
         "tests/test_batch_isolation.py::test_an_unwritable_success_mid_batch_leaves_the_others_delivered_and_the_sweep_going",
     ),
     Guard(
         "sweep flush: a row that still cannot be written does not end the pass",
         "outbox/sweep.py",
-        "            except Exception as exc:\n                settled.unwritten.add(f.delivery.pk)\n",
-        "            except ZeroDivisionError as exc:\n                settled.unwritten.add(f.delivery.pk)\n",
+        "            except Exception as exc:\n                reconnect.raise_if_lost(exc)\n                settled.unwritten.add(f.delivery.pk)\n",
+        "            except ZeroDivisionError as exc:\n                reconnect.raise_if_lost(exc)\n                settled.unwritten.add(f.delivery.pk)\n",
         "tests/test_batch_isolation.py::test_an_unwritable_failure_mid_batch_leaves_the_other_failures_backed_off",
     ),
     Guard(
         "drain: an answer the database refuses does not end the drain",
         "registry/drain.py",
-        "        except Exception as exc:\n            self.write_error(",
-        "        except ZeroDivisionError as exc:\n            self.write_error(",
+        "            except Exception as exc:\n                reconnect.raise_if_lost(exc)\n                ending.attempt.write_error(ending, exc)\n",
+        "            except ZeroDivisionError as exc:\n                reconnect.raise_if_lost(exc)\n                ending.attempt.write_error(ending, exc)\n",
         "tests/test_batch_isolation.py::test_an_unwritable_registry_answer_leaves_the_drain_going",
     ),
     # -- issue 12, item 8: the guards the list lacked ----------------------------------------------
@@ -1291,7 +1292,7 @@ GUARDS = [
     Guard(
         "registry adapter: a connection it gives up is reset, so a held-back register is never sent (needs root)",
         "registry/adapters.py",
-        "                transport=httpx.HTTPTransport(socket_options=RESET_ON_CLOSE),\n",
+        "                        socket_options=RESET_ON_CLOSE,\n",
         "",
         "tests/test_partition.py::test_a_register_given_up_during_a_cut_never_reaches_the_registry_after_the_heal",
     ),
@@ -1403,8 +1404,8 @@ GUARDS = [
     Guard(
         "drain: a late answer's log line carries its ids",
         "registry/drain.py",
-        '                self.token,\n                extra={"registration": self.reg.pk, "claim": self.token, "attempt": self.reg.attempts},\n',
-        "                self.token,\n",
+        '            self.token,\n            extra={"registration": self.reg.pk, "claim": self.token, "attempt": self.reg.attempts},\n',
+        "            self.token,\n",
         "tests/test_logs.py::test_a_late_registry_answer_is_a_json_line_with_its_ids",
     ),
     Guard(
@@ -2008,6 +2009,174 @@ GUARDS = [
         "        if False:\n",
         "tests/test_consumer_races.py::test_bulk_resend_refuses_since_after_until",
     ),
+    # -- issue 16: debounced kicks, the concurrent drain, the registry's pace -----------------------
+    Guard(
+        "kicks: a kick on its way holds back the next (a burst of commits enqueues one task)",
+        "outbox/models.py",
+        "        free = models.Q(enqueued_at__isnull=True) | models.Q(\n",
+        "        free = models.Q() | models.Q(\n",
+        "tests/test_kicks.py -k burst or on_its_way",
+    ),
+    Guard(
+        "kicks: a task that starts takes its kick (the next commit may kick again)",
+        "outbox/wake.py",
+        "    Kick.objects.started(wake.task)\n",
+        "",
+        "tests/test_kicks.py::test_a_drain_task_takes_its_kick_when_it_starts",
+    ),
+    Guard(
+        "kicks: a kick the broker refuses is withdrawn (the next commit tries again)",
+        "outbox/wake.py",
+        '    if enqueue and not kick(wake.task, f"{wake.name} (kicked)"):\n',
+        '    if enqueue and not kick(wake.task, f"{wake.name} (kicked)") and False:\n',
+        "tests/test_kicks.py -k refuses_is_withdrawn",
+    ),
+    Guard(
+        "kicks: a withdrawn kick takes back only its own mark",
+        "outbox/models.py",
+        "        return self.filter(task=task, enqueued_at=enqueued_at).update(enqueued_at=None)\n",
+        "        return self.filter(task=task).update(enqueued_at=None)\n",
+        "tests/test_kicks.py -k only_its_own_mark",
+    ),
+    Guard(
+        "wake: a leader's last look comes after it unlocks (a commit that found the lock held is seen)",
+        "outbox/wake.py",
+        "        if relayed:\n            report.add(listening(listener, HANDOVER_SECONDS))\n"
+        "    # The last look, after the unlock (with a successor on its way, its first pass is the look).\n"
+        "    if settings.ODAL_KICK_SWEEP and not relayed and asked(due):\n",
+        "        looked = asked(due)\n        if relayed:\n            report.add(listening(listener, HANDOVER_SECONDS))\n"
+        "    # The last look, after the unlock (with a successor on its way, its first pass is the look).\n"
+        "    if settings.ODAL_KICK_SWEEP and not relayed and looked:\n",
+        "tests/test_kicks.py::test_a_publish_committed_while_a_leading_drain_ends_its_turn_is_kicked",
+    ),
+    Guard(
+        "drain wake: a leading drain relays while a registration falls due within the horizon",
+        "registry/tasks.py",
+        "        owed=lambda: Registration.objects.due(timezone.now() + RELAY_HORIZON).exists(),\n",
+        "        owed=lambda: Registration.objects.due(timezone.now()).exists(),\n",
+        "tests/test_kicks.py -k relays",
+    ),
+    Guard(
+        "drain wake: publishing wakes the drain (not only the minute's schedule)",
+        "registry/service.py",
+        "    wake_on_commit(DRAIN)\n",
+        "    pass\n",
+        "tests/test_kicks.py -k burst or wakes_the_listening_drain",
+    ),
+    Guard(
+        "drain: at most ODAL_REGISTRY_CONCURRENCY requests in flight (a row starts only when one ends)",
+        "registry/drain.py",
+        "                while waiting and len(in_flight) < size:\n",
+        "                while waiting:\n",
+        "tests/test_registry_concurrency.py -k in_flight or hold_ran_out",
+    ),
+    Guard(
+        "drain: claims nothing while the registry's pause holds",
+        "registry/drain.py",
+        "    if pace.paused_for():\n        return report\n",
+        "",
+        "tests/test_registry_concurrency.py::test_a_429_gives_the_attempt_back_and_pauses_every_drain",
+    ),
+    Guard(
+        "drain: a pass starts no request once a pause holds (the rows are given back, not held through it)",
+        "registry/drain.py",
+        "        if self.pace.paused_for():\n            return False",
+        "        if False:\n            return False",
+        "tests/test_registry_concurrency.py::test_a_pass_starts_no_request_once_a_429_pauses_the_drain",
+    ),
+    Guard(
+        "drain: a request waiting for its slot is not sent once a pause holds",
+        "registry/drain.py",
+        "    if pace.held_back():\n        return NOT_SENT\n",
+        "",
+        "tests/test_registry_concurrency.py::test_a_request_waiting_for_its_slot_is_not_sent_once_a_429_pauses_the_drain",
+    ),
+    Guard(
+        "drain: while requests wait, the pass reads a pause another process wrote",
+        "registry/drain.py",
+        "                self.pace.paused_for()\n                done, _ = wait(",
+        "                done, _ = wait(",
+        "tests/test_registry_concurrency.py::test_a_pause_another_process_writes_stops_a_request_waiting_for_its_slot",
+    ),
+    Guard(
+        "429: the attempt is given back, not spent",
+        "registry/models.py",
+        '                attempts=F("attempts") - 1,\n                next_attempt_at=retry_at,\n',
+        "                next_attempt_at=retry_at,\n",
+        "tests/test_registry_concurrency.py::test_a_429_gives_the_attempt_back_and_pauses_every_drain",
+    ),
+    Guard(
+        "429: mark_rate_limited takes only a row its claim holds",
+        "registry/models.py",
+        "            self._held(token, Registration.Status.PENDING, Registration.Status.SUBMITTED).update(\n"
+        '                attempts=F("attempts") - 1,\n',
+        "            self.filter(status__in=[Registration.Status.PENDING, Registration.Status.SUBMITTED]).update(\n"
+        '                attempts=F("attempts") - 1,\n',
+        "tests/test_registry_drain.py -k mark_rate_limited",
+    ),
+    Guard(
+        "429: the adapter tells a 429 from other failures",
+        "registry/adapters.py",
+        "        if status == 429:\n",
+        "        if False:\n",
+        "tests/test_registry_concurrency.py::test_a_429_gives_the_attempt_back_and_pauses_every_drain",
+    ),
+    Guard(
+        "Retry-After: capped",
+        "registry/adapters.py",
+        "    return min(RETRY_AFTER_CAP, seconds)\n",
+        "    return seconds\n",
+        "tests/test_registry_concurrency.py -k retry_after_is",
+    ),
+    Guard(
+        "Retry-After: negative or endless delay-seconds are unreadable, not a wait",
+        "registry/adapters.py",
+        "    if not (math.isfinite(seconds) and seconds >= 0):  # delay-seconds are never negative\n",
+        "    if False:\n",
+        "tests/test_registry_concurrency.py -k retry_after_is",
+    ),
+    Guard(
+        "pace: slots are 1/rate apart",
+        "registry/pace.py",
+        "        interval = 1 / self.rate\n",
+        "        interval = 0.0\n",
+        "tests/test_registry_concurrency.py -k slot_comes_after or keep_to_the_rate",
+    ),
+    Guard(
+        "pace: a booking follows every slot booked before, by any process",
+        "registry/models.py",
+        '            after = Greatest(F("next_slot_at"), F("paused_until"), Value(now))\n',
+        '            after = Greatest(F("paused_until"), Value(now))\n',
+        "tests/test_registry_concurrency.py -k bookings_follow or keep_to_the_rate",
+    ),
+    Guard(
+        "pace: a booking starts after a pause",
+        "registry/models.py",
+        '            after = Greatest(F("next_slot_at"), F("paused_until"), Value(now))\n',
+        '            after = Greatest(F("next_slot_at"), Value(now))\n',
+        "tests/test_registry_concurrency.py::test_bookings_follow_one_another_at_the_rate_and_start_after_a_pause",
+    ),
+    Guard(
+        "pace: a pause is only ever lengthened",
+        "registry/models.py",
+        "            self.filter(pk=1, paused_until__lt=until).update(\n",
+        "            self.filter(pk=1).update(\n",
+        "tests/test_registry_concurrency.py::test_a_pause_is_only_ever_lengthened",
+    ),
+    Guard(
+        "pace: a slot not given out in time is dropped, never used late",
+        "registry/pace.py",
+        "        while self.slots and self.slots[0] < now - SLOT_LATENESS:\n",
+        "        while False:\n",
+        "tests/test_registry_concurrency.py::test_a_slot_not_given_out_in_time_is_dropped_not_used_late",
+    ),
+    Guard(
+        "settings: ODAL_REGISTRY_RATE_PER_SECOND must be above 0",
+        "odal/settings.py",
+        "    if not 0 < value <= maximum:  # NaN fails too\n",
+        "    if False:\n",
+        "tests/test_settings.py -k RATE_PER_SECOND",
+    ),
     Guard(
         "bulk: over 1,000 items is a 422 that says so",
         "odal/api.py",
@@ -2117,8 +2286,8 @@ GUARDS = [
         "tests/test_bulk_api.py::test_the_bulk_route_has_a_body_limit_of_its_own",
     ),
     Guard(
-        "reconnect: a sweep started while the database is down waits for it (open_listener)",
-        "outbox/sweep.py",
+        "reconnect: a sweep or a drain started while the database is down waits for it (open_listener)",
+        "outbox/wake.py",
         "            if not outage.wait(exc):\n                return None\n",
         "            raise\n",
         "tests/test_reconnect.py::test_a_sweep_and_a_drain_started_while_the_database_is_down_wait_for_it",
@@ -2174,9 +2343,9 @@ GUARDS = [
     Guard(
         "reconnect: the drain writes nothing in place of an outcome lost with the database",
         "registry/drain.py",
-        "        except Exception as exc:\n            reconnect.raise_if_lost(exc)\n            self.write_error(",
-        "        except Exception as exc:\n            self.write_error(",
-        "tests/test_reconnect.py -k drain_that",
+        "        reconnect.raise_if_lost(exc)\n        if len(endings) == 1:\n",
+        "        if len(endings) == 1:\n",
+        "tests/test_reconnect.py -k drain_that_loses_the_database_while_writing",
     ),
     Guard(
         "reconnect: odal outbox sweep (and a relay turn) rides out a lost database",
@@ -2199,19 +2368,21 @@ GUARDS = [
     Guard(
         "reconnect: odal registry drain rides out a lost database",
         "registry/drain.py",
-        "            if not outage.wait(exc):\n                break\n",
-        "            raise\n",
+        "                if not outage.wait(exc):\n                    break\n",
+        "                raise\n",
         "tests/test_reconnect.py -k drain_that and registry",
     ),
     Guard(
         "reconnect: the django-q2 drain task rides out a lost database",
         "registry/drain.py",
-        "        except reconnect.ERRORS as exc:\n            if not reconnect.is_lost(exc):\n"
-        "                raise\n            if not outage.wait(exc):\n"
-        "                raise reconnect.database_error(exc) from None\n",
-        "        except ZeroDivisionError as exc:\n            if not reconnect.is_lost(exc):\n"
-        "                raise\n            if not outage.wait(exc):\n"
-        "                raise reconnect.database_error(exc) from None\n",
+        "            except reconnect.ERRORS as exc:\n                if not reconnect.is_lost(exc):\n"
+        "                    raise\n                if not outage.wait(exc):\n"
+        "                    raise reconnect.database_error(exc) from None\n"
+        "                continue\n            report.add(one)\n            if time.monotonic() >= deadline:\n",
+        "            except ZeroDivisionError as exc:\n                if not reconnect.is_lost(exc):\n"
+        "                    raise\n                if not outage.wait(exc):\n"
+        "                    raise reconnect.database_error(exc) from None\n"
+        "                continue\n            report.add(one)\n            if time.monotonic() >= deadline:\n",
         "tests/test_reconnect.py -k drain_that and task",
     ),
     Guard(

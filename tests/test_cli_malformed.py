@@ -86,7 +86,14 @@ MALFORMED = {
     ("registry", "status"): [["--bogus"]],
     ("registry", "abandon"): [["42", "--reason", "r"], [ID]],
     ("registry", "handle"): [[ID, "h", "--reason", "r", "--actor", "a\nb"]],
-    ("registry", "simulate"): [["--port", "99999"], ["--port", "0"]],
+    ("registry", "simulate"): [
+        ["--port", "99999"],
+        ["--port", "0"],
+        ["--latency-ms", "-1"],
+        ["--rate-limit", "100/m"],
+        ["--rate-limit", "0/s"],
+        ["--fault", "latency_jitter=2"],
+    ],
     ("passport", "create"): [
         ["--upi", UPI, "--operator", "OP", "--facility", LONG],
         ["--upi", "ftp://id.example.eu/01/1", "--operator", "OP"],

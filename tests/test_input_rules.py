@@ -433,3 +433,20 @@ def test_the_older_names_still_check_with_the_rules():
     with pytest.raises(CommandError, match=r"is not a delivery id \(a UUID\)") as usage:
         parse_uuid("42", "delivery id")
     assert usage.value.returncode == 2
+
+
+@pytest.mark.parametrize(
+    "value, rate", [("100/s", 100), ("100", 100), (" 5 / s ", 5), ("1000000/s", 1_000_000)]
+)
+def test_a_rate_per_second_is_n_per_s(value, rate):
+    from odal import rules
+
+    assert rules.rate_per_second(value) == rate
+
+
+@pytest.mark.parametrize("value", ["0/s", "-1/s", "1e3/s", "100/m", "100/", "/s", "fast", "1000001/s", 100])
+def test_a_rate_per_second_refuses_what_is_not_one(value):
+    from odal import rules
+
+    with pytest.raises(ValueError, match="must be a rate such as 100/s"):
+        rules.rate_per_second(value)

@@ -88,7 +88,7 @@ def test_a_deactivation_whose_passport_was_published_again_sends_nothing(
     assert reg.attempt_log.last().outcome == ("cancelled" if expected == "registered" else "reregister")
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # (the request, and so this publish, runs on a drain thread)
 def test_published_again_while_the_registry_deactivated_registers_afresh(registry_sim):
     passport = registered(registry_sim)
     lifecycle.suspend(passport.pk, actor="test")
@@ -97,7 +97,10 @@ def test_published_again_while_the_registry_deactivated_registers_afresh(registr
 
     def deactivate_while_published_again(handle):
         answer = deactivate(handle)
-        lifecycle.publish(passport.pk, actor="test")  # lands while the registry answers
+        try:
+            lifecycle.publish(passport.pk, actor="test")  # lands while the registry answers
+        finally:
+            connections.close_all()  # this thread's
         return answer
 
     adapter.deactivate = deactivate_while_published_again

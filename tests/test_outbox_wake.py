@@ -15,7 +15,7 @@ from django.test import TestCase
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from outbox import tasks
+from outbox import tasks, wake
 from outbox.events import emit
 from outbox.models import Delivery
 from outbox.sweep import sweep_listening
@@ -122,28 +122,30 @@ def test_one_sweep_leads_at_a_time_and_a_closed_leader_frees_the_lock(db):
         second.close()
 
 
-def test_a_leading_turn_relays_to_a_successor_while_work_is_pending(db, settings):
+@pytest.fixture
+def short_turns(monkeypatch):
+    monkeypatch.setattr(wake, "TURN_SECONDS", 0.1)
+    monkeypatch.setattr(wake, "HANDOVER_SECONDS", 0.1)
+
+
+def test_a_leading_turn_relays_to_a_successor_while_work_is_pending(db, settings, short_turns):
     settings.ODAL_KICK_SWEEP = True
     DeliveryFactory(consumer=ConsumerFactory(), next_attempt_at=timezone.now() + timedelta(hours=1))
-    with Listener.open() as listener:
-        assert listener.try_lead()
-        tasks.listen_one_turn(listener, turn_seconds=0.1)
+    tasks.sweep()
     (queued,) = OrmQ.objects.all()
     assert queued.task["func"] == "outbox.tasks.sweep" and queued.task["kwargs"] == {"relay": True}
 
 
-def test_a_leading_turn_with_nothing_pending_ends_without_a_successor(db, settings):
+def test_a_leading_turn_with_nothing_pending_ends_without_a_successor(db, settings, short_turns):
     settings.ODAL_KICK_SWEEP = True
-    with Listener.open() as listener:
-        assert listener.try_lead()
-        tasks.listen_one_turn(listener, turn_seconds=0.1)
+    tasks.sweep()
     assert not OrmQ.objects.exists()
 
 
 def test_a_sweep_task_that_cannot_lead_sweeps_what_is_due_and_returns(db, monkeypatch):
     ConsumerFactory()
     emit("passport.published", {})
-    monkeypatch.setattr(tasks, "listen_one_turn", lambda listener: pytest.fail("it must not listen"))
+    monkeypatch.setattr(tasks, "sweep_listening", lambda *a, **k: pytest.fail("it must not listen"))
     with Listener.open() as leader:
         assert leader.try_lead()
         summary = tasks.sweep()

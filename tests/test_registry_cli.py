@@ -90,3 +90,12 @@ def test_drain_once(registry_sim):
 def test_simulate_refuses_an_unknown_fault():
     with pytest.raises(CommandError, match="NAME=VALUE"):
         run("simulate", "--fault", "gremlins=1")
+
+
+def test_odal_up_starts_the_simulator_with_the_demo_faults_only():
+    """`make run`'s registry answers at once and without a rate limit; only the demo's faults."""
+    from odal.management.commands.up import Command
+
+    (argv,) = [argv for name, argv in Command().processes("127.0.0.1:8000") if name == "registry simulator"]
+    assert argv[-4:] == ["--fault", "refuse_upi_containing=REFUSE", "--fault", "checks_until_registered=2"]
+    assert not {"--latency-ms", "--rate-limit"} & set(argv)

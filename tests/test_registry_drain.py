@@ -186,6 +186,9 @@ DRAIN_WRITES = {
     "mark_attempt_failed": lambda rows, t: rows.mark_attempt_failed(
         token=t, error="x", retry_at=timezone.now()
     ),
+    "mark_rate_limited": lambda rows, t: rows.mark_rate_limited(
+        token=t, error="registry answered HTTP 429", retry_at=timezone.now()
+    ),
 }
 
 
@@ -210,7 +213,7 @@ def test_every_drain_write_bounces_off_an_abandoned_row(write, operation):
 def test_no_drain_write_takes_a_row_held_by_another_claim(write):
     reg = RegistrationFactory(status="submitted" if write in ("mark_registered", "mark_checked") else "pending",
                               operation="deactivate" if write == "mark_deactivated" else "register",
-                              claim_token=uuid.uuid4())  # fmt: skip
+                              claim_token=uuid.uuid4(), attempts=1)  # fmt: skip
     assert DRAIN_WRITES[write](Registration.objects.filter(pk=reg.pk), uuid.uuid4()) is False
     assert DRAIN_WRITES[write](Registration.objects.filter(pk=reg.pk), reg.claim_token) is True
 
@@ -241,10 +244,12 @@ def test_a_drain_pass_that_read_the_row_before_it_was_abandoned_changes_nothing(
 
 
 def test_a_drain_pass_starts_no_register_after_its_claims_hold_ran_out(registry_sim, settings):
-    """Two due registrations, one claim with a 1 s hold, a registry that takes 1.2 s to answer:
-    the second's turn comes after the hold ran out, when the row may be another drain's (or
-    abandoned). No request goes out for it; its counted attempt is given back and it is due now."""
+    """Two due registrations, one claim with a 1 s hold, one request in flight at a time, a
+    registry that takes 1.2 s to answer: the second's turn comes after the hold ran out, when the
+    row may be another drain's (or abandoned). No request goes out for it; its counted attempt is
+    given back and it is due now. (tests/test_registry_concurrency.py: the same with several.)"""
     settings.ODAL_CLAIM_HOLD_SECONDS = 1
+    settings.ODAL_REGISTRY_CONCURRENCY = 1
     first, second = published(), published()
     registry_sim.faults["latency"] = 1.2
 

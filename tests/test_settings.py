@@ -65,6 +65,11 @@ def refusal(**env) -> str:
         ("DATABASE_URL", "mysql://root@localhost/odal"),
         ("DEBUG", "maybe"),
         ("ODAL_DB_CONN_MAX_AGE", "forever"),
+        ("ODAL_REGISTRY_CONCURRENCY", "0"),
+        ("ODAL_REGISTRY_CONCURRENCY", "65"),
+        ("ODAL_REGISTRY_RATE_PER_SECOND", "0"),
+        ("ODAL_REGISTRY_RATE_PER_SECOND", "nan"),
+        ("ODAL_REGISTRY_RATE_PER_SECOND", "100/s"),
         ("ODAL_BIND", "nonsense"),
         ("ODAL_BIND", "127.0.0.1:70000"),
         ("ODAL_WEB_WORKERS", "0"),
@@ -77,6 +82,11 @@ def test_bad_value_stops_start_up_naming_the_variable(name, value):
 
 def test_defaults_start():
     result = start()
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_rate_limit_may_be_a_fraction_of_one_a_second():
+    result = start(ODAL_REGISTRY_RATE_PER_SECOND="0.5", ODAL_REGISTRY_CONCURRENCY="64")
     assert result.returncode == 0, result.stderr
 
 

@@ -33,7 +33,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
 
-from invariants import check, install_history, person_registry_write, registry_holds, replay_dead
+try:  # run as `python tests/torture.py`
+    from invariants import check, install_history, person_registry_write, registry_holds, replay_dead
+except ModuleNotFoundError:  # imported as tests.torture (bench/run.py takes its database helpers)
+    from tests.invariants import check, install_history, person_registry_write, registry_holds, replay_dead
 
 ROOT = Path(__file__).resolve().parent.parent
 HOLD = 1  # seconds: stalls of 2.5 s outlive it

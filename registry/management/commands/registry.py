@@ -46,6 +46,14 @@ class Command(BaseCommand):
         simulate = sub.add_parser("simulate", help="run the registry simulator")
         simulate.add_argument("--port", type=argument(rules.port), default=8100)
         simulate.add_argument(
+            "--latency-ms", type=argument(rules.latency_ms), metavar="N",
+            help="every answer waits N ms, give or take 20 %% (the faults latency and latency_jitter)",
+        )  # fmt: skip
+        simulate.add_argument(
+            "--rate-limit", type=argument(rules.rate_per_second), metavar="N/s",
+            help="past N requests in a second, answer 429 with Retry-After (the fault rate_limit)",
+        )  # fmt: skip
+        simulate.add_argument(
             "--fault", action="append", default=[], metavar="NAME=VALUE",
             help=f"switch a fault on at start (repeatable); one of: {', '.join(DEFAULT_FAULTS)}. "
             f"hostile_answer is one of {', '.join(HOSTILE_ANSWERS)}; the simulator's docstring "
@@ -92,8 +100,12 @@ class Command(BaseCommand):
         reg = service.record_handle(passport_id, handle=handle, actor=actor, reason=reason)
         self.stdout.write(f"{passport_id}: registered with handle {reg.handle}.")
 
-    def do_simulate(self, *, port, fault, **_):
+    def do_simulate(self, *, port, fault, latency_ms, rate_limit, **_):
         faults = {}
+        if latency_ms is not None:
+            faults.update(latency=latency_ms / 1000, latency_jitter=LATENCY_JITTER)
+        if rate_limit is not None:
+            faults["rate_limit"] = rate_limit
         for item in fault:
             name, sep, value = item.partition("=")
             if not sep or name not in DEFAULT_FAULTS:
@@ -102,7 +114,7 @@ class Command(BaseCommand):
                     returncode=2,
                 )
             try:
-                faults[name] = fault_value(DEFAULT_FAULTS[name], value)
+                faults[name] = fault_value(name, value)
             except ValueError as exc:
                 raise CommandError(f"--fault {item!r}: {name} {exc}.", returncode=2) from None
             if problem := fault_problem(name, faults[name]):
@@ -121,9 +133,21 @@ class Command(BaseCommand):
             server.server_close()
 
 
-def fault_value(default, value: str):
+LATENCY_JITTER = 0.2  # --latency-ms: each wait 80 % to 120 % of it
+
+
+def fault_value(name: str, value: str):
     """A fault's value typed as its default is: a switch, a count (0 to 1,000,000), seconds (0 to
-    3,600) or text."""
+    3,600), a fraction (latency_jitter, 0 to 1) or text."""
+    default = DEFAULT_FAULTS[name]
+    if name == "latency_jitter":
+        try:
+            fraction = float(value)
+        except ValueError:
+            fraction = -1.0
+        if not 0 <= fraction <= 1:  # NaN fails too
+            raise ValueError("takes a fraction, from 0 to 1")
+        return fraction
     if isinstance(default, bool):
         return value.lower() in ("1", "true", "yes", "on")
     if isinstance(default, int):

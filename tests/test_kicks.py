@@ -1,0 +1,185 @@
+"""Debounced kicks: the drain is woken like the sweep (outbox.wake, one mechanism), a burst of
+commits enqueues one django-q2 task per worker kind however many there are, and a commit that
+lands while a leading task is finishing its turn is still picked up at once, not by the
+minute's schedule.
+
+Real PostgreSQL LISTEN/NOTIFY and advisory locks, real commits; the listening drain runs on its
+own thread with its own connections, as in a django-q2 worker."""
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connections
+from django.utils import timezone
+from django_q.models import OrmQ
+
+from odal import lifecycle
+from outbox import wake
+from outbox.models import Kick
+from outbox.wake import Listener
+from registry import service, tasks
+from registry.drain import drain_listening
+from registry.models import Registration
+from tests.factories import ConsumerFactory, PassportFactory
+
+
+def published():
+    passport = PassportFactory()
+    lifecycle.publish(passport.pk, actor="test")
+    return passport
+
+
+def queued() -> list[str]:
+    return sorted(q.task["func"] for q in OrmQ.objects.all())
+
+
+def wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+@pytest.fixture
+def short_turns(monkeypatch):
+    monkeypatch.setattr(wake, "TURN_SECONDS", 0.1)
+    monkeypatch.setattr(wake, "HANDOVER_SECONDS", 0.1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_of_publishes_enqueues_one_drain_and_one_sweep(settings):
+    """Thirty publishes, each its own commit, with nothing listening: the first enqueues a
+    drain and a sweep; the others find those kicks on their way and enqueue nothing."""
+    settings.ODAL_KICK_SWEEP = True
+    ConsumerFactory(event_types=["passport.*"])
+    for _ in range(30):
+        published()
+    assert queued() == ["outbox.tasks.sweep", "registry.tasks.drain"]
+    assert Registration.objects.filter(status="pending").count() == 30
+
+
+def test_a_kick_is_on_its_way_until_its_task_starts_or_the_window_passes(db):
+    task = "registry.tasks.drain"
+    now = timezone.now()
+    assert Kick.objects.request(task, now=now, window_seconds=5)
+    assert not Kick.objects.request(task, now=now + timedelta(seconds=4), window_seconds=5)
+    assert Kick.objects.request(task, now=now + timedelta(seconds=6), window_seconds=5)  # lost: again
+    Kick.objects.started(task)
+    assert Kick.objects.request(task, now=now + timedelta(seconds=7), window_seconds=5)  # taken: again
+    assert Kick.objects.request("outbox.tasks.sweep", now=now, window_seconds=5)  # each task its own
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drain_task_takes_its_kick_when_it_starts(registry_sim, settings, monkeypatch):
+    """A kicked drain task, once started, lets the next commit kick again: that commit's row may
+    come after the task's last look."""
+    settings.ODAL_KICK_SWEEP = True
+    monkeypatch.setattr(wake, "TURN_SECONDS", 1.0)
+    published()
+    assert queued() == ["registry.tasks.drain"]
+    OrmQ.objects.all().delete()  # (a cluster took it)
+    tasks.drain()  # registers it, and nothing is owed soon: no successor
+    assert Registration.objects.get().status == "registered" and queued() == []
+    published()
+    assert queued() == ["registry.tasks.drain"]
+
+
+class ListeningDrain(threading.Thread):
+    """A drain that leads the drain's listener lock for `seconds`; only a NOTIFY (or a poll of
+    `poll_seconds`) wakes it."""
+
+    def __init__(self, *, seconds: float, poll_seconds: float):
+        super().__init__(daemon=True)
+        self.seconds, self.poll_seconds = seconds, poll_seconds
+        self.ready = threading.Event()
+        self.report = None
+
+    def run(self):
+        try:
+            with Listener.open(service.DRAIN) as listener:
+                assert listener.try_lead()
+                self.ready.set()
+                self.report = drain_listening(listener, seconds=self.seconds, poll_seconds=self.poll_seconds)
+        finally:
+            connections.close_all()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_publish_wakes_the_listening_drain_and_enqueues_no_task(registry_sim, settings):
+    settings.ODAL_KICK_SWEEP = True
+    drain = ListeningDrain(seconds=4, poll_seconds=60)  # only a notification can wake it in time
+    drain.start()
+    assert drain.ready.wait(5)
+    time.sleep(0.3)  # its first pass found nothing; it is waiting
+    passport = published()
+    assert wait_for(lambda: Registration.objects.get(passport=passport).status == "registered", 3.5)
+    drain.join()
+    assert drain.report.registered == 1
+    assert queued() == []  # a drain was listening: nothing went through django-q2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_publish_committed_while_a_leading_drain_ends_its_turn_is_kicked(
+    settings, monkeypatch, short_turns
+):
+    """The leading drain finds nothing owed and ends its turn; a publish commits just before
+    it unlocks, so its kick finds the lock held and enqueues nothing. The drain's last look comes
+    after the unlock: it sees the row and wakes a task. (Looking before unlocking would miss it,
+    and the row would wait for the minute's schedule.)"""
+    settings.ODAL_KICK_SWEEP = True
+    unlock = Listener.close
+    committed = []
+
+    def publish_then_unlock(listener):
+        if listener.wake == service.DRAIN and not committed:
+            committed.append(published())  # its kick: the lock is held, nothing enqueued
+            assert queued() == []
+        unlock(listener)
+
+    monkeypatch.setattr(Listener, "close", publish_then_unlock)
+    tasks.drain()
+    assert committed and queued() == ["registry.tasks.drain"]
+
+
+def test_a_leading_drain_relays_while_a_registration_falls_due_within_the_horizon(db, settings, short_turns):
+    settings.ODAL_KICK_SWEEP = True
+    published()
+    Registration.objects.update(next_attempt_at=timezone.now() + tasks.RELAY_HORIZON - timedelta(seconds=5))
+    tasks.drain()
+    (successor,) = OrmQ.objects.all()
+    assert successor.task["func"] == "registry.tasks.drain" and successor.task["kwargs"] == {"relay": True}
+
+
+def test_a_leading_drain_leaves_a_registration_due_past_the_horizon_to_the_schedule(
+    db, settings, short_turns
+):
+    settings.ODAL_KICK_SWEEP = True
+    published()
+    Registration.objects.update(next_attempt_at=timezone.now() + tasks.RELAY_HORIZON + timedelta(seconds=5))
+    tasks.drain()
+    assert not OrmQ.objects.exists()
+
+
+def test_a_kick_the_broker_refuses_is_withdrawn_so_the_next_commit_tries_again(db, monkeypatch, caplog):
+    from django_q.conf import Conf
+
+    monkeypatch.setattr(Conf, "ORM", "no-such-database")  # the broker refuses every task
+    wake.wake_up(service.DRAIN)  # nothing listens: a kick, which fails
+    assert "could not enqueue registry.tasks.drain" in caplog.text
+    assert not Kick.objects.filter(enqueued_at__isnull=False).exists()
+    monkeypatch.undo()
+    wake.wake_up(service.DRAIN)
+    assert queued() == ["registry.tasks.drain"]
+
+
+def test_withdrawing_a_kick_takes_back_only_its_own_mark(db):
+    now = timezone.now()
+    assert Kick.objects.request("registry.tasks.drain", now=now, window_seconds=5)
+    later = now + timedelta(seconds=6)
+    assert Kick.objects.request("registry.tasks.drain", now=later, window_seconds=5)  # a later kick's
+    assert Kick.objects.withdraw("registry.tasks.drain", enqueued_at=now) == 0
+    assert Kick.objects.get().enqueued_at == later

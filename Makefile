@@ -22,8 +22,14 @@ run: $(VENV)/.installed
 	$(BIN)/odal demo
 	$(BIN)/odal up
 
+# The suite on PYTEST_WORKERS processes (pytest-xdist, each with its own test database); 0 runs
+# it in this one process. PYTEST_ARGS goes last, e.g. PYTEST_ARGS="-k abandon". --dist load hands
+# each worker the tests in their order (the transactional ones, which empty the tables, last);
+# worksteal would not.
+PYTEST_WORKERS ?= 2
+
 test: $(VENV)/.installed-test
-	$(BIN)/python tests/pg.py -- $(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/python tests/pg.py -- $(BIN)/pytest -n $(PYTEST_WORKERS) --dist load $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

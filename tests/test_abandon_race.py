@@ -31,6 +31,7 @@ def wait_for(condition, seconds: float = 20.0) -> None:
 
 
 @pytest.mark.django_db(transaction=True)  # abandon runs on its own thread and connection
+@pytest.mark.slow
 def test_abandon_refuses_when_a_drain_attempt_lands_during_a_slow_newest_first_lookup(registry_sim, settings):
     settings.ODAL_BACKOFF_BASE_SECONDS = 60
     for n in range(5):  # other passports' requests: the task list has three pages of two

@@ -1,19 +1,20 @@
 """Issue 17.5: every `odal` subcommand, given malformed arguments, says what is wrong in a sentence
 and exits non-zero: no traceback, and no worker loop or server started on a bad value.
 
-Each case runs as a real subprocess (`python -m odal …`) against the test database. The cases run
-concurrently once per module (a fixture), and each is then checked as its own test; none may
-write a row. The table must
+Each case runs as a process of its own (`python -m odal …`, forked by tests/odal_forks.py from
+one that has set Django up already) against the test database. The cases run once per module (a
+fixture), and each is then checked as its own test; none may write a row. The table must
 name every subcommand the commands define (their argparse subparsers are discovered), so a new
 subcommand without malformed cases fails test_every_subcommand_has_malformed_cases."""
 
 import argparse
+import json
 import os
 import re
 import subprocess
 import sys
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from django.core.management import get_commands, load_command_class
@@ -23,6 +24,12 @@ from odal.models import ApiToken, AuditEntry, Passport
 from outbox.models import Consumer, Delivery, Event
 from registry.models import Registration
 
+# All of the module marked, not only the test that reads the database: the mark is what makes
+# pytest-django set up the database the cases run against, and pytest-django runs marked tests
+# apart from unmarked ones, which split the module and ran the fixture (every case) twice.
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
 OUR_APPS = {"odal", "outbox", "registry"}
 TIMEOUT = 30  # seconds: a malformed argument must fail long before this
 ID = str(uuid.UUID(int=17))  # well-formed, names nothing
@@ -31,9 +38,10 @@ LONG = "x" * 300
 TARGET = "tests.consumers.accept"
 
 # subcommand -> malformed argument lists (after the subcommand's own words). Each case costs a
-# Python start (about a second): the wider table of bad values per rule is tests/test_input_rules.py,
-# in-process. The worker loops and servers (sweep, drain, receive, simulate, up, serve) are given only
-# bad values, without --once: they must refuse at once rather than start.
+# process (a fork, some hundredths of a second); the wider table of bad values per rule is
+# tests/test_input_rules.py, in-process. The worker loops and servers (sweep, drain, receive,
+# simulate, up, serve) are given only bad values, without --once: they must refuse at once rather
+# than start.
 MALFORMED = {
     ("outbox", "sweep"): [["--batch", "-1"], ["--batch", "0"]],
     ("outbox", "status"): [["--bogus"]],
@@ -150,25 +158,19 @@ def results(django_db_setup, django_db_blocker):
         "PYTHONWARNINGS": "ignore",
     }
 
-    def one(case):
-        path, args = case
-        try:
-            done = subprocess.run(
-                [sys.executable, "-m", "odal", *path, *args],
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=TIMEOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired as exc:
-            return None, exc.stdout or "", exc.stderr or ""
-        return done.returncode, done.stdout, done.stderr
-
     with django_db_blocker.unblock():
         before = written()
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            ran = dict(zip(range(len(CASES)), pool.map(one, CASES), strict=True))
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.odal_forks", str(TIMEOUT)],
+            input=json.dumps([[*path, *args] for path, args in CASES]),
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=TIMEOUT * len(CASES) + 60,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        ran = dict(enumerate(json.loads(done.stdout)))
         ran["written"] = (before, written())
     yield ran
     if ran["written"][0] != ran["written"][1]:
@@ -199,7 +201,6 @@ def test_every_subcommand_has_malformed_cases():
     assert subcommands() == set(MALFORMED)
 
 
-@pytest.mark.django_db  # also what makes pytest-django set up the database the cases run against
 def test_no_malformed_command_wrote_anything(results):
     before, after = results["written"]
     assert after == before

@@ -7,7 +7,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connections, transaction
+from django.db import connection, connections, transaction
 from django.db.models.query import QuerySet
 from django.utils import timezone
 
@@ -49,6 +49,34 @@ def in_thread(work, *, hold: threading.Event | None = None, ready: threading.Eve
     thread = threading.Thread(target=run)
     thread.start()
     return thread, box
+
+
+def backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def release_when_waited_for(pid: int, hold: threading.Event, timeout: float = 10.0) -> None:
+    """Set `hold` from a thread of its own once another connection waits for backend `pid`'s locks
+    (a holder released at once instead of after a fixed wait), or after `timeout`."""
+
+    def watch():
+        try:
+            with connection.cursor() as cursor:
+                deadline = time.monotonic() + timeout
+                while not hold.is_set() and time.monotonic() < deadline:
+                    cursor.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", [pid]
+                    )
+                    if cursor.fetchone()[0]:
+                        break
+                    time.sleep(0.005)  # polling for the waiter, not waiting for time to pass
+        finally:
+            hold.set()
+            connections.close_all()
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 # -- pause / resume: rows parked by a writer whose transaction straddles the resume ---------------
@@ -185,8 +213,13 @@ def test_a_publish_committing_while_a_consumer_is_removed_does_not_fail():
     IntegrityError: removing a webhook makes an unrelated publish fail (a 500, work lost)."""
     consumer = ConsumerFactory(name="erp")
     ready, hold = threading.Event(), threading.Event()
-    emitter, ebox = in_thread(lambda: emit("passport.published", {"n": 1})[1], ready=ready, hold=hold)
+    emitter, ebox = in_thread(
+        lambda: (backend_pid(), emit("passport.published", {"n": 1})[1]), ready=ready, hold=hold
+    )
     assert ready.wait(10)
+    assert "result" in ebox, ebox
+    # The publish commits as soon as the removal waits for it (or once the removal is done).
+    release_when_waited_for(ebox["result"][0], hold)
     removed = {}
     try:
         removed["value"] = service.remove_consumer(

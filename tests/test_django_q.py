@@ -55,6 +55,7 @@ def database_url() -> str:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_a_real_cluster_delivers_the_event_and_registers_the_passport(settings, registry_sim):
     """One publish: the kicked sweep delivers passport.published to a local webhook server and
     the kicked drain registers the passport with the simulator, both in the cluster's process."""

@@ -29,7 +29,7 @@ from tests.factories import issue_token
 schema = schemathesis.openapi.from_wsgi("/vault/api/v1/openapi.json", application)
 # make test runs a short form; `make fuzz` sets ODAL_FUZZ_EXAMPLES=100 (15 operations: 1,500 requests).
 EXAMPLES = int(os.environ.get("ODAL_FUZZ_EXAMPLES", "12"))
-SENT: Counter = Counter()
+SENT: Counter = Counter()  # requests by (operation, status): the run's summary (tests/conftest.py)
 
 MEGABYTE = "x" * 1_000_000
 URL_TEXT = ["\x00", "a\x00b", MEGABYTE]  # a URL has no way to carry a lone surrogate
@@ -128,6 +128,7 @@ RAW_BODIES = [
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_every_operation_answers_hostile_input_it_cannot_generate_without_a_5xx(admin_token):
     headers = {"Authorization": f"Bearer {admin_token}"}
     for operation in OPERATIONS:
@@ -155,19 +156,3 @@ def test_every_operation_answers_hostile_input_it_cannot_generate_without_a_5xx(
             )
             if refused:
                 assert response.status_code in (400, 413, 422), (operation.label, what, response.text[:300])
-
-
-def fuzz_summary() -> list[str]:
-    hostile = SENT.pop("hostile", 0)
-    if not SENT:
-        return []
-    by_status = Counter()
-    for (_, status), n in SENT.items():
-        by_status[status] += n
-    operations = len({label for label, _ in SENT})
-    statuses = ", ".join(f"{status}: {n}" for status, n in sorted(by_status.items()))
-    verdict = "5xx found" if any(status >= 500 for status in by_status) else "no 5xx"
-    return [
-        f"fuzz: {sum(SENT.values())} generated requests ({hostile} with hostile input) over {operations} "
-        f"operations ({statuses}); {verdict}"
-    ]

@@ -74,6 +74,7 @@ def test_late_success_does_not_bury_dead():
     assert Delivery.objects.filter(status="dead").count() == 1
 
 
+@pytest.mark.slow
 def test_overlapping_attempts_count_twice_so_the_bound_holds():
     delivery = DeliveryFactory(max_attempts=3)
     tokens = []

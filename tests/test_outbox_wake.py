@@ -10,7 +10,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connections, transaction
+from django.db import connection, connections, transaction
 from django.test import TestCase
 from django.utils import timezone
 from django_q.models import OrmQ
@@ -19,17 +19,18 @@ from outbox import tasks, wake
 from outbox.events import emit
 from outbox.models import Delivery
 from outbox.sweep import sweep_listening
-from outbox.wake import Listener
+from outbox.wake import CHANNEL, Listener
 from tests.factories import ConsumerFactory, DeliveryFactory
 
 
 class ListeningSweep(threading.Thread):
-    """A listener that leads, sweeping for `seconds`; a notification or `poll_seconds` wakes it."""
+    """A listener that leads, sweeping for `seconds` at most; a notification or `poll_seconds`
+    wakes it. stop() ends it at its next wake-up, which stop's own NOTIFY brings at once."""
 
     def __init__(self, *, seconds: float, poll_seconds: float):
         super().__init__(daemon=True)
         self.seconds, self.poll_seconds = seconds, poll_seconds
-        self.ready = threading.Event()
+        self.ready, self.stopping = threading.Event(), threading.Event()
         self.report = None
 
     def run(self):
@@ -37,9 +38,20 @@ class ListeningSweep(threading.Thread):
             with Listener.open() as listener:
                 assert listener.try_lead()
                 self.ready.set()
-                self.report = sweep_listening(listener, seconds=self.seconds, poll_seconds=self.poll_seconds)
+                self.report = sweep_listening(
+                    listener,
+                    seconds=self.seconds,
+                    poll_seconds=self.poll_seconds,
+                    should_stop=self.stopping.is_set,
+                )
         finally:
             connections.close_all()
+
+    def stop(self):
+        self.stopping.set()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
+        self.join()
 
 
 def wait_for(condition, seconds: float) -> bool:
@@ -62,7 +74,7 @@ def test_a_commit_wakes_the_listening_sweep_and_enqueues_no_task(settings):
     with transaction.atomic():
         emit("passport.published", {"n": 1})
     assert wait_for(lambda: Delivery.objects.filter(status="delivered").exists(), 3.5)
-    sweep.join()
+    sweep.stop()
     assert sweep.report.delivered == 1
     assert not OrmQ.objects.exists()  # a sweep was listening: nothing went through django-q2
 
@@ -74,7 +86,7 @@ def test_a_retry_falling_due_is_swept_by_the_poll_without_a_notification():
     sweep = ListeningSweep(seconds=4, poll_seconds=0.2)
     sweep.start()
     assert wait_for(lambda: Delivery.objects.get(pk=delivery.pk).status == "delivered", 3.5)
-    sweep.join()
+    sweep.stop()
     attempt = Delivery.objects.get(pk=delivery.pk).attempt_log.get()
     assert attempt.started_at >= delivery.next_attempt_at
 

@@ -25,6 +25,7 @@ def need(check) -> None:
         pytest.skip(f"skipped because {exc}")
 
 
+@pytest.mark.slow
 def test_short_partition_run_finds_no_violation(tmp_path):
     need(partition.preconditions)
     figures_file = tmp_path / "partition.json"
@@ -66,6 +67,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 def test_a_register_given_up_during_a_cut_never_reaches_the_registry_after_the_heal(tmp_path):
     """The request waits in the host's send queue while the link is down; the adapter times out
     and records a failed attempt. Were the kernel to send it once the link heals, the registry

@@ -29,6 +29,7 @@ def call(passport, verb, start, answers):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_concurrent_publish_and_suspend_answer_what_they_did_and_the_registration_follows():
     passport = PassportFactory()
     lifecycle.publish(passport.pk, actor="test")

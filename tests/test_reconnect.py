@@ -390,6 +390,7 @@ def test_a_drain_that_loses_the_database_while_the_registry_answers_writes_nothi
     assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_drain_that_loses_the_database_while_writing_an_outcome_writes_nothing_in_its_place(
     start, registry_sim, settings, caplog
@@ -478,10 +479,24 @@ def test_a_sweep_and_a_drain_started_while_the_database_is_down_wait_for_it(sett
         subprocess.Popen([sys.executable, "-m", "odal", *argv], env=env, stderr=subprocess.PIPE, text=True)
         for argv in argvs
     ]
+    said = [[], []]  # each process's stderr lines, read as they come
+    readers = [threading.Thread(target=lambda p=p, lines=lines: lines.extend(p.stderr), daemon=True)
+               for p, lines in zip(procs, said, strict=True)]  # fmt: skip
+    for reader in readers:
+        reader.start()
     try:
         with WebhookServer() as server:
             WebhookConsumerFactory(url=server.url, event_types=["passport.published"])
-            time.sleep(2)  # long enough for a process that gives up to have exited
+            # Each has started and found the database down (however long a busy machine takes to
+            # start them), or given up; then a while for one that gives up to have exited.
+            wait_for(
+                lambda: (
+                    all("lost the database" in "".join(lines) for lines in said)
+                    or any(p.poll() is not None for p in procs)
+                ),
+                60,
+            )
+            time.sleep(2)
             assert [p.poll() for p in procs] == [None, None], "a process exited while the database was down"
             passport = PassportFactory()
             lifecycle.publish(passport.pk, actor="test")
@@ -495,7 +510,10 @@ def test_a_sweep_and_a_drain_started_while_the_database_is_down_wait_for_it(sett
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
-        logs = [p.communicate(timeout=20)[1] for p in procs]
+        for p, reader in zip(procs, readers, strict=True):
+            p.wait(timeout=20)
+            reader.join(timeout=5)
+        logs = ["".join(lines) for lines in said]
         proxy.close()
     for argv, log in zip(argvs, logs, strict=True):
         assert "lost the database" in log and "the database answers again" in log, (argv, log[-2000:])

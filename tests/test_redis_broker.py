@@ -186,6 +186,7 @@ def stop(clusters):
             cluster.wait()
 
 
+@pytest.mark.slow
 def test_two_redis_broker_clusters_deliver_once_each_and_survive_losing_redis(
     redis_db, proxy, settings, registry_sim, monkeypatch, caplog, tmp_path
 ):

@@ -267,10 +267,8 @@ def test_a_webhook_that_now_resolves_inside_is_not_called_in_production(settings
 
 
 def test_production_mode_refuses_private_webhooks_by_default():
-    import subprocess
-    import sys
+    from tests.test_settings import read_settings
 
-    code = "import django; django.setup(); from django.conf import settings; print(settings.ODAL_ALLOW_PRIVATE_WEBHOOKS)"
     env = {
         "ODAL_ENV": "production",
         "SECRET_KEY": "k" * 50,
@@ -279,8 +277,7 @@ def test_production_mode_refuses_private_webhooks_by_default():
         "PATH": "/usr/bin:/bin",
         "DJANGO_SETTINGS_MODULE": "odal.settings",
     }
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert result.stdout.strip() == "False", result.stderr
+    assert read_settings(base=env)["ODAL_ALLOW_PRIVATE_WEBHOOKS"] is False
 
 
 # -- /metrics ----------------------------------------------------------------------------------------

@@ -149,6 +149,7 @@ def server(tmp_path):
         log.close()
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)  # the server's workers read what this test commits
 def test_odal_serve_answers_the_admin_and_the_api_in_production(server):
     staff = UserFactory(username="night-shift", is_superuser=True)

@@ -31,7 +31,7 @@ from registry.models import Registration
 from registry.simulator import RegistryState
 from tests.factories import ConsumerFactory, DeliveryFactory, PassportFactory
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 HOLD = 300
 MAX_ATTEMPTS = 3

@@ -6,14 +6,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_short_torture_run_finds_no_violation(tmp_path):
+@pytest.mark.slow
+def test_short_torture_run_finds_no_violation(tmp_path, unique_name):
     figures_file = tmp_path / "torture.json"
     result = subprocess.run(
         [sys.executable, "tests/torture.py", "--seconds", "25", "--registry-seconds", "15", "--settle", "5",
-         "--events", "100", "--passports", "40", "--database", "odal_torture_short", "--json", str(figures_file)],
+         "--events", "100", "--passports", "40", "--database", unique_name("torture"), "--json", str(figures_file)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

@@ -22,11 +22,11 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
 def pytest_collection_modifyitems(config, items):
-    if HAVE_CHROMIUM:
-        return
     for item in items:
         if "tests/browser/" in str(item.fspath).replace(os.sep, "/"):
-            item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+            if not HAVE_CHROMIUM:
+                item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+            item.add_marker(pytest.mark.slow)  # seconds each, a Chromium's start the first
 
 
 def pytest_report_header(config):

@@ -345,6 +345,7 @@ def claimed_by(said: str) -> int:
     return int(said.rpartition("passes: ")[2].split(" claimed")[0])
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_two_drain_processes_together_keep_to_the_rate_limit(registry_sim, settings):
     """ODAL_REGISTRY_RATE_PER_SECOND=40 for the deployment: two drain processes, each of which
@@ -367,6 +368,7 @@ def test_two_drain_processes_together_keep_to_the_rate_limit(registry_sim, setti
     assert seen["mostInWindow"] <= 40 * (1 + pace.SLOT_LATENESS + 0.1) + 1, seen
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_429_makes_every_drain_process_wait_its_retry_after(registry_sim, settings):
     """No rate limit of our own, and a registry that admits 20 requests a second: two drain

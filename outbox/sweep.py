@@ -22,7 +22,7 @@ from odal.text import error_text, storable
 from outbox import consumers, service
 from outbox.claims import backoff_delay
 from outbox.models import Consumer, Delivery, DeliveryAttempt
-from outbox.wake import POLL_SECONDS, SWEEP, Listener, open_listener
+from outbox.wake import POLL_SECONDS, SWEEP, Listener, open_listener, passes_while_listening
 
 log = logging.getLogger(__name__)
 
@@ -520,34 +520,17 @@ def sweep_listening(
     `seconds`, or until `should_stop()`. A lost database (its own connection or the
     listener's) is waited for, the listener reopened, and the passes go on (odal.reconnect);
     if it does not answer within `seconds`, this returns what it did."""
-    report = SweepReport()
-    deadline = None if seconds is None else time.monotonic() + seconds
     chores = Housekeeping()
-    outage = reconnect.Outage(
-        "outbox sweep", should_stop=should_stop, deadline=deadline, reopen=listener and listener.reopen
-    )
     with sweeper() as shared:
-        while not should_stop():
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                break
-            try:
-                if not connection.in_atomic_block:  # (a caller's transaction, e.g. a test's, stays open)
-                    close_old_connections()  # a long-lived sweep drops a connection past its age or broken
-                one = sweep_once(batch=batch, housekeeping=chores.due(), **shared)
-                report.add(one)
-                if one.claimed == 0 and not should_stop():
-                    pause = poll_seconds if remaining is None else min(poll_seconds, remaining)
-                    if listener is not None:
-                        listener.wait(pause)
-                    else:
-                        time.sleep(pause)
-            except reconnect.ERRORS as exc:
-                if not reconnect.is_lost(exc):
-                    raise
-                if not outage.wait(exc):
-                    break
-    return report
+        return passes_while_listening(
+            "outbox sweep",
+            lambda: sweep_once(batch=batch, housekeeping=chores.due(), **shared),
+            SweepReport(),
+            listener,
+            seconds=seconds,
+            poll_seconds=poll_seconds,
+            should_stop=should_stop,
+        )
 
 
 def sweep_forever(

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from odal import reconnect, tally
@@ -32,7 +32,7 @@ from odal.models import Passport
 from odal.text import error_text, storable
 from outbox.claims import backoff_delay
 from outbox.events import emit_many
-from outbox.wake import POLL_SECONDS, Listener, open_listener
+from outbox.wake import POLL_SECONDS, Listener, open_listener, passes_while_listening
 from registry import adapters, service
 from registry.models import Registration, RegistrationAttempt, RegistrationQuerySet
 from registry.pace import PAUSE_REFRESH_SECONDS, Pace, monotonic_at
@@ -666,33 +666,16 @@ def drain_listening(
     passes. Runs for `seconds`, or until `should_stop()`. A lost database (its own connection or
     the listener's) is waited for, the listener reopened, and the passes go on (odal.reconnect);
     if it does not answer within `seconds`, this returns what it did."""
-    report = DrainReport()
-    deadline = None if seconds is None else time.monotonic() + seconds
-    outage = reconnect.Outage(
-        "registry drain", should_stop=should_stop, deadline=deadline, reopen=listener and listener.reopen
-    )
     with drainer() as shared:
-        while not should_stop():
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                break
-            try:
-                if not connection.in_atomic_block:  # (a caller's transaction, e.g. a test's, stays open)
-                    close_old_connections()  # a long-lived drain drops a connection past its age or broken
-                one = drain_once(batch=batch, **shared)
-                report.add(one)
-                if one.claimed == 0 and not should_stop():
-                    pause = poll_seconds if remaining is None else min(poll_seconds, remaining)
-                    if listener is not None:
-                        listener.wait(pause)
-                    else:
-                        time.sleep(pause)
-            except reconnect.ERRORS as exc:
-                if not reconnect.is_lost(exc):
-                    raise
-                if not outage.wait(exc):
-                    break
-    return report
+        return passes_while_listening(
+            "registry drain",
+            lambda: drain_once(batch=batch, **shared),
+            DrainReport(),
+            listener,
+            seconds=seconds,
+            poll_seconds=poll_seconds,
+            should_stop=should_stop,
+        )
 
 
 def drain_forever(

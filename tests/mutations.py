@@ -152,7 +152,7 @@ GUARDS = [
     ),
     Guard(
         "wake: an idle listener looks again after poll_seconds (a retry falls due without a NOTIFY)",
-        "outbox/sweep.py",
+        "outbox/wake.py",
         "                pause = poll_seconds if remaining is None else min(poll_seconds, remaining)\n",
         "                pause = poll_seconds if remaining is None else remaining\n",
         "tests/test_outbox_wake.py::test_a_retry_falling_due_is_swept_by_the_poll_without_a_notification",
@@ -2349,9 +2349,9 @@ GUARDS = [
     ),
     Guard(
         "reconnect: odal outbox sweep (and a relay turn) rides out a lost database",
-        "outbox/sweep.py",
-        "                if not outage.wait(exc):\n                    break\n    return report\n",
-        "                raise\n    return report\n",
+        "outbox/wake.py",
+        "            if not outage.wait(exc):\n                break\n    return report\n",
+        "            raise\n    return report\n",
         "tests/test_reconnect.py -k sweep_that and outbox",
     ),
     Guard(
@@ -2367,9 +2367,9 @@ GUARDS = [
     ),
     Guard(
         "reconnect: odal registry drain rides out a lost database",
-        "registry/drain.py",
-        "                if not outage.wait(exc):\n                    break\n",
-        "                raise\n",
+        "outbox/wake.py",
+        "            if not outage.wait(exc):\n                break\n    return report\n",
+        "            raise\n    return report\n",
         "tests/test_reconnect.py -k drain_that and registry",
     ),
     Guard(
@@ -2387,7 +2387,7 @@ GUARDS = [
     ),
     Guard(
         "reconnect: a listening sweep reopens its listener once the database answers",
-        "outbox/sweep.py",
+        "outbox/wake.py",
         "reopen=listener and listener.reopen",
         "reopen=None",
         "tests/test_reconnect.py -k listening_sweep_whose",

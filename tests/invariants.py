@@ -64,13 +64,22 @@ def replay_dead(*, actor: str, reason: str, limit: int = 15) -> int:
 
 
 def person_registry_write(rng, outcomes: Counter, *, actor: str) -> None:
-    """A person's registry write on a random registration: record a handle (on some submitted
-    rows) or abandon; the outcome, refusals included, is counted in `outcomes`."""
+    """A person's registry write: record a handle (on some submitted rows) or abandon; the
+    outcome, refusals included, is counted in `outcomes`. Half the time the person picks from the
+    rows the admin shows as backed off after a failed register (what staff give up on), so a short
+    run on a loaded machine still abandons; otherwise any registration, to be refused."""
+    from django.utils import timezone
+
     from odal.errors import Refused
     from registry import service
     from registry.models import Registration
 
-    regs = list(Registration.objects.values_list("passport_id", "status"))
+    regs = Registration.objects.all()
+    if rng.random() < 0.5:
+        backed_off = regs.filter(status="pending", operation="register", attempts__gte=1,
+                                 next_attempt_at__gt=timezone.now(), claim_token__isnull=True)  # fmt: skip
+        regs = backed_off if backed_off.exists() else regs
+    regs = list(regs.values_list("passport_id", "status"))
     if not regs:
         return
     pid, status = rng.choice(regs)

@@ -96,6 +96,86 @@ def read_answer(response: httpx.Response, cap: int, deadline: float, into: bytea
     return bytes(body)
 
 
+# The monotonic time by which the request this thread is sending must be over (see `within`).
+_deadline: ContextVar[float | None] = ContextVar("odal_http_deadline", default=None)
+
+
+@contextmanager
+def within(deadline: float):
+    """Every network read, write and connect of the request this thread sends inside the block
+    ends by the monotonic `deadline` (on a connection of a DeadlineBackend): httpx's timeout
+    holds for each read, so a peer trickling its status line or headers a byte at a time (before
+    read_answer's deadline applies) would otherwise hold the request, and its thread, for ever."""
+    token = _deadline.set(deadline)
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+def _left(timeout: float | None, late: type[Exception]) -> float | None:
+    """`timeout` cut to what is left of this thread's deadline; `late` raised once it passed."""
+    deadline = _deadline.get()
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise late("the request was still going at its deadline")
+    return left if timeout is None else min(timeout, left)
+
+
+class DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read and write ends by the deadline of the request using it."""
+
+    def __init__(self, stream: httpcore.NetworkStream):
+        self.stream = stream
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self.stream.read(max_bytes, _left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self.stream.write(buffer, _left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def start_tls(self, ssl_context, server_hostname=None, timeout=None):
+        return DeadlineStream(
+            self.stream.start_tls(ssl_context, server_hostname, _left(timeout, httpcore.ConnectTimeout))
+        )
+
+    def get_extra_info(self, info: str):
+        return self.stream.get_extra_info(info)
+
+
+class DeadlineBackend(httpcore.NetworkBackend):
+    """The network under a client whose requests have a deadline each (`within`)."""
+
+    def __init__(self, network: httpcore.NetworkBackend | None = None):
+        self.network = network or httpcore.SyncBackend()
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        return DeadlineStream(
+            self.network.connect_tcp(
+                host,
+                port,
+                timeout=_left(timeout, httpcore.ConnectTimeout),
+                local_address=local_address,
+                socket_options=socket_options,
+            )
+        )
+
+    def connect_unix_socket(self, path, timeout=None, socket_options=None):
+        return DeadlineStream(
+            self.network.connect_unix_socket(
+                path, timeout=_left(timeout, httpcore.ConnectTimeout), socket_options=socket_options
+            )
+        )
+
+    def sleep(self, seconds):
+        self.network.sleep(seconds)
+
+
 def redirect_text(response: httpx.Response) -> str:
     location = response.headers.get("location")
     where = f"to {storable(location, 300)}" if location else "without a Location"

@@ -22,12 +22,13 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote
 
+import httpcore
 import httpx
 from django.conf import settings
 
 from odal.text import error_text, excerpt, storable
 from odal.upi import upi_key
-from outbox.consumers import read_answer, redirect_text
+from outbox.consumers import DeadlineBackend, read_answer, redirect_text, within
 
 MAX_TASK_PAGES = 1000  # and ODAL_REGISTRY_LOOKUP_SECONDS: the lookup's two bounds
 ANSWER_CAP = 1024 * 1024  # a task-list page of 200 items is a few tens of KiB
@@ -161,12 +162,7 @@ class HttpRegistry:
                     base_url=self.base_url,
                     timeout=self.timeout,
                     # (with a transport of its own, a client's limits are the transport's)
-                    transport=httpx.HTTPTransport(
-                        socket_options=RESET_ON_CLOSE,
-                        limits=httpx.Limits(
-                            max_connections=self.connections, max_keepalive_connections=self.connections
-                        ),
-                    ),
+                    transport=_Transport(self.connections),
                     headers={
                         "Authorization": f"Bearer {self.token}",
                         "User-Agent": "odal-registry/1",
@@ -181,15 +177,20 @@ class HttpRegistry:
             self.client = None
 
     def _send(self, method: str, path: str, *, deadline: float | None = None, **kwargs) -> Answer:
-        """One request and its answer, within the timeout (and before `deadline`, a monotonic
-        time, when one is given: a request made near it gets only what is left)."""
+        """One request and its answer, within the timeout, all of it (and before `deadline`, a
+        monotonic time, when one is given: a request made near it gets only what is left): a
+        registry trickling its headers a byte at a time fails the attempt, as a stalled one does,
+        instead of holding its drain's pass for ever."""
         now = time.monotonic()
         timeout = self.timeout if deadline is None else max(0.001, min(self.timeout, deadline - now))
         status = None
         try:
-            with self._client().stream(
-                method, path, follow_redirects=False, timeout=timeout, **kwargs
-            ) as response:
+            with (
+                within(now + timeout),
+                self._client().stream(
+                    method, path, follow_redirects=False, timeout=timeout, **kwargs
+                ) as response,
+            ):
                 status = response.status_code
                 body = read_answer(response, ANSWER_CAP, now + timeout)
         except httpx.TimeoutException:
@@ -352,6 +353,28 @@ class HttpRegistry:
         if unread:
             return NotFound(exhaustive=False, why=f"{unread} task(s) not yet read by the registry")
         return NotFound(exhaustive=True)
+
+
+class _Transport(httpx.HTTPTransport):
+    """httpx's transport, keeping at most `connections` open, each reset when closed
+    (RESET_ON_CLOSE), over a DeadlineBackend: each request ends within its timeout (`within`).
+    HTTPTransport takes no network backend, so the pool it makes is replaced by one made as it
+    makes it (HTTP/1.1), with that backend (as outbox.consumers' pinned transport does)."""
+
+    def __init__(self, connections: int):
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        ssl_context = httpx.create_ssl_context()
+        super().__init__(verify=ssl_context, limits=limits, socket_options=RESET_ON_CLOSE)
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=ssl_context,
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            http1=True,
+            http2=False,
+            socket_options=RESET_ON_CLOSE,
+            network_backend=DeadlineBackend(),
+        )
 
 
 class NoneRegistry:

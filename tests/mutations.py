@@ -686,6 +686,20 @@ GUARDS = [
         "tests/test_registry_answers.py::test_one_slow_page_is_cut_short_at_the_lookups_deadline",
     ),
     Guard(
+        "_send: a request ends within its timeout, all of it (a trickle of headers too)",
+        "registry/adapters.py",
+        "                within(now + timeout),\n",
+        "",
+        "tests/test_hostile_16.py::test_a_registry_trickling_its_headers_fails_only_its_own_row_within_the_timeout",
+    ),
+    Guard(
+        "registry adapter: its connections hold each request to its deadline (DeadlineBackend)",
+        "registry/adapters.py",
+        "            network_backend=DeadlineBackend(),\n",
+        "",
+        "tests/test_hostile_16.py::test_a_registry_trickling_its_headers_fails_only_its_own_row_within_the_timeout",
+    ),
+    Guard(
         "find_submission: the page limit is never absence",
         "registry/adapters.py",
         '            raise RegistryUnreadable(\n                f"the task list has more than {MAX_TASK_PAGES} pages; it was not read to its end"\n            )\n',

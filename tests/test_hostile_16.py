@@ -1,0 +1,104 @@
+"""Issue 16 under attack: what a hostile review of bulk intake, the concurrent drain and its pace
+found, each a test that failed before its fix."""
+
+import json
+import re
+import socket
+import threading
+import time
+
+import pytest
+
+from odal import lifecycle
+from registry.drain import drain_once
+from registry.models import Registration
+from tests.factories import PassportFactory
+
+pytestmark = pytest.mark.django_db
+
+HOSTILE = "https://id.example.eu/01/HOSTILE"
+
+
+def published(upi: str):
+    passport = PassportFactory(upi=upi)
+    lifecycle.publish(passport.pk, actor="test")
+    return passport
+
+
+class TricklingRegistry:
+    """A registry that answers register at once (202), except for a UPI holding HOSTILE: then its
+    status line and headers come a byte every 0.2 s, never ending (httpx's timeout holds for each
+    read, and each read gets a byte)."""
+
+    def __init__(self):
+        self.stop = threading.Event()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(0.1)
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=self._talk, args=(conn,), daemon=True).start()
+        self.server.close()
+
+    def _talk(self, conn):
+        with conn:
+            try:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = int(re.search(rb"content-length: *(\d+)", head, re.I).group(1))
+                while len(body) < length:
+                    body += conn.recv(65536)
+                if b"HOSTILE" in body:
+                    for byte in b"HTTP/1.1 202 Accepted\r\nx-slow: " + b"x" * 10_000:
+                        if self.stop.is_set():
+                            return
+                        conn.sendall(bytes([byte]))
+                        time.sleep(0.2)
+                    return
+                answer = json.dumps({"requestId": f"req-{json.loads(body)['upi'][-1]}", "status": "checking"})
+                conn.sendall(
+                    b"HTTP/1.1 202 Accepted\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                    + f"content-length: {len(answer)}\r\n\r\n{answer}".encode()
+                )
+            except OSError:
+                pass
+
+    def close(self):
+        self.stop.set()
+
+
+@pytest.fixture
+def trickling_registry(settings):
+    registry = TricklingRegistry()
+    settings.ODAL_REGISTRY_ADAPTER = "http"
+    settings.ODAL_REGISTRY_URL = f"http://127.0.0.1:{registry.port}"
+    settings.ODAL_REGISTRY_TIMEOUT_SECONDS = 1
+    settings.ODAL_BACKOFF_BASE_SECONDS = 0
+    yield registry
+    registry.close()
+
+
+def test_a_registry_trickling_its_headers_fails_only_its_own_row_within_the_timeout(trickling_registry):
+    # Before: httpx's timeout holds for each read, read_answer's deadline only once the headers
+    # are in, so the request (and the pass waiting for it, and so the drain) never ended.
+    bad = published(HOSTILE)
+    others = [published(f"https://id.example.eu/01/{n}") for n in range(3)]
+    # (The registry stops trickling after 6 s, or a failing test would hang for ever.)
+    threading.Timer(6, trickling_registry.close).start()
+    started = time.monotonic()
+    report = drain_once()
+    assert time.monotonic() - started < 4, "the pass waited for the trickling answer"
+    assert (report.claimed, report.submitted, report.failed) == (4, 3, 1)
+    for passport in others:
+        assert Registration.objects.get(passport=passport).status == "submitted"
+    reg = Registration.objects.get(passport=bad)
+    assert reg.status == "pending" and reg.claim_token is None
+    assert reg.last_error == "registry timed out after 1s"

@@ -41,7 +41,10 @@ TASK_STATUSES = ("received", "checking", "registered", "rejected")
 # network heals. Otherwise a register odal counts as failed could still reach the registry, after
 # an abandon's lookup found nothing there (make partition cuts links mid-request).
 RESET_ON_CLOSE = [(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))]
-RETRY_AFTER_DEFAULT = 1.0  # seconds every drain waits after a 429 that says nothing (or nonsense)
+RETRY_AFTER_DEFAULT = 1.0  # seconds every drain waits after a 429 that says nothing (or nonsense),
+# and at least, whatever it says: a 429 costs no attempt, so a registry answering 429 with
+# "Retry-After: 0" (or a date gone by) would otherwise be asked again at once, for ever, each time
+# with an attempt-log line (hundreds a second per registration)
 RETRY_AFTER_CAP = 300.0  # ...and at most this long, whatever it says (the claim hold's default)
 
 
@@ -60,7 +63,7 @@ class RateLimited(Retryable):
 
 def retry_after_seconds(value: str | None, *, now: datetime | None = None) -> float:
     """A Retry-After header as seconds to wait: delay-seconds or an HTTP-date (RFC 9110), from
-    0 to RETRY_AFTER_CAP; RETRY_AFTER_DEFAULT when it is missing or unreadable."""
+    RETRY_AFTER_DEFAULT to RETRY_AFTER_CAP; RETRY_AFTER_DEFAULT when it is missing or unreadable."""
     text = (value or "").strip()
     try:
         seconds = float(text)
@@ -71,10 +74,11 @@ def retry_after_seconds(value: str | None, *, now: datetime | None = None) -> fl
             return RETRY_AFTER_DEFAULT
         if when.tzinfo is None:  # an HTTP-date is GMT; an obsolete format may come without a zone
             when = when.replace(tzinfo=UTC)
-        return min(RETRY_AFTER_CAP, max(0.0, (when - (now or datetime.now(UTC))).total_seconds()))
+        waited = (when - (now or datetime.now(UTC))).total_seconds()
+        return min(RETRY_AFTER_CAP, max(RETRY_AFTER_DEFAULT, waited))
     if not (math.isfinite(seconds) and seconds >= 0):  # delay-seconds are never negative
         return RETRY_AFTER_DEFAULT
-    return min(RETRY_AFTER_CAP, seconds)
+    return min(RETRY_AFTER_CAP, max(RETRY_AFTER_DEFAULT, seconds))
 
 
 class RegistryUnreadable(Exception):

@@ -2138,9 +2138,23 @@ GUARDS = [
     Guard(
         "Retry-After: capped",
         "registry/adapters.py",
-        "    return min(RETRY_AFTER_CAP, seconds)\n",
-        "    return seconds\n",
+        "    return min(RETRY_AFTER_CAP, max(RETRY_AFTER_DEFAULT, seconds))\n",
+        "    return max(RETRY_AFTER_DEFAULT, seconds)\n",
         "tests/test_registry_concurrency.py -k retry_after_is",
+    ),
+    Guard(
+        "Retry-After: a 429 pauses at least RETRY_AFTER_DEFAULT (a 0 or a date gone by is no licence to hammer)",
+        "registry/adapters.py",
+        "    return min(RETRY_AFTER_CAP, max(RETRY_AFTER_DEFAULT, seconds))\n",
+        "    return min(RETRY_AFTER_CAP, seconds)\n",
+        "tests/test_hostile_16.py::test_a_registry_answering_429_with_no_wait_is_not_hammered",
+    ),
+    Guard(
+        "Retry-After: an HTTP-date gone by pauses at least RETRY_AFTER_DEFAULT",
+        "registry/adapters.py",
+        "        return min(RETRY_AFTER_CAP, max(RETRY_AFTER_DEFAULT, waited))\n",
+        "        return min(RETRY_AFTER_CAP, max(0.0, waited))\n",
+        "tests/test_hostile_16.py::test_a_registry_answering_429_with_no_wait_is_not_hammered",
     ),
     Guard(
         "Retry-After: negative or endless delay-seconds are unreadable, not a wait",

@@ -6,12 +6,13 @@ import re
 import socket
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from odal import lifecycle
-from registry.drain import drain_once
-from registry.models import Registration
+from registry.drain import drain_once, drain_until_idle
+from registry.models import Registration, RegistrationAttempt
 from tests.factories import PassportFactory
 
 pytestmark = pytest.mark.django_db
@@ -102,3 +103,43 @@ def test_a_registry_trickling_its_headers_fails_only_its_own_row_within_the_time
     reg = Registration.objects.get(passport=bad)
     assert reg.status == "pending" and reg.claim_token is None
     assert reg.last_error == "registry timed out after 1s"
+
+
+class Always429(BaseHTTPRequestHandler):
+    """A registry that answers every request 429 with the Retry-After the server says."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.server.arrivals.append(time.monotonic())
+        self.send_response(429)
+        self.send_header("retry-after", self.server.retry_after)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("retry_after", ["0", "Tue, 01 Dec 2020 11:00:00 GMT"], ids=["zero", "date_gone_by"])
+def test_a_registry_answering_429_with_no_wait_is_not_hammered(settings, retry_after):
+    # Before: "Retry-After: 0" (or a date gone by) paused nothing, and a 429 costs no attempt, so
+    # the row was due again at once and the drain asked again and again: 261 requests (and
+    # attempt-log lines) in 2 s from one registration. A 429 now pauses at least a second.
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Always429)
+    server.daemon_threads, server.arrivals, server.retry_after = True, [], retry_after
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    settings.ODAL_REGISTRY_ADAPTER = "http"
+    settings.ODAL_REGISTRY_URL = f"http://127.0.0.1:{server.server_address[1]}"
+    passport = published("https://id.example.eu/01/LIMITED")
+    try:
+        report = drain_until_idle(max_seconds=1.5, linger_seconds=2)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    assert 1 <= len(server.arrivals) <= 2, len(server.arrivals)
+    assert report.rate_limited == len(server.arrivals) == RegistrationAttempt.objects.count()
+    reg = Registration.objects.get(passport=passport)
+    assert (reg.status, reg.attempts, reg.claim_token) == ("pending", 0, None)

@@ -280,6 +280,34 @@ def _not_utf8(text: str) -> bool:
     return any("\udc80" <= ch <= "\udcff" for ch in text)
 
 
+NEWLINES = ("\n", "\r")
+SKIP_CHARS = 1024 * 1024  # a line too long is skipped this much at a time
+
+
+def _lines(f) -> Iterator[tuple[int, str | None]]:
+    """(line number, the line) of a text file opened with newline="", each line read only up to
+    ODAL_MAX_BODY_BYTES: a longer one (in UTF-8) comes as None, the rest of it skipped unread, so a
+    file of one endless line is never held in memory whole."""
+    limit = settings.ODAL_MAX_BODY_BYTES
+    number, after_cr = 0, False
+    while line := f.readline(limit + 1):
+        if after_cr and line == "\n":  # the \n of a \r\n that a read's size parted from its \r
+            after_cr = False
+            continue
+        number += 1
+        if len(line) > limit and not line.endswith(NEWLINES):  # too long: the rest is skipped, unread
+            while line and not line.endswith(NEWLINES):
+                line = f.readline(SKIP_CHARS)
+            after_cr = line.endswith("\r")
+            yield number, None
+            continue
+        after_cr = line.endswith("\r")
+        if len(line.rstrip("\r\n").encode("utf-8", "surrogateescape")) > limit:
+            yield number, None
+        else:
+            yield number, line
+
+
 @dataclass
 class PassportFile:
     """A file of passports: JSON lines (one object per line, the keys of POST dpp) or CSV (a header
@@ -341,7 +369,7 @@ class PassportFile:
         try:
             with self._open() as f:
                 if self.kind == "jsonl":
-                    return sum(1 for line in f if line.strip())
+                    return sum(1 for _, line in _lines(f) if line is None or line.strip())
                 return max(0, sum(1 for record in csv.reader(f) if any(c.strip() for c in record)) - 1)
         except (OSError, csv.Error):
             return 0  # the rows themselves say what is wrong
@@ -358,7 +386,17 @@ class PassportFile:
             ) from None
 
     def _json_lines(self, f):
-        for number, line in enumerate(f, start=1):
+        limit = settings.ODAL_MAX_BODY_BYTES
+        for number, line in _lines(f):
+            if line is None:
+                yield (
+                    number,
+                    _malformed(
+                        f"This line is longer than {limit:,} bytes (ODAL_MAX_BODY_BYTES), the largest "
+                        "passport POST dpp takes; it was not read."
+                    ),
+                )
+                continue
             if not line.strip():
                 continue
             if _not_utf8(line):

@@ -700,6 +700,20 @@ GUARDS = [
         "tests/test_hostile_16.py::test_a_registry_trickling_its_headers_fails_only_its_own_row_within_the_timeout",
     ),
     Guard(
+        "passport import: a JSON line over ODAL_MAX_BODY_BYTES is refused, the rest of it skipped unread",
+        "odal/bulk.py",
+        "        if len(line) > limit and not line.endswith(NEWLINES):",
+        "        if False:",
+        "tests/test_hostile_16.py::test_a_json_line_longer_than_post_dpps_body_limit_is_refused_unread",
+    ),
+    Guard(
+        "passport import: a JSON line's limit is in bytes (UTF-8), not characters",
+        "odal/bulk.py",
+        'if len(line.rstrip("\\r\\n").encode("utf-8", "surrogateescape")) > limit:',
+        "if False:",
+        "tests/test_hostile_16.py::test_a_json_line_longer_than_post_dpps_body_limit_is_refused_unread",
+    ),
+    Guard(
         "find_submission: the page limit is never absence",
         "registry/adapters.py",
         '            raise RegistryUnreadable(\n                f"the task list has more than {MAX_TASK_PAGES} pages; it was not read to its end"\n            )\n',

@@ -1,6 +1,7 @@
 """Issue 16 under attack: what a hostile review of bulk intake, the concurrent drain and its pace
 found, each a test that failed before its fix."""
 
+import io
 import json
 import re
 import socket
@@ -9,8 +10,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from odal import lifecycle
+from odal.models import Passport
 from registry.drain import drain_once, drain_until_idle
 from registry.models import Registration, RegistrationAttempt
 from tests.factories import PassportFactory
@@ -143,3 +147,47 @@ def test_a_registry_answering_429_with_no_wait_is_not_hammered(settings, retry_a
     assert report.rate_limited == len(server.arrivals) == RegistrationAttempt.objects.count()
     reg = Registration.objects.get(passport=passport)
     assert (reg.status, reg.attempts, reg.claim_token) == ("pending", 0, None)
+
+
+# -- odal passport import ------------------------------------------------------------------------------
+
+IMPORTED = "https://id.example.eu/01/09506000134352/21/IMP-{}"
+
+
+def import_file(path) -> tuple[CommandError, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(CommandError) as caught:
+        call_command("passport", "import", str(path), stdout=out, stderr=err)
+    return caught.value, out.getvalue(), err.getvalue()
+
+
+def test_a_json_line_longer_than_post_dpps_body_limit_is_refused_unread(tmp_path, settings):
+    # Before: a JSON line of any size was read whole and made a passport (50 MB of data took
+    # 377 MB of memory), where POST dpp refuses a body over ODAL_MAX_BODY_BYTES with 413 and a CSV
+    # row over it is refused too.
+    settings.ODAL_MAX_BODY_BYTES = 4096
+    path = tmp_path / "long.jsonl"
+    rows = [
+        {"upi": IMPORTED.format(1), "operatorId": "OP"},
+        {"upi": IMPORTED.format(2), "operatorId": "OP", "data": {"x": "y" * 10_000}},
+        {
+            "upi": IMPORTED.format(3),
+            "operatorId": "OP",
+            "data": {"x": "é" * 3000},
+        },  # 3,000 chars, 6,000 bytes
+        {"upi": IMPORTED.format(4), "operatorId": "OP"},
+    ]
+    path.write_text("\r\n".join(json.dumps(row, ensure_ascii=False) for row in rows) + "\r\n")
+
+    error, out, err = import_file(path)
+
+    assert error.returncode == 1
+    assert "4 rows" in out and "2 created, 0 published, 0 existing, 2 refused." in out
+    too_long = (
+        "This line is longer than 4,096 bytes (ODAL_MAX_BODY_BYTES), the largest passport POST dpp takes"
+    )
+    assert err.splitlines() == [
+        f"line 2: {too_long}; it was not read.",
+        f"line 3: {too_long}; it was not read.",
+    ]
+    assert set(Passport.objects.values_list("upi", flat=True)) == {IMPORTED.format(1), IMPORTED.format(4)}

@@ -336,8 +336,15 @@ class PassportFile:
         return self.path.open(encoding="utf-8-sig", errors="surrogateescape", newline="")
 
     def _header(self) -> list[str]:
-        with self._open() as f:
-            header = next(csv.reader(f), None)
+        try:
+            with self._open() as f:
+                header = next(csv.reader(f), None)
+        except csv.Error as exc:  # e.g. a cell over the csv module's field limit
+            raise Refused(
+                f"{self.path}: the header row cannot be read as CSV ({storable(exc, 200)}); a CSV file's "
+                f"first row names its columns ({', '.join(COLUMNS)}).",
+                code="unreadable",
+            ) from None
         if not header or not any(cell.strip() for cell in header):
             raise Refused(
                 f"{self.path} has no header row: a CSV file's first row names its columns "

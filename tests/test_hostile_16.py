@@ -191,3 +191,17 @@ def test_a_json_line_longer_than_post_dpps_body_limit_is_refused_unread(tmp_path
         f"line 3: {too_long}; it was not read.",
     ]
     assert set(Passport.objects.values_list("upi", flat=True)) == {IMPORTED.format(1), IMPORTED.format(4)}
+
+
+def test_a_csv_header_the_csv_module_cannot_read_is_refused_with_a_sentence(tmp_path):
+    # Before: a header cell over the csv module's field limit (128 KiB) escaped as a traceback.
+    path = tmp_path / "header.csv"
+    path.write_text("upi," + "x" * 200_000 + "\n" + IMPORTED.format(1) + ",OP\n")
+
+    error, out, err = import_file(path)
+
+    assert error.returncode == 1 and not out and not err
+    assert str(error).startswith(
+        f"{path}: the header row cannot be read as CSV (field larger than field limit"
+    )
+    assert not Passport.objects.exists()

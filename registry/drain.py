@@ -454,16 +454,20 @@ def run_deactivate(attempt: Attempt, adapter) -> None:
 
 # -- a pass -------------------------------------------------------------------------------------------
 
-NOT_SENT = Sent()  # the request never went out (a pause came while it waited for its slot)
+NOT_SENT = (
+    Sent()
+)  # the request never went out (a pause came while it waited for its slot, or the hold ran out)
 
 
-def send_in_turn(request: Request, adapter, pace: Pace, slot: float) -> Sent:
+def send_in_turn(request: Request, adapter, pace: Pace, slot: float, deadline: float) -> Sent:
     """On a pool thread: wait for the request's slot, then send it, unless a 429 paused every
-    drain meanwhile. No database here."""
+    drain meanwhile, or the claim's hold has run out by the time this thread got to it (a pool
+    thread may come free late: one still busy with a request of a pass that ended early). No
+    database here."""
     delay = slot - time.monotonic()
     if delay > 0:
         time.sleep(delay)
-    if pace.held_back():
+    if pace.held_back() or time.monotonic() >= deadline:
         return NOT_SENT
     return request.send(adapter)
 
@@ -520,7 +524,8 @@ class Pass:
         request = self.guarded(attempt, plan)
         if request is None:
             return None
-        return self.pool.submit(send_in_turn, request, self.adapter, self.pace, slot), (attempt, settle)
+        future = self.pool.submit(send_in_turn, request, self.adapter, self.pace, slot, deadline)
+        return future, (attempt, settle)
 
     def run(self) -> None:
         waiting = deque(self.claim.rows)

@@ -7,6 +7,7 @@ import re
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -15,8 +16,10 @@ from django.core.management.base import CommandError
 
 from odal import lifecycle
 from odal.models import Passport
+from registry import adapters
 from registry.drain import drain_once, drain_until_idle
 from registry.models import Registration, RegistrationAttempt
+from registry.pace import Pace
 from tests.factories import PassportFactory
 
 pytestmark = pytest.mark.django_db
@@ -205,3 +208,24 @@ def test_a_csv_header_the_csv_module_cannot_read_is_refused_with_a_sentence(tmp_
         f"{path}: the header row cannot be read as CSV (field larger than field limit"
     )
     assert not Passport.objects.exists()
+
+
+# -- the concurrent drain -----------------------------------------------------------------------------
+
+
+def test_a_request_whose_thread_comes_free_after_the_hold_is_not_sent(registry_sim, settings):
+    # A pass that ended on a lost database leaves its requests still out running on the drain's
+    # pool (they keep their claim), so the next pass's requests may wait for a thread. Before: a
+    # request was checked against its claim's hold when it was handed to the pool, not when its
+    # thread sent it, so it went out after the hold, when the row may be another drain's.
+    settings.ODAL_REGISTRY_CONCURRENCY = 1
+    settings.ODAL_CLAIM_HOLD_SECONDS = 1
+    passport = published("https://id.example.eu/01/LATE-THREAD")
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(time.sleep, 1.5)  # the one thread, busy past the hold
+        report = drain_once(adapter=adapters.get_adapter(), pace=Pace(), pool=pool)
+
+    assert (report.claimed, report.submitted, report.not_started) == (1, 0, 1)
+    assert registry_sim.calls == []
+    reg = Registration.objects.get(passport=passport)
+    assert (reg.status, reg.attempts, reg.claim_token) == ("pending", 0, None)

@@ -211,7 +211,7 @@ def call_webhook(consumer, delivery_id, event, client: httpx.Client) -> Outcome:
     response = None
     answer = bytearray()  # what was read of the body, kept when a timeout or a reset cuts it short
     try:
-        with pinned(target), client.stream(
+        with within(started + consumer.timeout_seconds), pinned(target), client.stream(
             "POST", consumer.url, content=body.encode(), headers=headers,
             timeout=consumer.timeout_seconds, follow_redirects=False,
         ) as response:  # fmt: skip
@@ -406,7 +406,7 @@ class _PinnedTransport(httpx.HTTPTransport):
             keepalive_expiry=limits.keepalive_expiry,
             http1=True,
             http2=False,
-            network_backend=PinnedBackend(network),
+            network_backend=DeadlineBackend(PinnedBackend(network)),  # (each request ends by its deadline)
         )
 
 

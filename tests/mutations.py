@@ -728,6 +728,20 @@ GUARDS = [
         "tests/test_hostile_16.py::test_a_csv_header_the_csv_module_cannot_read_is_refused_with_a_sentence",
     ),
     Guard(
+        "call_webhook: a request ends within the consumer's timeout, all of it (a trickle of headers too)",
+        "outbox/consumers.py",
+        "        with within(started + consumer.timeout_seconds), pinned(target), client.stream(\n",
+        "        with pinned(target), client.stream(\n",
+        "tests/test_hostile_16.py::test_a_webhook_trickling_its_headers_fails_only_its_own_delivery_within_the_timeout",
+    ),
+    Guard(
+        "webhook client: its connections hold each request to its deadline (DeadlineBackend)",
+        "outbox/consumers.py",
+        "network_backend=DeadlineBackend(PinnedBackend(network)),",
+        "network_backend=PinnedBackend(network),",
+        "tests/test_hostile_16.py::test_a_webhook_trickling_its_headers_fails_only_its_own_delivery_within_the_timeout",
+    ),
+    Guard(
         "find_submission: the page limit is never absence",
         "registry/adapters.py",
         '            raise RegistryUnreadable(\n                f"the task list has more than {MAX_TASK_PAGES} pages; it was not read to its end"\n            )\n',

@@ -16,11 +16,15 @@ from django.core.management.base import CommandError
 
 from odal import lifecycle
 from odal.models import Passport
+from outbox.events import emit
+from outbox.models import Delivery
+from outbox.sweep import sweep_once
 from registry import adapters
 from registry.drain import drain_once, drain_until_idle
 from registry.models import Registration, RegistrationAttempt
 from registry.pace import Pace
-from tests.factories import PassportFactory
+from tests.factories import PassportFactory, WebhookConsumerFactory
+from tests.webhook_server import WebhookServer
 
 pytestmark = pytest.mark.django_db
 
@@ -229,3 +233,26 @@ def test_a_request_whose_thread_comes_free_after_the_hold_is_not_sent(registry_s
     assert registry_sim.calls == []
     reg = Registration.objects.get(passport=passport)
     assert (reg.status, reg.attempts, reg.claim_token) == ("pending", 0, None)
+
+
+# -- the same trickle, at a webhook ------------------------------------------------------------------
+
+
+def test_a_webhook_trickling_its_headers_fails_only_its_own_delivery_within_the_timeout():
+    # The sweep waits for its in-flight requests as the drain does: before, one endpoint trickling
+    # its status line and headers held the sweep, and so every consumer's deliveries, for ever.
+    hostile = TricklingRegistry()  # (it trickles for any request whose body holds HOSTILE)
+    threading.Timer(6, hostile.close).start()
+    with WebhookServer() as healthy:
+        WebhookConsumerFactory(name="hostile", url=f"http://127.0.0.1:{hostile.port}/hook", timeout_seconds=1)
+        WebhookConsumerFactory(name="healthy", url=healthy.url, timeout_seconds=1)
+        emit("passport.published", {"upi": HOSTILE})
+        started = time.monotonic()
+        report = sweep_once()
+    assert time.monotonic() - started < 4, "the sweep waited for the trickling answer"
+    hostile.close()
+
+    assert (report.delivered, report.failed) == (1, 1)
+    assert Delivery.objects.get(consumer__name="healthy").status == "delivered"
+    bad = Delivery.objects.get(consumer__name="hostile")
+    assert (bad.status, bad.last_error) == ("pending", "timed out after 1s")

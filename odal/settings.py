@@ -72,9 +72,9 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name} must be true or false, got {raw!r}")
 
 
-def env_rate(name: str, *, maximum: float) -> float | None:
-    """A rate per second above 0 (decimals allowed, e.g. 0.5 for one every two seconds), or None
-    when unset."""
+def env_rate(name: str, *, maximum: float, minimum: float = 0.0, why_minimum: str = "") -> float | None:
+    """A rate per second above 0 (decimals allowed, e.g. 0.5 for one every two seconds) and at
+    least `minimum` (`why_minimum` says why), or None when unset."""
     raw = (os.environ.get(name) or "").strip()
     if not raw:
         return None
@@ -87,6 +87,8 @@ def env_rate(name: str, *, maximum: float) -> float | None:
             f"{name} must be a number of requests per second above 0 and at most {maximum:,g}, "
             f"or unset for no limit; got {raw!r}"
         )
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum:g} ({why_minimum}); got {raw!r}")
     return value
 
 
@@ -223,7 +225,15 @@ ODAL_REGISTRY_STALL_ATTEMPTS = env_int("ODAL_REGISTRY_STALL_ATTEMPTS", 5, minimu
 ODAL_REGISTRY_CONCURRENCY = env_int("ODAL_REGISTRY_CONCURRENCY", 8, minimum=1, maximum=64)
 # Registry requests per second across every drain process of the deployment, on every machine
 # (kept in the database: registry.pace); unset, no limit. A 429 pauses them all either way.
-ODAL_REGISTRY_RATE_PER_SECOND = env_rate("ODAL_REGISTRY_RATE_PER_SECOND", maximum=10_000)
+# At least one request per claim hold: a slower rate could never send a claimed row in time (and
+# one request every 1e300 s is no number the drain's clock can hold).
+ODAL_REGISTRY_RATE_PER_SECOND = env_rate(
+    "ODAL_REGISTRY_RATE_PER_SECOND",
+    maximum=10_000,
+    minimum=1 / ODAL_CLAIM_HOLD_SECONDS,
+    why_minimum="one request per ODAL_CLAIM_HOLD_SECONDS: a slower rate could never send a claimed "
+    "registration before its claim ran out",
+)
 ODAL_BROKER_URL = os.environ.get("ODAL_BROKER_URL", "").strip()
 # Webhook consumers on loopback/private addresses are refused in production unless allowed.
 ODAL_ALLOW_PRIVATE_WEBHOOKS = env_bool("ODAL_ALLOW_PRIVATE_WEBHOOKS", not PRODUCTION)

@@ -483,6 +483,7 @@ class Pass:
     def __init__(self, claim, report: DrainReport, adapter, pace: Pace, pool: ThreadPoolExecutor):
         self.claim, self.report, self.adapter, self.pace, self.pool = claim, report, adapter, pace, pool
         self.endings: list[Ending] = []
+        self.out_of_time = False  # a row's slot came after the hold: the pass books no more
         self.flushed_at = time.monotonic()
         # Outcomes must be written well inside the claim's hold, or they arrive late for nothing.
         self.flush_seconds = min(FLUSH_SECONDS, settings.ODAL_CLAIM_HOLD_SECONDS / 4)
@@ -512,12 +513,16 @@ class Pass:
     def start(self, reg: Registration, deadline: float):
         """Start one row's attempt: (its request's future, how to settle it), None if it owed no
         request, or False if it was not started."""
-        if self.pace.paused_for():
+        if self.out_of_time or self.pace.paused_for():
             return False  # the registry asked every drain to wait: the row is given back, not held
         slot = self.pace.next_slot()  # (now, without a rate limit; one a withdrawn row leaves unused)
         if slot >= deadline:
             # The hold has run out, or will before this row's turn: the row is due again and may
-            # be another drain's already. Nothing is sent for it, nor written.
+            # be another drain's already. Nothing is sent for it, nor written. Nor for the rows
+            # after it, whose slots would come later still: they take none (a slot booked is the
+            # rate limit's for every drain, used or not: booking one for each would hold every
+            # drain back by as many slots as this pass had rows left).
+            self.out_of_time = True
             return False
         attempt = Attempt(reg, self.claim.token, self.report, self.endings)
         plan, settle = operation_of(reg)

@@ -375,6 +375,20 @@ GUARDS = [
         "tests/test_hostile_16.py::test_a_request_whose_thread_comes_free_after_the_hold_is_not_sent",
     ),
     Guard(
+        "drain: once a row's slot comes after the hold, the pass books no slot for the rows after it",
+        "registry/drain.py",
+        "        if self.out_of_time or self.pace.paused_for():\n",
+        "        if self.pace.paused_for():\n",
+        "tests/test_hostile_16.py::test_a_pass_whose_rows_come_after_its_hold_books_no_slot_for_each",
+    ),
+    Guard(
+        "settings: a registry rate slower than one request per claim hold stops start-up",
+        "odal/settings.py",
+        "    if value < minimum:\n",
+        "    if False:\n",
+        "tests/test_settings.py -k bad_value_stops_start_up and RATE",
+    ),
+    Guard(
         "release: only rows still held by the claim's token",
         "outbox/claims.py",
         "        return self.filter(claim_token=token, status__in=self.claimable_statuses).update(\n",

@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.utils import timezone
 
 from odal import lifecycle
 from odal.models import Passport
@@ -21,7 +22,7 @@ from outbox.models import Delivery
 from outbox.sweep import sweep_once
 from registry import adapters
 from registry.drain import drain_once, drain_until_idle
-from registry.models import Registration, RegistrationAttempt
+from registry.models import Registration, RegistrationAttempt, RegistryPace
 from registry.pace import Pace
 from tests.factories import PassportFactory, WebhookConsumerFactory
 from tests.webhook_server import WebhookServer
@@ -256,3 +257,19 @@ def test_a_webhook_trickling_its_headers_fails_only_its_own_delivery_within_the_
     assert Delivery.objects.get(consumer__name="healthy").status == "delivered"
     bad = Delivery.objects.get(consumer__name="hostile")
     assert (bad.status, bad.last_error) == ("pending", "timed out after 1s")
+
+
+def test_a_pass_whose_rows_come_after_its_hold_books_no_slot_for_each(registry_sim, settings):
+    # Before: every row left when the hold ran out still booked a slot of the rate limit, which
+    # every drain shares, and gave it up: one pass of 20 rows at 0.1/s with a 5 s hold sent one
+    # request and held every drain back 200 s. Now the pass books no more after the first.
+    settings.ODAL_REGISTRY_RATE_PER_SECOND = 0.2
+    settings.ODAL_CLAIM_HOLD_SECONDS = 5
+    for n in range(20):
+        published(f"https://id.example.eu/01/SLOW-{n}")
+
+    report = drain_once(batch=20)
+
+    assert (report.claimed, report.submitted, report.not_started) == (20, 1, 19)
+    ahead = (RegistryPace.objects.get().next_slot_at - timezone.now()).total_seconds()
+    assert ahead <= 10.5, ahead  # the one slot sent, and the one that came after the hold

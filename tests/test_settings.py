@@ -70,6 +70,11 @@ def refusal(**env) -> str:
         ("ODAL_REGISTRY_RATE_PER_SECOND", "0"),
         ("ODAL_REGISTRY_RATE_PER_SECOND", "nan"),
         ("ODAL_REGISTRY_RATE_PER_SECOND", "100/s"),
+        (
+            "ODAL_REGISTRY_RATE_PER_SECOND",
+            "1e-300",
+        ),  # (the drain's timedelta overflowed: tests/test_hostile_16.py)
+        ("ODAL_REGISTRY_RATE_PER_SECOND", "0.003"),  # slower than one per claim hold (300 s)
         ("ODAL_BIND", "nonsense"),
         ("ODAL_BIND", "127.0.0.1:70000"),
         ("ODAL_WEB_WORKERS", "0"),

@@ -454,9 +454,8 @@ def run_deactivate(attempt: Attempt, adapter) -> None:
 
 # -- a pass -------------------------------------------------------------------------------------------
 
-NOT_SENT = (
-    Sent()
-)  # the request never went out (a pause came while it waited for its slot, or the hold ran out)
+# The request never went out: a pause came while it waited for its slot, or the hold ran out.
+NOT_SENT = Sent()
 
 
 def send_in_turn(request: Request, adapter, pace: Pace, slot: float, deadline: float) -> Sent:

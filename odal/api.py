@@ -252,7 +252,7 @@ def create_passports(
         if once.replay is not None:
             return once.replay
         intake = bulk.Intake(actor=request.auth.actor, publish=payload.publish)
-        results = intake.take(list(enumerate(payload.items)))
+        results = intake.take([(index, bulk.screened(raw)) for index, raw in enumerate(payload.items)])
         failed = any(r.error is not None and r.error["code"] == "batch_failed" for r in results)
         return once.answer(200, {"results": [r.as_json() for r in results]}, keep=not failed)
 

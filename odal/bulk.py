@@ -41,7 +41,7 @@ from odal.middleware import checked_json
 from odal.models import AuditEntry, Passport
 from odal.rows import insert_rows
 from odal.schemas import PassportIn, invalid_request
-from odal.text import error_text, storable
+from odal.text import MAX_JSON_DEPTH, error_text, find_unstorable, storable
 from outbox.events import emit_many
 from registry import service as registry
 
@@ -273,6 +273,17 @@ def _unstorable(field: str, problem: str) -> Refused:
         status=422,
         errors=[{"field": field, "message": problem}],
     )
+
+
+def screened(raw):
+    """An item of `POST dpp/bulk` as the API's boundary would check a body (it leaves the items to
+    this, so that one fails alone): the item, or Refused naming what PostgreSQL cannot store in
+    it (NUL, a lone surrogate) or nesting too deep (counted from the body: it is two levels in)."""
+    problem = find_unstorable(raw, depth=2, max_depth=MAX_JSON_DEPTH)
+    if problem is None:
+        return raw
+    where, why = problem
+    return _unstorable("item" if where == "body" else where, why)
 
 
 def _not_utf8(text: str) -> bool:

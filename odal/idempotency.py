@@ -92,9 +92,12 @@ def request_hash(body) -> str:
     """sha256 of the request body (as the route validated it) in canonical JSON: key order and
     whitespace do not matter."""
     if isinstance(body, BaseModel):
-        body = body.model_dump(mode="json")
+        try:
+            body = body.model_dump(mode="json")
+        except UnicodeEncodeError:  # a bulk item holding a lone surrogate, to be refused alone
+            body = json.loads(json.dumps(body.model_dump(), default=str))
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass

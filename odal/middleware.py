@@ -104,16 +104,18 @@ def find_problem(request) -> tuple[str, str] | None:
     if not request.body:
         return None
     try:
-        data, problem = checked_json(request.body)
+        data, problem = checked_json(request.body, items_alone=request.path_info == BULK_PATH)
     except ValueError:  # not JSON (or not UTF-8): the API answers 400 malformed_body, as ever
         return None
     request.parsed_json_body = data
     return problem
 
 
-def checked_json(text) -> tuple[object, tuple[str, str] | None]:
+def checked_json(text, *, items_alone: bool = False) -> tuple[object, tuple[str, str] | None]:
     """`text` (str or bytes) parsed as JSON, and (field, problem) for the first thing in it the API
     must refuse (see UnstorableInputMiddleware), or None. ValueError when it is not JSON at all.
+    With `items_alone` (POST dpp/bulk), the elements of a top-level `items` list are left to the
+    route (odal.bulk.screened), so that a bad item fails alone, as the route promises.
     `odal passport import` reads each line of a file through it too."""
     try:
         data = json.loads(text, parse_constant=_constant, parse_float=_finite_float)
@@ -121,6 +123,8 @@ def checked_json(text) -> tuple[object, tuple[str, str] | None]:
         return None, ("body", f"is nested more than {MAX_JSON_DEPTH} levels deep")
     except NotFinite as exc:
         return None, ("body", str(exc))
+    if items_alone and isinstance(data, dict) and isinstance(data.get("items"), list):
+        return data, find_unstorable({**data, "items": []}, max_depth=MAX_JSON_DEPTH)
     return data, find_unstorable(data, max_depth=MAX_JSON_DEPTH)
 
 

@@ -2349,6 +2349,27 @@ GUARDS = [
         "tests/test_passport_import.py::test_each_batch_kicks_the_drain_once_and_wakes_the_sweep_once",
     ),
     Guard(
+        "bulk: each item is checked for what PostgreSQL cannot store, and fails alone",
+        "odal/bulk.py",
+        "    if problem is None:\n        return raw\n    where, why = problem\n",
+        "    return raw\n    where, why = problem\n",
+        "tests/test_bulk_api.py::test_an_item_holding_what_postgresql_cannot_store_fails_alone",
+    ),
+    Guard(
+        "boundary: the rest of a bulk body (all but its items) is still checked",
+        "odal/middleware.py",
+        '        return data, find_unstorable({**data, "items": []}, max_depth=MAX_JSON_DEPTH)\n',
+        "        return data, None\n",
+        "tests/test_bulk_api.py::test_the_rest_of_a_bulk_body_is_still_refused_at_the_boundary",
+    ),
+    Guard(
+        "idempotency: a body holding a lone surrogate is hashed, not a 500",
+        "odal/idempotency.py",
+        "        except UnicodeEncodeError:  # a bulk item holding a lone surrogate, to be refused alone\n",
+        "        except ZeroDivisionError:\n",
+        "tests/test_bulk_api.py::test_an_item_holding_what_postgresql_cannot_store_fails_alone",
+    ),
+    Guard(
         "body limit: POST dpp/bulk has a limit of its own",
         "odal/middleware.py",
         "    return settings.ODAL_MAX_BULK_BODY_BYTES if path == BULK_PATH else settings.ODAL_MAX_BODY_BYTES\n",

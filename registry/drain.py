@@ -514,13 +514,12 @@ class Pass:
         request, or False if it was not started."""
         if self.out_of_time or self.pace.paused_for():
             return False  # the registry asked every drain to wait: the row is given back, not held
-        slot = self.pace.next_slot()  # (now, without a rate limit; one a withdrawn row leaves unused)
-        if slot >= deadline:
-            # The hold has run out, or will before this row's turn: the row is due again and may
-            # be another drain's already. Nothing is sent for it, nor written. Nor for the rows
-            # after it, whose slots would come later still: they take none (a slot booked is the
-            # rate limit's for every drain, used or not: booking one for each would hold every
-            # drain back by as many slots as this pass had rows left).
+        slot = self.pace.next_slot(deadline)  # (now, without a rate limit; a withdrawn row's unused)
+        if slot is None or slot >= deadline:
+            # The hold has run out, or will before this row's turn (the rate limit's schedule
+            # has no slot for it before then, and booked none): the row is due again and may be
+            # another drain's already. Nothing is sent for it, nor written. Nor for the rows after
+            # it, whose turns would come later still: they do not even try to book.
             self.out_of_time = True
             return False
         attempt = Attempt(reg, self.claim.token, self.report, self.endings)

@@ -367,17 +367,30 @@ LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
 class RegistryPaceQuerySet(models.QuerySet):
     """The writes of RegistryPace's one row (made on first use: a test's flush empties the table)."""
 
-    def book(self, *, slots: int, interval: timedelta, now: datetime) -> datetime:
+    def book(
+        self, *, slots: int, interval: timedelta, now: datetime, before: datetime | None = None
+    ) -> datetime | None:
         """Book `slots` requests, `interval` apart, after every slot booked before (by any drain
         process) and after any pause: one UPDATE, whose row lock puts concurrent bookings one
-        after the other. Returns when the first of them may go out."""
+        after the other. Returns when the first of them may go out; None, booking nothing, when
+        that would not be before `before` (a claim's hold ends first: a slot never used would
+        still push every drain's later ones back)."""
+        self.get_or_create(pk=1)
         rows = self.filter(pk=1)
+        if before is not None:
+            rows = rows.filter(next_slot_at__lt=before, paused_until__lt=before)
+            if now >= before:
+                return None
         with transaction.atomic():
             after = Greatest(F("next_slot_at"), F("paused_until"), Value(now))
             if not rows.update(next_slot_at=after + interval * slots):
-                self.get_or_create(pk=1)
-                rows.update(next_slot_at=after + interval * slots)
-            return rows.values_list("next_slot_at", flat=True).get() - interval * slots
+                return None
+            return self.filter(pk=1).values_list("next_slot_at", flat=True).get() - interval * slots
+
+    def schedule(self) -> tuple[datetime, datetime]:
+        """(the end of the pause a 429 asked for, the rate limit's first free slot)."""
+        row = self.filter(pk=1).values_list("paused_until", "next_slot_at").first()
+        return row or (LONG_AGO, LONG_AGO)
 
     def pause(self, *, until: datetime, reason: str) -> bool:
         """A 429 asked every client to wait until `until`: every drain, in every process, sends

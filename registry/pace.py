@@ -49,16 +49,23 @@ class Pace:
         self.slots: deque[float] = deque()  # booked send times (time.monotonic()), soonest first
         self.resume_at = float("-inf")  # time.monotonic(): nothing is sent before (a pause)
         self.read_at = float("-inf")  # when the row's pause was last read
+        self.full_until = float("-inf")  # time.monotonic(): the schedule is booked past a hold
 
     # -- the pass's thread ------------------------------------------------------------------------
 
     def paused_for(self) -> float:
-        """Seconds until the pause ends (0: none), as the row said at most PAUSE_REFRESH_SECONDS ago."""
+        """Seconds until this drain may claim and start requests (0: now), as the row said at most
+        PAUSE_REFRESH_SECONDS ago: until a pause ends, and until the rate limit's schedule comes
+        within a claim's hold (drains booked it further ahead: a row claimed now could not be sent
+        before its hold ran out, and would only be claimed, given back and claimed again)."""
         now = time.monotonic()
         if now - self.read_at >= PAUSE_REFRESH_SECONDS:
             self.read_at = now
-            self.stop_until(monotonic_at(RegistryPace.objects.paused_until()))
-        return max(0.0, self.resume_at - time.monotonic())
+            paused_until, next_slot_at = RegistryPace.objects.schedule()
+            self.stop_until(monotonic_at(paused_until))
+            if self.rate is not None:
+                self.full_until = monotonic_at(next_slot_at) - settings.ODAL_CLAIM_HOLD_SECONDS
+        return max(0.0, max(self.resume_at, self.full_until) - time.monotonic())
 
     def pause(self, seconds: float, reason: str) -> None:
         """The registry answered 429: this process stops at once, and the row tells the others."""
@@ -66,15 +73,18 @@ class Pace:
         self.stop_until(monotonic_at(until))
         RegistryPace.objects.pause(until=until, reason=reason)
 
-    def next_slot(self) -> float:
+    def next_slot(self, before: float) -> float | None:
         """When the next request may go out (a time.monotonic() reading): now without a rate
-        limit, else its slot of the schedule every drain shares."""
+        limit, else its slot of the schedule every drain shares; None when the schedule has no
+        slot left before `before` (the claim's hold ends first), and then nothing is booked."""
         if self.rate is None:
             return time.monotonic()
         with self.lock:
             slot = self._take()
         if slot is None:
-            self._book()
+            if not self._book(before):
+                self.read_at = float("-inf")  # paused_for reads how far ahead the schedule is
+                return None
             with self.lock:
                 slot = self._take()
         return time.monotonic() if slot is None else slot  # (none left: a pause came meanwhile)
@@ -85,15 +95,20 @@ class Pace:
             self.slots.popleft()  # not given out in time: dropped, never used late in a bunch
         return self.slots.popleft() if self.slots else None
 
-    def _book(self) -> None:
+    def _book(self, before: float) -> bool:
         count = max(1, min(MAX_BOOKING, round(self.rate * BOOK_SECONDS)))
         interval = 1 / self.rate
+        now = timezone.now()
         first = RegistryPace.objects.book(
-            slots=count, interval=timedelta(seconds=interval), now=timezone.now()
-        )
+            slots=count, interval=timedelta(seconds=interval), now=now,
+            before=now + timedelta(seconds=before - time.monotonic()),
+        )  # fmt: skip
+        if first is None:
+            return False
         start = monotonic_at(first)
         with self.lock:
             self.slots.extend(start + i * interval for i in range(count))
+        return True
 
     # -- any thread -------------------------------------------------------------------------------
 

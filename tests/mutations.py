@@ -363,9 +363,9 @@ GUARDS = [
     Guard(
         "drain: no attempt starts after the claim's hold ran out (nor one whose slot comes after it)",
         "registry/drain.py",
-        "        if slot >= deadline:\n",
-        "        if False:\n",
-        "tests/test_registry_drain.py tests/test_registry_concurrency.py -k hold_ran_out or slot_comes_after",
+        "        if slot is None or slot >= deadline:\n",
+        "        if slot is None:\n",
+        "tests/test_registry_drain.py tests/test_registry_concurrency.py -k hold_ran_out or slot_comes_after or not_even_planned",
     ),
     Guard(
         "drain: a request is not sent once its claim's hold ran out, however late its pool thread came",
@@ -373,13 +373,6 @@ GUARDS = [
         "    if pace.held_back() or time.monotonic() >= deadline:\n",
         "    if pace.held_back():\n",
         "tests/test_hostile_16.py::test_a_request_whose_thread_comes_free_after_the_hold_is_not_sent",
-    ),
-    Guard(
-        "drain: once a row's slot comes after the hold, the pass books no slot for the rows after it",
-        "registry/drain.py",
-        "        if self.out_of_time or self.pace.paused_for():\n",
-        "        if self.pace.paused_for():\n",
-        "tests/test_hostile_16.py::test_a_pass_whose_rows_come_after_its_hold_books_no_slot_for_each",
     ),
     Guard(
         "settings: a registry rate slower than one request per claim hold stops start-up",
@@ -2232,6 +2225,20 @@ GUARDS = [
         '            after = Greatest(F("next_slot_at"), F("paused_until"), Value(now))\n',
         '            after = Greatest(F("paused_until"), Value(now))\n',
         "tests/test_registry_concurrency.py -k bookings_follow or keep_to_the_rate",
+    ),
+    Guard(
+        "pace: a booking whose first slot would come after the claim's hold books nothing",
+        "registry/models.py",
+        "            rows = rows.filter(next_slot_at__lt=before, paused_until__lt=before)\n",
+        "            rows = rows\n",
+        "tests/test_registry_concurrency.py tests/test_hostile_16.py -k bookings_follow or booked_past_the_hold or books_no_slot_for_each",
+    ),
+    Guard(
+        "pace: a drain claims nothing while the schedule is booked further ahead than a hold",
+        "registry/pace.py",
+        "                self.full_until = monotonic_at(next_slot_at) - settings.ODAL_CLAIM_HOLD_SECONDS\n",
+        "                pass\n",
+        "tests/test_registry_concurrency.py -k booked_past_the_hold or within_a_hold",
     ),
     Guard(
         "pace: a booking starts after a pause",

@@ -135,6 +135,27 @@ def test_a_concurrent_pass_starts_nothing_after_its_hold_ran_out(db, registry_si
     assert waiting.next_attempt_at <= timezone.now() and not waiting.attempt_log.exists()
 
 
+def test_a_row_whose_turn_comes_after_the_hold_ran_out_is_not_even_planned(db, registry_sim, settings):
+    """One thread, a 1 s hold and a registry that takes 1.2 s: the second row's turn comes after
+    the hold. Its passport was withdrawn, so its attempt would send nothing and only write
+    (withdrawn), on the pass's thread: it must not, the row may be another drain's by then."""
+    settings.ODAL_REGISTRY_CONCURRENCY = 1
+    settings.ODAL_CLAIM_HOLD_SECONDS = 1
+    registry_sim.faults["latency"] = 1.2
+    first, second = published(), published()
+    Registration.objects.filter(passport=second).update(
+        next_attempt_at=timezone.now() + timedelta(microseconds=1)
+    )
+    second.__class__.objects.filter(pk=second.pk).update(status="suspended")  # (behind the drain's back)
+
+    report = drain_once(batch=2)
+
+    assert (report.claimed, report.submitted, report.not_started) == (2, 1, 1)
+    assert (reg_of(first).status, reg_of(second).status) == ("submitted", "pending")
+    assert (reg_of(second).attempts, reg_of(second).claim_token) == (0, None)
+    assert not reg_of(second).attempt_log.exists()
+
+
 def test_with_a_rate_limit_a_request_whose_slot_comes_after_the_hold_is_not_started(
     db, registry_sim, settings
 ):
@@ -245,9 +266,9 @@ def test_a_pause_another_process_writes_stops_a_request_waiting_for_its_slot(reg
 
 def test_a_slot_not_given_out_in_time_is_dropped_not_used_late(db):
     p = pace.Pace(rate=10)  # a booking: 2 or 3 slots, 0.1 s apart
-    first = p.next_slot()
+    first = p.next_slot(time.monotonic() + 60)
     time.sleep(0.5)
-    late = p.next_slot()
+    late = p.next_slot(time.monotonic() + 60)
     assert late >= time.monotonic() - pace.SLOT_LATENESS and late > first + 0.4
 
 
@@ -291,6 +312,46 @@ def test_bookings_follow_one_another_at_the_rate_and_start_after_a_pause(db):
     assert (first, second) == (now, now + 5 * step)
     RegistryPace.objects.pause(until=now + timedelta(seconds=10), reason="429")
     assert RegistryPace.objects.book(slots=1, interval=step, now=now) == now + timedelta(seconds=10)
+    booked = RegistryPace.objects.get().next_slot_at
+    # A booking that could not start before a claim's hold ends books nothing.
+    assert (
+        RegistryPace.objects.book(slots=1, interval=step, now=now, before=now + timedelta(seconds=5)) is None
+    )
+    assert RegistryPace.objects.book(slots=1, interval=step, now=now, before=booked) is None
+    assert RegistryPace.objects.get().next_slot_at == booked
+    assert RegistryPace.objects.book(slots=1, interval=step, now=now, before=booked + step) == booked
+
+
+def test_a_schedule_booked_past_the_hold_is_waited_for_not_pushed_further(db, registry_sim, settings):
+    """Other drains booked the rate limit's schedule 100 s ahead (1/s), past a claim's 5 s hold: no
+    slot this drain could book would come inside its hold. It must neither book one (each such
+    slot, never used, pushes every drain further back: drains claiming again at once, as a pass
+    that gave its rows back does, ran the schedule away from the clock) nor claim again and again
+    meanwhile; it waits until the schedule comes within a hold."""
+    settings.ODAL_REGISTRY_RATE_PER_SECOND = 1
+    settings.ODAL_CLAIM_HOLD_SECONDS = 5
+    for _ in range(3):
+        published()
+    RegistryPace.objects.book(slots=100, interval=timedelta(seconds=1), now=timezone.now())
+    booked = RegistryPace.objects.get().next_slot_at
+
+    reports = [drain_once(batch=3) for _ in range(5)]
+
+    assert RegistryPace.objects.get().next_slot_at == booked
+    assert sum(r.claimed for r in reports) <= 3 and not registry_sim.arrivals
+    assert sorted(Registration.objects.values_list("attempts", "claim_token")) == [(0, None)] * 3
+
+
+def test_a_drain_claims_again_once_the_schedule_comes_within_a_hold(db, registry_sim, settings):
+    settings.ODAL_REGISTRY_RATE_PER_SECOND = 1
+    settings.ODAL_CLAIM_HOLD_SECONDS = 2
+    published()
+    RegistryPace.objects.book(slots=3, interval=timedelta(seconds=1), now=timezone.now())
+
+    assert pace.Pace().paused_for() > 0 and drain_once(batch=1).claimed == 0
+    assert wait_for(lambda: pace.Pace().paused_for() == 0, 3)
+    report = drain_once(batch=1)
+    assert (report.claimed, report.submitted) == (1, 1)
 
 
 # -- two real drain processes ----------------------------------------------------------------------

@@ -544,6 +544,13 @@ GUARDS = [
         "tests/test_serve.py::test_an_address_in_use_is_refused_before_anything_is_collected",
     ),
     Guard(
+        "settings: a blank SECRET_KEY counts as none (production refuses it)",
+        "odal/settings.py",
+        "if not SECRET_KEY.strip():\n",
+        "if not SECRET_KEY:\n",
+        "tests/test_hostile_15.py::test_production_refuses_a_blank_secret_key",
+    ),
+    Guard(
         "passport admin: lifecycle fields are read-only",
         "odal/admin.py",
         '        "id",\n        *LIFECYCLE_FIELDS,\n',

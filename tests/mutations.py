@@ -551,6 +551,21 @@ GUARDS = [
         "tests/test_hostile_15.py::test_production_refuses_a_blank_secret_key",
     ),
     Guard(
+        "rules.address: a host's labels are 1 to 63 characters (no empty label for the resolver to choke on)",
+        "odal/rules.py",
+        'HOST_LABEL = re.compile(r"[A-Za-z0-9_-]{1,63}")',
+        'HOST_LABEL = re.compile(r"[A-Za-z0-9_-]*")',
+        "tests/test_hostile_15.py::test_the_address_rule_refuses_what_gunicorn_cannot_listen_on "
+        "tests/test_cli_malformed.py",
+    ),
+    Guard(
+        "rules.address: an IPv6 host is in brackets, a valid address",
+        "odal/rules.py",
+        "            ipaddress.IPv6Address(host[1:-1])\n",
+        "            pass\n",
+        "tests/test_hostile_15.py::test_the_address_rule_refuses_what_gunicorn_cannot_listen_on",
+    ),
+    Guard(
         "passport admin: lifecycle fields are read-only",
         "odal/admin.py",
         '        "id",\n        *LIFECYCLE_FIELDS,\n',

@@ -3,6 +3,7 @@ partition run): what broke, kept broken no more."""
 
 import pytest
 
+from odal import rules
 from odal.settings import DEFAULT_SECRET_KEY
 from tests.pg import free_port
 from tests.test_serve import production, refused
@@ -37,3 +38,56 @@ def test_odal_serve_refuses_a_blank_secret_key_in_production(tmp_path):
     assert returncode == 1, stderr
     assert "SECRET_KEY" in stderr and "ODAL_ENV=production" in stderr
     assert not (tmp_path / "static").exists()
+
+
+# -- --bind and ODAL_BIND: what gunicorn can listen on, or a usage error -----------------------------------
+# Before: a host with an empty or over-long label ("...:8000", "a..b:8000") passed the rule and
+# made the resolver raise UnicodeError: a traceback. An IPv6 address without brackets ("::1:8000")
+# or with one ("[::1:8000") passed it too, and gunicorn then refused "'' is not a valid port number".
+
+NOT_LISTENABLE = [
+    "...:8000",
+    "a..b:8000",
+    ".:8000",
+    "a" * 64 + ":8000",
+    "::1:8000",
+    "[::1:8000",
+    "[nonsense]:8000",
+    "[127.0.0.1]:8000",
+    "[]:8000",
+    "[::1%\x00]:8000",
+]
+
+
+@pytest.mark.parametrize("value", NOT_LISTENABLE)
+def test_the_address_rule_refuses_what_gunicorn_cannot_listen_on(value):
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        rules.address(value)
+
+
+@pytest.mark.parametrize(
+    "value, address",
+    [
+        ("[::1]:8000", "[::1]:8000"),
+        ("[fe80::1%lo]:8000", "[fe80::1%lo]:8000"),
+        ("0.0.0.0:8000", "0.0.0.0:8000"),
+        ("dpp.example.eu.:443", "dpp.example.eu.:443"),
+        ("localhost:08000", "localhost:8000"),
+        ("8000", "127.0.0.1:8000"),
+        ("a" * 63 + ":8000", "a" * 63 + ":8000"),
+    ],
+)
+def test_the_address_rule_still_takes_what_gunicorn_listens_on(value, address):
+    assert rules.address(value) == address
+
+
+@pytest.mark.parametrize("value", ["...:18735", "::1:18735"])
+def test_odal_serve_refuses_a_bind_it_cannot_listen_on_as_a_usage_error(tmp_path, value):
+    returncode, stderr = refused("--bind", value, "--workers", "1", env=production(tmp_path / "static"))
+    assert returncode == 2, stderr
+    assert "--bind" in stderr and "HOST:PORT" in stderr
+    assert not (tmp_path / "static").exists()
+
+
+def test_odal_bind_with_an_empty_label_stops_start_up_naming_it():
+    assert "ODAL_BIND" in refusal(ODAL_BIND="a..b:8000")

@@ -566,6 +566,13 @@ GUARDS = [
         "tests/test_hostile_15.py::test_the_address_rule_refuses_what_gunicorn_cannot_listen_on",
     ),
     Guard(
+        "unstorable input: a NUL in an address outside the API is Django's 400",
+        "odal/middleware.py",
+        "        elif problem := address_problem(request):\n",
+        "        elif problem := None:\n",
+        "tests/test_hostile_15.py::test_an_admin_address_with_nul_is_a_400_not_a_500",
+    ),
+    Guard(
         "passport admin: lifecycle fields are read-only",
         "odal/admin.py",
         '        "id",\n        *LIFECYCLE_FIELDS,\n',

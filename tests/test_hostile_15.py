@@ -91,3 +91,39 @@ def test_odal_serve_refuses_a_bind_it_cannot_listen_on_as_a_usage_error(tmp_path
 
 def test_odal_bind_with_an_empty_label_stops_start_up_naming_it():
     assert "ODAL_BIND" in refusal(ODAL_BIND="a..b:8000")
+
+
+# -- the admin's lists, filtered on a NUL ---------------------------------------------------------------
+# Before: `GET /admin/odal/passport/?status__exact=%00` (any list filter, or a lookup the admin
+# allows, given a NUL) reached PostgreSQL, which cannot compare text with a NUL: a 500.
+
+ADMIN_ADDRESSES = [
+    "/admin/odal/passport/?status__exact=%00",
+    "/admin/odal/passport/?upi=%00",
+    "/admin/odal/auditentry/?action__exact=%00",
+    "/admin/registry/registration/?status=%00",
+    "/admin/outbox/consumer/?kind__exact=%00",
+    "/admin/outbox/event/?type__exact=%00",
+    "/admin/odal/passport/?q=%00",
+    "/admin/odal/passport/?x%00=1",
+    "/admin/odal/passport/%00/change/",
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("address", ADMIN_ADDRESSES)
+def test_an_admin_address_with_nul_is_a_400_not_a_500(admin_client, address):
+    response = admin_client.get(address)
+    assert response.status_code == 400, address
+
+
+@pytest.mark.django_db
+def test_the_api_still_answers_a_nul_in_its_query_with_its_own_422(admin_client):
+    response = admin_client.get("/vault/api/v1/outbox/deliveries?consumer=%00")
+    assert response.status_code == 422
+    assert response.json()["code"] == "invalid_request"
+
+
+@pytest.mark.django_db
+def test_an_admin_list_without_nul_still_answers(admin_client):
+    assert admin_client.get("/admin/odal/passport/?status__exact=draft&q=x").status_code == 200

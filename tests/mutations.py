@@ -573,6 +573,20 @@ GUARDS = [
         "tests/test_hostile_15.py::test_an_admin_address_with_nul_is_a_400_not_a_500",
     ),
     Guard(
+        "partition run: a delivery not delivered once everything healed is a violation",
+        "tests/partition.py",
+        '        Delivery.objects.exclude(status="delivered").values_list("status")',
+        '        Delivery.objects.none().values_list("status")',
+        "tests/test_hostile_15.py::test_the_partition_run_counts_a_delivery_left_pending_as_a_violation",
+    ),
+    Guard(
+        "partition run: past its time it is stopped through its clean-up (SIGTERM), not SIGKILLed",
+        "tests/partition.py",
+        "        process.terminate()\n",
+        "        process.kill()\n",
+        "tests/test_hostile_15.py::test_a_partition_run_past_its_time_is_stopped_through_its_clean_up",
+    ),
+    Guard(
         "passport admin: lifecycle fields are read-only",
         "odal/admin.py",
         '        "id",\n        *LIFECYCLE_FIELDS,\n',

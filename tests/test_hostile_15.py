@@ -127,3 +127,51 @@ def test_the_api_still_answers_a_nul_in_its_query_with_its_own_422(admin_client)
 @pytest.mark.django_db
 def test_an_admin_list_without_nul_still_answers(admin_client):
     assert admin_client.get("/admin/odal/passport/?status__exact=draft&q=x").status_code == 200
+
+
+# -- the partition run: its own checks, and its clean-up when it runs too long ---------------------------
+# Before: invariants.check() counts deliveries (events x consumers) and nothing checked where they
+# ended, so a run whose deliveries stayed pending for good (a claim nobody ended, a sweep that
+# stopped) printed "0 violations". And the short run inside `make test` was bounded by
+# subprocess.run's timeout, which SIGKILLs the driver: its namespaces, the hosts' clusters and
+# sweeps, its PostgreSQL and Redis stayed up until the next run.
+
+
+@pytest.mark.django_db
+def test_the_partition_run_counts_a_delivery_left_pending_as_a_violation():
+    from outbox.models import Delivery
+    from tests import partition
+    from tests.factories import DeadDeliveryFactory, DeliveryFactory
+
+    DeliveryFactory()
+    DeadDeliveryFactory()
+    assert partition.unsettled() == [
+        "1 deliveries still dead after the settle time",
+        "1 deliveries still pending after the settle time",
+    ]
+    Delivery.objects.update(status="delivered")
+    assert partition.unsettled() == []
+
+
+CLEANS_UP = """
+import signal, sys, time
+def clean_up(*_):
+    open(sys.argv[1], "w").write("cleaned up")
+    sys.exit(130)
+signal.signal(signal.SIGTERM, clean_up)
+print("started", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_partition_run_past_its_time_is_stopped_through_its_clean_up(tmp_path):
+    import subprocess
+    import sys
+
+    from tests import partition
+
+    marker = tmp_path / "cleaned"
+    with pytest.raises(subprocess.TimeoutExpired) as timed_out:
+        partition.run_bounded([sys.executable, "-c", CLEANS_UP, str(marker)], timeout=2, grace=10)
+    assert marker.read_text() == "cleaned up"
+    assert "started" in timed_out.value.output

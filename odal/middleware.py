@@ -49,12 +49,20 @@ def bad_request() -> dict:
     return {"detail": "The request was refused as malformed.", "code": "bad_request"}
 
 
+class UnstorableAddress(SuspiciousOperation):
+    """A request outside the API whose path or query PostgreSQL cannot store: Django's 400."""
+
+
 class UnstorableInputMiddleware:
     """The API's one boundary for hostile input: a path, query parameter, or any key or string of
     the JSON body that PostgreSQL cannot store (NUL, a lone surrogate), JSON nested deeper than
     MAX_JSON_DEPTH, or a number JSON cannot carry (NaN, Infinity) is refused with 422 before any
     handler runs, so no schema needs a check of its own. The body is parsed once, here, and the
-    API reads that parse (ParsedBodyParser): the body checked is the body handled."""
+    API reads that parse (ParsedBodyParser): the body checked is the body handled.
+
+    Outside the API (the admin, the dashboard) a path or query parameter with such a character
+    is Django's 400: an admin list filtered on a NUL (`?status__exact=%00`) would otherwise reach
+    PostgreSQL and be a 500. (Form bodies are the forms' to check: Django's fields refuse a NUL.)"""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -69,6 +77,8 @@ class UnstorableInputMiddleware:
                 return JsonResponse(bad_request(), status=400)
             if problem:
                 return JsonResponse(invalid_request(*problem), status=422)
+        elif problem := address_problem(request):
+            raise UnstorableAddress(f"The request's {problem[0]} {problem[1]}.")
         return self.get_response(request)
 
 
@@ -87,8 +97,9 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def find_problem(request) -> tuple[str, str] | None:
-    """(field, problem) for the first thing the API must refuse, or None."""
+def address_problem(request) -> tuple[str, str] | None:
+    """(field, problem) for the request's path or first query parameter PostgreSQL cannot
+    store, or None."""
     problem = unstorable(request.path_info)
     if problem:
         return "path", problem
@@ -101,6 +112,13 @@ def find_problem(request) -> tuple[str, str] | None:
             problem = unstorable(value)
             if problem:
                 return field, problem
+    return None
+
+
+def find_problem(request) -> tuple[str, str] | None:
+    """(field, problem) for the first thing the API must refuse, or None."""
+    if problem := address_problem(request):
+        return problem
     if not request.body:
         return None
     try:

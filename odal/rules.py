@@ -19,6 +19,7 @@ Reasons are refused the same way on every surface, but as the write's own refusa
 UPIs have their own module (odal.upi.canonical_upi): `upi()` here is that rule.
 """
 
+import ipaddress
 import re
 import unicodedata
 import uuid
@@ -62,7 +63,8 @@ CONTROL_PROBLEM = "must not contain control characters (a line break, a tab or a
 NAME = re.compile(r"[A-Za-z0-9_-]+")  # a consumer's name: it is also a URL path segment
 EVENT_TYPE = re.compile(r"[a-z0-9_]+(?:\.[a-z0-9_]+)*")  # always fullmatch: `$` allows a final \n
 WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]{1,30}\s*")
-HOST = re.compile(r"[A-Za-z0-9.:\[\]_-]+")
+IPV6_CHARACTERS = re.compile(r"[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]{1,15})?")  # ...and its scope
+HOST_LABEL = re.compile(r"[A-Za-z0-9_-]{1,63}")  # one label of a host name or an IPv4 address
 DURATION = re.compile(r"\s*([0-9]{1,9})\s*([dhms])\s*", re.IGNORECASE)  # 9 digits of days fit a timedelta
 DURATION_UNITS = {  # the largest first
     "d": (timedelta(days=1), "day"),
@@ -241,14 +243,33 @@ def web_workers(value) -> int:
     return whole_number(value, *WEB_WORKERS)
 
 
+def listenable_host(host: str) -> bool:
+    """A host to listen on as gunicorn reads it: an IPv6 address in brackets, or a host name or
+    IPv4 address whose labels have 1 to 63 characters (an empty or longer label is no name: the
+    resolver itself raises on it). An IPv6 address without brackets is not: gunicorn would take
+    its first colon for the port's."""
+    if host.startswith("[") and host.endswith("]"):
+        if not IPV6_CHARACTERS.fullmatch(host[1:-1]):  # (ipaddress takes any scope after a %)
+            return False
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return False
+        return True
+    labels = host.removesuffix(".").split(".")  # (a fully qualified name may end with a dot)
+    return len(host) <= HOST_LENGTH and all(HOST_LABEL.fullmatch(label) for label in labels)
+
+
 def address(value) -> str:
     """HOST:PORT (or PORT alone) to serve on, e.g. 127.0.0.1:8000; returned as HOST:PORT."""
-    problem = "must be HOST:PORT (or a port alone), e.g. 127.0.0.1:8000, with a port from 1 to 65,535"
+    problem = (
+        "must be HOST:PORT (or a port alone), e.g. 127.0.0.1:8000 or [::1]:8000, with a port from 1 to 65,535"
+    )
     if not isinstance(value, str):
         raise ValueError(problem)
     host, sep, number = value.strip().rpartition(":")
     host = host if sep else "127.0.0.1"
-    if not host or len(host) > HOST_LENGTH or not HOST.fullmatch(host):
+    if not listenable_host(host):
         raise ValueError(problem)
     try:
         return f"{host}:{port(number)}"

@@ -186,7 +186,11 @@ def redis_url_with_timeouts(url: str) -> str:
 ODAL_ENV = env_choice("ODAL_ENV", "development", ("development", "production"))
 PRODUCTION = ODAL_ENV == "production"
 
-SECRET_KEY = env_str("SECRET_KEY", DEFAULT_SECRET_KEY)
+# A blank SECRET_KEY counts as none: Django would take it and refuse only at the first request
+# that signs something (every request of production would be a 500).
+SECRET_KEY = env_str("SECRET_KEY", "")
+if not SECRET_KEY.strip():
+    SECRET_KEY = DEFAULT_SECRET_KEY
 DEBUG = env_bool("DEBUG", not PRODUCTION)
 if PRODUCTION and SECRET_KEY == DEFAULT_SECRET_KEY:
     raise ImproperlyConfigured("SECRET_KEY must be set to a secret of your own when ODAL_ENV=production")

@@ -108,7 +108,14 @@ MALFORMED = {
     ("token", "list"): [["--bogus"]],
     ("demo",): [["--bogus"]],
     ("up",): [["--addr", "nonsense"], ["--addr", "127.0.0.1:99999"]],
-    ("serve",): [["--bind", "nonsense"], ["--bind", "127.0.0.1:0"], ["--workers", "0"], ["--workers", "2.5"]],
+    ("serve",): [
+        ["--bind", "nonsense"],
+        ["--bind", "127.0.0.1:0"],
+        ["--bind", "...:8000"],  # an empty label: the resolver raised UnicodeError (a traceback)
+        ["--bind", "::1:8000"],  # IPv6 without brackets: gunicorn took `::1` apart
+        ["--workers", "0"],
+        ["--workers", "2.5"],
+    ],
 }
 
 

@@ -29,10 +29,10 @@ def need(check) -> None:
 def test_short_partition_run_finds_no_violation(tmp_path):
     need(partition.preconditions)
     figures_file = tmp_path / "partition.json"
-    result = subprocess.run(
+    result = partition.run_bounded(
         [sys.executable, "tests/partition.py", "--hosts", "2", "--seconds", "20", "--settle", "15",
          "--long-every", "0", "--json", str(figures_file)],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
+        cwd=ROOT, timeout=240,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "partition: 0 violations" in result.stdout

@@ -14,7 +14,18 @@ def main() -> None:
         importlib.import_module(os.environ["DJANGO_SETTINGS_MODULE"])
     except ImproperlyConfigured as exc:
         sys.exit(f"odal cannot start: {exc}")
-    execute_from_command_line(sys.argv)
+    from odal import reconnect
+
+    try:
+        execute_from_command_line(sys.argv)
+    except reconnect.ERRORS as exc:  # a database that is down or went: its sentence, exit 4
+        if not reconnect.is_lost(exc):
+            raise
+        print(f"odal: {reconnect.unanswered(exc)}", file=sys.stderr)
+        sys.exit(DATABASE_UNANSWERED)
+
+
+DATABASE_UNANSWERED = 4  # the exit code of a command whose database does not answer: safe to retry
 
 
 if __name__ == "__main__":

@@ -6,14 +6,14 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Q
 from django.http import Http404, HttpResponse
 from ninja import Field, NinjaAPI, Query, Router, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from pydantic import WithJsonSchema, field_validator
 
-from odal import bulk, lifecycle
+from odal import bulk, lifecycle, reconnect
 from odal.auth import ScopedAuth, document_access
 from odal.errors import Refused
 from odal.idempotency import IdempotencyKey, idempotent
@@ -88,6 +88,18 @@ def on_too_big(request, exc):
 def on_suspicious(request, exc):
     # What Django itself answers (400) rather than the 500 of the handler below.
     return api.create_response(request, bad_request(), status=400)
+
+
+@api.exception_handler(DatabaseError)
+def on_database_error(request, exc):
+    # A database that is down or went (a restart, a failover): 503, safe to retry, not a 500.
+    if not reconnect.is_lost(exc):
+        return on_unexpected(request, exc)
+    logger.warning("%s %r: the database does not answer: %s", request.method, request.path, exc)
+    body = {"detail": reconnect.unanswered(exc), "code": "database_unavailable"}
+    response = api.create_response(request, body, status=503)
+    response["Retry-After"] = "5"
+    return response
 
 
 @api.exception_handler(Exception)

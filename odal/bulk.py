@@ -34,7 +34,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
-from odal import rules
+from odal import reconnect, rules
 from odal.errors import Refused
 from odal.lifecycle import passport_event
 from odal.middleware import checked_json
@@ -155,6 +155,8 @@ class Intake:
                 self.holders.update(holders)
                 return results
             except DatabaseError as exc:
+                if reconnect.is_lost(exc):
+                    raise  # not this batch's fault: the command or request stops, saying so
                 if run < RUNS and getattr(exc.__cause__, "sqlstate", None) in RETRYABLE:
                     log.info("bulk intake: the database aborted a batch (%s); running it again", exc)
                     run += 1

@@ -16,6 +16,7 @@ runs out and are then due again (at least once; the guarded writes make that saf
 import logging
 import random
 import time
+from typing import NoReturn
 
 import psycopg
 from django.db import Error, connection
@@ -62,10 +63,28 @@ def is_lost(exc: BaseException) -> bool:
     return state is None or state.startswith("08") or state in LOST_STATES
 
 
+def unanswered(exc: BaseException) -> str:
+    """A sentence for a person whose command or request met a database that does not answer."""
+    where = connection.settings_dict
+    host = f"{where.get('HOST') or 'local socket'}{':' + str(where['PORT']) if where.get('PORT') else ''}"
+    cause = " ".join(error_text(database_error(exc)).split())
+    return (
+        f"The database does not answer ({where.get('NAME')} on {host}: {cause}). "
+        "Nothing more was done; what was done before it went is kept. Try again once it answers."
+    )
+
+
 def raise_if_lost(exc: BaseException) -> None:
     """Where an outcome's write failed: unwind the pass if the database went."""
     if is_lost(exc):
         raise DatabaseLost(exc) from exc
+
+
+def give_up(exc: BaseException) -> NoReturn:
+    """Raise the database error behind `exc` for a caller that stops waiting, its own cause kept
+    (is_lost reads it: the command line says the database does not answer, not a traceback)."""
+    error = database_error(exc)
+    raise error from error.__cause__
 
 
 def database_error(exc: BaseException) -> BaseException:

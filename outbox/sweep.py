@@ -499,7 +499,7 @@ def sweep_until_idle(*, batch: int = 100, max_seconds: float = 50.0) -> SweepRep
                 if not reconnect.is_lost(exc):
                     raise
                 if not outage.wait(exc):
-                    raise reconnect.database_error(exc) from None
+                    reconnect.give_up(exc)
                 continue
             report.add(one)
             if one.claimed == 0 or time.monotonic() >= deadline:

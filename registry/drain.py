@@ -635,7 +635,7 @@ def drain_until_idle(
                 if not reconnect.is_lost(exc):
                     raise
                 if not outage.wait(exc):
-                    raise reconnect.database_error(exc) from None
+                    reconnect.give_up(exc)
                 continue
             report.add(one)
             if time.monotonic() >= deadline:

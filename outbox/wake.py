@@ -85,10 +85,10 @@ def notify(wake: Wake = SWEEP) -> bool:
 def wake_up(wake: Wake) -> None:
     """NOTIFY the listener; only when none listens, enqueue a task, and only if no kick of it is
     already on its way."""
-    from outbox.kick import kick
+    from outbox.kick import broker_resting, kick
     from outbox.models import Kick
 
-    if notify(wake):
+    if notify(wake) or broker_resting():
         return
     now = timezone.now()
     try:

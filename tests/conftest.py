@@ -100,6 +100,14 @@ def admin_user(db, django_user_model):
 
 
 @pytest.fixture(autouse=True)
+def _broker_not_resting():
+    """A kick the broker failed rests this process's kicks (outbox.kick): not into the next test."""
+    from outbox import kick
+
+    kick._rest_until = float("-inf")
+
+
+@pytest.fixture(autouse=True)
 def _no_kicks(settings):
     """Tests sweep and drain by hand; the django-q2 tests switch kicks back on. The registry is
     nowhere (a closed port) unless a test starts the simulator (registry_sim)."""

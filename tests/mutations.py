@@ -2506,6 +2506,20 @@ GUARDS = [
         "tests/test_reconnect.py -k sweep_that and outbox",
     ),
     Guard(
+        "kicks: after the broker failed one, a process enqueues none while it rests",
+        "outbox/kick.py",
+        "    if broker_resting():\n",
+        "    if False:\n",
+        "tests/test_kicks.py::test_a_broker_that_failed_a_kick_is_not_asked_again_while_it_rests",
+    ),
+    Guard(
+        "kicks: while the broker rests, a commit takes no kick mark",
+        "outbox/wake.py",
+        "    if notify(wake) or broker_resting():\n",
+        "    if notify(wake):\n",
+        "tests/test_kicks.py::test_a_broker_that_failed_a_kick_is_not_asked_again_while_it_rests",
+    ),
+    Guard(
         "command line: a database that does not answer is a sentence and exit 4, not a traceback",
         "odal/__main__.py",
         "    except reconnect.ERRORS as exc:  # a database that is down or went: its sentence, exit 4\n",

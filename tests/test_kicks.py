@@ -12,10 +12,12 @@ from datetime import timedelta
 
 import pytest
 from django.db import connections
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_q.models import OrmQ
 
 from odal import lifecycle
+from outbox import kick as kick_module
 from outbox import wake
 from outbox.models import Kick
 from outbox.wake import Listener
@@ -172,8 +174,34 @@ def test_a_kick_the_broker_refuses_is_withdrawn_so_the_next_commit_tries_again(d
     assert "could not enqueue registry.tasks.drain" in caplog.text
     assert not Kick.objects.filter(enqueued_at__isnull=False).exists()
     monkeypatch.undo()
+    kick_module._rest_until = float("-inf")  # (the broker's rest is over: the next test's)
     wake.wake_up(service.DRAIN)
     assert queued() == ["registry.tasks.drain"]
+
+
+def test_a_broker_that_failed_a_kick_is_not_asked_again_while_it_rests(db, monkeypatch):
+    """A hung Redis costs a kick its timeout; a web process would pay it on every publish. After
+    one failure this process enqueues nothing (nor takes a kick's mark) for BROKER_REST_SECONDS."""
+    import django_q.tasks
+
+    asked = []
+
+    def hung(*args, **kwargs):
+        asked.append(args[0])
+        raise TimeoutError("Timeout reading from socket")
+
+    monkeypatch.setattr(django_q.tasks, "async_task", hung)
+    wake.wake_up(service.DRAIN)
+    with CaptureQueriesContext(connections["default"]) as statements:
+        wake.wake_up(wake.SWEEP)
+        wake.wake_up(service.DRAIN)
+    assert not [q["sql"] for q in statements.captured_queries if "outbox_kick" in q["sql"]]
+    assert not kick_module.kick("registry.tasks.drain", "a kick of its own")
+    assert asked == ["registry.tasks.drain"]
+    assert not Kick.objects.filter(enqueued_at__isnull=False).exists()
+    monkeypatch.setattr(kick_module, "_rest_until", time.monotonic() - 0.001)  # the rest is over
+    wake.wake_up(wake.SWEEP)
+    assert asked == ["registry.tasks.drain", "outbox.tasks.sweep"]
 
 
 def test_withdrawing_a_kick_takes_back_only_its_own_mark(db):

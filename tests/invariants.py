@@ -255,7 +255,31 @@ def check(figures, *, max_attempts: int) -> Violations:
     figures["registrations_by_status"] = dict(
         Registration.objects.values_list("status").annotate(n=Count("pk")).order_by()
     )
-    figures["registry_late_writes_refused"] = RegistrationAttempt.objects.filter(late=True).count()
+    # Registrations: a late write changed nothing. A write of the claim T that took its row
+    # cleared T (history: old token T, new none); a person's record_handle clears a checking
+    # claim too, and is not the claim's write. A line logged late for (row, T) must have no such
+    # write in the history, and each line logged as taken must have one (write_error lines: the
+    # database refused the write). Releases (rows never started) clear T and log no line.
+    token_writes = {
+        (row, old_t)
+        for tbl, row, old_s, new_s, old_a, new_a, old_t, new_t, note in history
+        if tbl == "registry_registration" and old_t is not None and new_t is None
+        and not (note or "").startswith("handle recorded by")
+    }  # fmt: skip
+    reg_log = list(
+        RegistrationAttempt.objects.values_list("registration_id", "claim_token", "late", "outcome")
+    )
+    reg_late = {(r, t) for r, t, late, _ in reg_log if late}
+    reg_taken = {
+        (r, t) for r, t, late, outcome in reg_log if not late and outcome != RegistrationAttempt.WRITE_ERROR
+    }
+    if reg_late & token_writes:
+        violations.add(LATE, f"{len(reg_late & token_writes)} late registry writes changed a row")
+    if reg_taken - token_writes:
+        violations.add(
+            LATE, f"{len(reg_taken - token_writes)} registry writes logged as taken are not in the history"
+        )
+    figures["registry_late_writes_refused"] = len(reg_late)
     figures["audit_entries"] = {k: audit[k] for k in expected}
 
     # The counts the writes keep (odal.tally) must equal the rows they count, after every kill

@@ -1,0 +1,68 @@
+"""The long runs' end-of-run check (tests/invariants.py) must be able to fail: here it reads a
+history made by the registry's real guarded writes, then one made by a writer that ignores its
+guard, inside a test's transaction (the history table and its triggers are rolled back with it)."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from registry.models import Registration, RegistrationAttempt
+from tests import invariants
+from tests.factories import RegistrationFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def line(reg, token, outcome, *, late):
+    RegistrationAttempt.objects.create(
+        registration=reg, number=1, claim_token=token, operation="register", outcome=outcome,
+        answer="", started_at=timezone.now(), finished_at=timezone.now(), late=late,
+    )  # fmt: skip
+
+
+def late_claim_and_its_successor():
+    """A row claimed by T1, whose hold runs out; claimed again by T2, which ends the attempt."""
+    invariants.install_history()
+    reg = RegistrationFactory()
+    rows = Registration.objects.filter(pk=reg.pk)
+    first = Registration.objects.claim(limit=1, hold_seconds=0).token
+    rows.update(next_attempt_at=timezone.now() - timedelta(seconds=1))  # the hold ran out
+    second = Registration.objects.claim(limit=1).token
+    assert rows.mark_submitted(token=second, correlation_id="req-2", next_check_at=timezone.now())
+    line(reg, second, "submitted", late=False)
+    return reg, rows, first
+
+
+def registry_late_violations() -> list[str]:
+    figures = {"replayed": 0, "person_writes": {}, "registry_holds": []}
+    found = invariants.check(figures, max_attempts=8)
+    return [v for v in found if "registry writes" in v], figures
+
+
+def test_a_late_registry_write_refused_by_its_guard_is_no_violation():
+    reg, rows, first = late_claim_and_its_successor()
+    assert not rows.mark_attempt_failed(token=first, error="timed out", retry_at=timezone.now())
+    line(reg, first, "failed", late=True)
+
+    found, figures = registry_late_violations()
+    assert found == [] and figures["registry_late_writes_refused"] == 1
+
+
+def test_a_late_registry_write_that_changed_the_row_is_a_violation():
+    reg, rows, first = late_claim_and_its_successor()
+    # A writer without its guard: it takes the row its claim lost, and is logged late.
+    Registration.objects.filter(pk=reg.pk).update(claim_token=first)
+    rows.update(status="pending", claim_token=None, last_error="timed out")
+    line(reg, first, "failed", late=True)
+
+    found, _ = registry_late_violations()
+    assert found == ["1 late registry writes changed a row"]
+
+
+def test_a_registry_write_logged_as_taken_must_be_in_the_history():
+    reg, rows, first = late_claim_and_its_successor()
+    line(reg, first, "failed", late=False)  # logged as taken, but nothing in the history took it
+
+    found, _ = registry_late_violations()
+    assert found == ["1 registry writes logged as taken are not in the history"]

@@ -391,14 +391,19 @@ class PinnedBackend(httpcore.NetworkBackend):
         self.network.sleep(seconds)
 
 
-class _PinnedTransport(httpx.HTTPTransport):
-    """httpx's own transport whose httpcore pool connects through a PinnedBackend. HTTPTransport
-    takes no network backend, so the pool it makes is replaced by one made as it makes it (same
-    TLS context and limits; HTTP/1.1 only), with that backend; the rest is httpx's."""
+class DeadlineTransport(httpx.HTTPTransport):
+    """httpx's own transport whose httpcore pool connects through a DeadlineBackend over
+    `network` (each request ends by its deadline: `within`). HTTPTransport takes no network
+    backend, so the pool it makes is replaced by one made as it makes it (same TLS context, limits
+    and socket options; HTTP/1.1 only), with that backend; the rest is httpx's. The webhooks'
+    transport (over a PinnedBackend) and the registry adapter's both are one."""
 
-    def __init__(self, *, verify, limits: httpx.Limits, network: httpcore.NetworkBackend | None):
+    def __init__(
+        self, *, verify=True, limits: httpx.Limits, network: httpcore.NetworkBackend | None = None,
+        socket_options=None,
+    ):  # fmt: skip
         ssl_context = httpx.create_ssl_context(verify=verify)
-        super().__init__(verify=ssl_context, limits=limits)
+        super().__init__(verify=ssl_context, limits=limits, socket_options=socket_options)
         self._pool = httpcore.ConnectionPool(
             ssl_context=ssl_context,
             max_connections=limits.max_connections,
@@ -406,7 +411,8 @@ class _PinnedTransport(httpx.HTTPTransport):
             keepalive_expiry=limits.keepalive_expiry,
             http1=True,
             http2=False,
-            network_backend=DeadlineBackend(PinnedBackend(network)),  # (each request ends by its deadline)
+            socket_options=socket_options,
+            network_backend=DeadlineBackend(network),
         )
 
 
@@ -415,7 +421,8 @@ class _WebhookClient(httpx.Client):
         # A transport of its own: httpx then takes no proxy from the environment (a proxy would
         # look the host up itself).
         super().__init__(
-            transport=_PinnedTransport(verify=verify, limits=limits, network=network), follow_redirects=False
+            transport=DeadlineTransport(verify=verify, limits=limits, network=PinnedBackend(network)),
+            follow_redirects=False,
         )
 
 

@@ -22,13 +22,12 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote
 
-import httpcore
 import httpx
 from django.conf import settings
 
 from odal.text import error_text, excerpt, storable
 from odal.upi import upi_key
-from outbox.consumers import DeadlineBackend, read_answer, redirect_text, within
+from outbox.consumers import DeadlineTransport, read_answer, redirect_text, within
 
 MAX_TASK_PAGES = 1000  # and ODAL_REGISTRY_LOOKUP_SECONDS: the lookup's two bounds
 ANSWER_CAP = 1024 * 1024  # a task-list page of 200 items is a few tens of KiB
@@ -165,8 +164,14 @@ class HttpRegistry:
                 self.client = httpx.Client(
                     base_url=self.base_url,
                     timeout=self.timeout,
-                    # (with a transport of its own, a client's limits are the transport's)
-                    transport=_Transport(self.connections),
+                    # (with a transport of its own, a client's limits are the transport's; each
+                    # request ends within its timeout, all of it: `within` in _send)
+                    transport=DeadlineTransport(
+                        limits=httpx.Limits(
+                            max_connections=self.connections, max_keepalive_connections=self.connections
+                        ),
+                        socket_options=RESET_ON_CLOSE,
+                    ),
                     headers={
                         "Authorization": f"Bearer {self.token}",
                         "User-Agent": "odal-registry/1",
@@ -357,28 +362,6 @@ class HttpRegistry:
         if unread:
             return NotFound(exhaustive=False, why=f"{unread} task(s) not yet read by the registry")
         return NotFound(exhaustive=True)
-
-
-class _Transport(httpx.HTTPTransport):
-    """httpx's transport, keeping at most `connections` open, each reset when closed
-    (RESET_ON_CLOSE), over a DeadlineBackend: each request ends within its timeout (`within`).
-    HTTPTransport takes no network backend, so the pool it makes is replaced by one made as it
-    makes it (HTTP/1.1), with that backend (as outbox.consumers' pinned transport does)."""
-
-    def __init__(self, connections: int):
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-        ssl_context = httpx.create_ssl_context()
-        super().__init__(verify=ssl_context, limits=limits, socket_options=RESET_ON_CLOSE)
-        self._pool = httpcore.ConnectionPool(
-            ssl_context=ssl_context,
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            http1=True,
-            http2=False,
-            socket_options=RESET_ON_CLOSE,
-            network_backend=DeadlineBackend(),
-        )
 
 
 class NoneRegistry:

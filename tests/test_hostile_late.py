@@ -1,0 +1,63 @@
+"""Hostile review of the late changes (bulk items failing alone, the rate limit's schedule, a
+database that does not answer, kicks resting, DeadlineTransport): each test here failed before
+its fix."""
+
+import json
+
+import pytest
+
+from odal.models import Passport
+
+UPI = "https://id.example.eu/01/09506000134352/21/LATE-{}"
+
+
+def item(n, **extra) -> dict:
+    return {"upi": UPI.format(n), "operatorId": "OP-1", **extra}
+
+
+def deep_body(levels: int, inner: str = "[]") -> str:
+    nested = "[" * (levels - 1) + inner + "]" * (levels - 1)
+    return json.dumps({"items": [item(0, data={"x": "@"}), item(1)]}).replace('"@"', nested)
+
+
+def deepest_parsed(api) -> int:
+    """The deepest item the API's boundary parses (deeper, the whole body is refused: Python's
+    parser gives up), found without a key."""
+    for levels in range(1200, 0, -5):
+        if api.post("dpp/bulk", deep_body(levels)).status_code == 200:
+            Passport.objects.all().delete()
+            return levels
+    raise AssertionError("no depth parsed")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("depth", ["300 levels", "the deepest parsed"])
+def test_an_item_nested_deep_fails_alone_with_an_idempotency_key_too(api_as, depth):
+    """The boundary leaves a bulk item's depth to the route; the key's hash then read the item
+    with pydantic's JSON dump (it stops at 255 levels: ValueError) and json.dumps (recursive, and
+    further down the stack than the body's parse): 500 internal_error, for what fails alone
+    without a key. The same body again is the first answer; another deep item, 409."""
+    api = api_as("write")
+    levels = 300 if depth == "300 levels" else deepest_parsed(api)
+    first = api.post("dpp/bulk", deep_body(levels), HTTP_IDEMPOTENCY_KEY="deep")
+    assert first.status_code == 200, first.content[:300]
+    out = first.json()["results"]
+    assert out[0]["error"]["code"] == "invalid_request" and "nested more than" in out[0]["error"]["detail"]
+    assert [str(pk) for pk in Passport.objects.values_list("pk", flat=True)] == [out[1]["id"]]
+    again = api.post("dpp/bulk", deep_body(levels), HTTP_IDEMPOTENCY_KEY="deep")
+    assert again.status_code == 200 and again.json() == first.json()
+    assert again.headers["Idempotent-Replayed"] == "true"
+    other = api.post("dpp/bulk", deep_body(levels, inner="[1]"), HTTP_IDEMPOTENCY_KEY="deep")
+    assert other.status_code == 409 and other.json()["code"] == "idempotency_conflict"
+    assert Passport.objects.count() == 1
+
+
+def test_the_canonical_json_of_a_request_is_json_dumps_sorted():
+    """The hash of a record stored before this change still matches its body sent again."""
+    from odal.idempotency import canonical_json
+
+    value = {"b": [1, 2.5, None, True, {"z": 'é\u2028"\\', "a": []}], "a": {"": -0.0, "\u0000": "x"}}
+    assert canonical_json(value) == json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    assert canonical_json(json.loads("[" * 900 + "]" * 900)) == "[" * 900 + "]" * 900

@@ -2543,6 +2543,13 @@ GUARDS = [
         "tests/test_database_unanswered.py -k api_answers_503",
     ),
     Guard(
+        "API: the 503 of a database that does not answer names nothing of it (name, host, port, the driver's message)",
+        "odal/api.py",
+        '    body = {"detail": DATABASE_UNAVAILABLE, "code": "database_unavailable"}\n',
+        '    body = {"detail": reconnect.unanswered(exc), "code": "database_unavailable"}\n',
+        "tests/test_hostile_late.py -k names_nothing",
+    ),
+    Guard(
         "bulk: a lost database stops the intake instead of calling each batch after it refused",
         "odal/bulk.py",
         "                if reconnect.is_lost(exc):\n                    raise",

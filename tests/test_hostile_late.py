@@ -61,3 +61,34 @@ def test_the_canonical_json_of_a_request_is_json_dumps_sorted():
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=False
     )
     assert canonical_json(json.loads("[" * 900 + "]" * 900)) == "[" * 900 + "]" * 900
+
+
+def test_the_503_of_a_database_that_does_not_answer_names_nothing_of_it_to_a_client(transactional_db, caplog):
+    """Anyone can send a well-formed token: its lookup meets the lost database first. The 503
+    said the database's name, host and port and the driver's message (the network's layout, to
+    a client that is not even authenticated); as /healthz and the 500, it says no more than what
+    to do, and the log keeps the rest."""
+    from django.db import connection
+    from django.test import Client
+
+    from tests.test_database_unanswered import closed_port
+
+    settings_dict = connection.settings_dict
+    port, name = settings_dict["PORT"], settings_dict["NAME"]
+    connection.close()
+    gone = str(closed_port())
+    settings_dict["PORT"] = gone
+    try:
+        response = Client(raise_request_exception=False).get(
+            "/vault/api/v1/registry", headers={"Authorization": "Bearer odal_12345678_not-a-secret"}
+        )
+    finally:
+        connection.close()
+        settings_dict["PORT"] = port
+    assert response.status_code == 503, response.content[:300]
+    assert response["Retry-After"] == "5"
+    body = response.json()
+    assert body["code"] == "database_unavailable" and "does not answer" in body["detail"]
+    for secret in (name, gone, "127.0.0.1", "Connection refused", "OperationalError"):
+        assert secret not in response.content.decode(), secret
+    assert any(name in r.getMessage() and gone in r.getMessage() for r in caplog.records)

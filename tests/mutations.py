@@ -2550,6 +2550,13 @@ GUARDS = [
         "tests/test_hostile_late.py -k names_nothing",
     ),
     Guard(
+        "command line: odal qcluster started while its database is down waits for it (not tracebacks, exit 1)",
+        "odal/__main__.py",
+        '        if sys.argv[1:2] == ["qcluster"] and not database_answers("odal qcluster"):\n',
+        '        if False and not database_answers("odal qcluster"):\n',
+        "tests/test_hostile_late.py -k qcluster",
+    ),
+    Guard(
         "bulk: a lost database stops the intake instead of calling each batch after it refused",
         "odal/bulk.py",
         "                if reconnect.is_lost(exc):\n                    raise",

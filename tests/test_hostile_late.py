@@ -92,3 +92,43 @@ def test_the_503_of_a_database_that_does_not_answer_names_nothing_of_it_to_a_cli
     for secret in (name, gone, "127.0.0.1", "Connection refused", "OperationalError"):
         assert secret not in response.content.decode(), secret
     assert any(name in r.getMessage() and gone in r.getMessage() for r in caplog.records)
+
+
+def test_odal_qcluster_started_while_its_database_is_down_waits_for_it(tmp_path):
+    """django-q2's ORM broker (the default) connects as the cluster starts: with the database
+    down, `odal qcluster` ended with tracebacks and exit 1 (neither riding the outage out, as the
+    other workers do, nor the one line and exit 4 of a command). It waits, as `odal outbox sweep`
+    does, and SIGTERM stops it meanwhile."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from tests.test_database_unanswered import closed_port
+
+    port = closed_port()
+    env = {**os.environ, "DATABASE_URL": f"postgres://postgres@127.0.0.1:{port}/odal_gone"}
+    env.pop("ODAL_BROKER_URL", None)
+    log = tmp_path / "qcluster.log"
+    with log.open("w") as out:
+        cluster = subprocess.Popen(
+            [sys.executable, "-m", "odal", "qcluster"],
+            cwd=Path(__file__).resolve().parent.parent, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            time.sleep(6)
+            alive = cluster.poll() is None
+        finally:
+            cluster.send_signal(signal.SIGTERM)
+            try:
+                cluster.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                cluster.kill()
+                cluster.wait()
+    text = log.read_text()
+    assert alive, text[-2000:]
+    assert "Traceback" not in text, text[-2000:]
+    assert "lost the database" in text and "waiting for it to answer again" in text, text[-2000:]
+    assert cluster.returncode == 0, text[-2000:]

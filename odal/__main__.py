@@ -17,7 +17,7 @@ def main() -> None:
     from odal import reconnect
 
     try:
-        if sys.argv[1:2] == ["qcluster"] and not database_answers("odal qcluster"):
+        if starts_the_cluster(sys.argv) and not database_answers("odal qcluster"):
             return  # told to stop while it waited
         execute_from_command_line(sys.argv)
     except reconnect.ERRORS as exc:  # a database that is down or went: its sentence, exit 4
@@ -25,6 +25,11 @@ def main() -> None:
             raise
         print(f"odal: {reconnect.unanswered(exc)}", file=sys.stderr)
         sys.exit(DATABASE_UNANSWERED)
+
+
+def starts_the_cluster(argv: list[str]) -> bool:
+    """`odal qcluster`, not its --help (which needs no database)."""
+    return argv[1:2] == ["qcluster"] and not {"-h", "--help", "--version"} & set(argv[2:])
 
 
 def database_answers(what: str) -> bool:

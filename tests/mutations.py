@@ -2552,7 +2552,7 @@ GUARDS = [
     Guard(
         "command line: odal qcluster started while its database is down waits for it (not tracebacks, exit 1)",
         "odal/__main__.py",
-        '        if sys.argv[1:2] == ["qcluster"] and not database_answers("odal qcluster"):\n',
+        '        if starts_the_cluster(sys.argv) and not database_answers("odal qcluster"):\n',
         '        if False and not database_answers("odal qcluster"):\n',
         "tests/test_hostile_late.py -k qcluster",
     ),

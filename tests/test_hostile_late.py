@@ -132,3 +132,19 @@ def test_odal_qcluster_started_while_its_database_is_down_waits_for_it(tmp_path)
     assert "Traceback" not in text, text[-2000:]
     assert "lost the database" in text and "waiting for it to answer again" in text, text[-2000:]
     assert cluster.returncode == 0, text[-2000:]
+
+
+def test_odal_qcluster_help_needs_no_database():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.test_database_unanswered import closed_port
+
+    env = {**os.environ, "DATABASE_URL": f"postgres://postgres@127.0.0.1:{closed_port()}/odal_gone"}
+    result = subprocess.run(
+        [sys.executable, "-m", "odal", "qcluster", "--help"], cwd=Path(__file__).resolve().parent.parent,
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0 and "usage:" in result.stdout, result.stderr[-2000:]

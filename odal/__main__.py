@@ -17,12 +17,47 @@ def main() -> None:
     from odal import reconnect
 
     try:
+        if starts_the_cluster(sys.argv) and not database_answers("odal qcluster"):
+            return  # told to stop while it waited
         execute_from_command_line(sys.argv)
     except reconnect.ERRORS as exc:  # a database that is down or went: its sentence, exit 4
         if not reconnect.is_lost(exc):
             raise
         print(f"odal: {reconnect.unanswered(exc)}", file=sys.stderr)
         sys.exit(DATABASE_UNANSWERED)
+
+
+def starts_the_cluster(argv: list[str]) -> bool:
+    """`odal qcluster`, not its --help (which needs no database)."""
+    return argv[1:2] == ["qcluster"] and not {"-h", "--help", "--version"} & set(argv[2:])
+
+
+def database_answers(what: str) -> bool:
+    """A worker started while its database is down waits for it (odal.reconnect.Outage), as
+    `odal outbox sweep` does: django-q2's cluster with its ORM broker (the default) connects as
+    it starts and ended with tracebacks and exit 1. False if SIGINT or SIGTERM came first."""
+    import signal
+
+    import django
+
+    from odal import reconnect
+
+    django.setup()
+    stop = []
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.append(True)) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        reconnect.check_database()
+    except reconnect.ERRORS as exc:
+        if not reconnect.is_lost(exc):
+            raise
+        return reconnect.Outage(what, should_stop=lambda: bool(stop)).wait(exc)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        reconnect.close_connection()  # (the cluster forks its processes: none inherits it)
+    return True
 
 
 DATABASE_UNANSWERED = 4  # the exit code of a command whose database does not answer: safe to retry

@@ -90,13 +90,20 @@ def on_suspicious(request, exc):
     return api.create_response(request, bad_request(), status=400)
 
 
+DATABASE_UNAVAILABLE = (
+    "The database does not answer (a restart or a failover, most likely). Try again in a few seconds."
+)
+
+
 @api.exception_handler(DatabaseError)
 def on_database_error(request, exc):
     # A database that is down or went (a restart, a failover): 503, safe to retry, not a 500.
     if not reconnect.is_lost(exc):
         return on_unexpected(request, exc)
-    logger.warning("%s %r: the database does not answer: %s", request.method, request.path, exc)
-    body = {"detail": reconnect.unanswered(exc), "code": "database_unavailable"}
+    # Which database, where, and what the driver said go to the log only: anyone may send a
+    # token, and its lookup is what meets the lost database first.
+    logger.warning("%s %r: %s", request.method, request.path, reconnect.unanswered(exc))
+    body = {"detail": DATABASE_UNAVAILABLE, "code": "database_unavailable"}
     response = api.create_response(request, body, status=503)
     response["Retry-After"] = "5"
     return response

@@ -94,10 +94,42 @@ def request_hash(body) -> str:
     if isinstance(body, BaseModel):
         try:
             body = body.model_dump(mode="json")
-        except UnicodeEncodeError:  # a bulk item holding a lone surrogate, to be refused alone
-            body = json.loads(json.dumps(body.model_dump(), default=str))
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+        except ValueError:  # a bulk item, to be refused alone, holding a lone surrogate
+            body = body.model_dump()  # (UnicodeEncodeError) or nested deeper than pydantic writes JSON
+    return hashlib.sha256(canonical_json(body).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class _Token(str):
+    pass
+
+
+def canonical_json(value) -> str:
+    """json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False), without
+    recursion: a bulk item may be nested as deep as the body's parse went (about 900 levels), and
+    this runs further down the stack than that parse did (a recursive dump would fail there)."""
+    out, todo = [], [value]
+    while todo:
+        item = todo.pop()
+        if type(item) is _Token:
+            out.append(item)
+        elif isinstance(item, dict):
+            entries = sorted(item.items(), key=lambda entry: entry[0])
+            todo.append(_Token("}"))
+            for n in reversed(range(len(entries))):
+                key, inner = entries[n]
+                todo.append(inner)
+                todo.append(_Token(("," if n else "") + json.dumps(key, ensure_ascii=False) + ":"))
+            todo.append(_Token("{"))
+        elif isinstance(item, list | tuple):
+            todo.append(_Token("]"))
+            for n in reversed(range(len(item))):
+                todo.append(item[n])
+                if n:
+                    todo.append(_Token(","))
+            todo.append(_Token("["))
+        else:
+            out.append(json.dumps(item, ensure_ascii=False, default=str))
+    return "".join(out)
 
 
 @dataclass

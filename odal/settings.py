@@ -5,6 +5,7 @@ variable, so a typo in a deployment stops start-up instead of running with a sur
 """
 
 import os
+import re
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlparse
 
@@ -115,11 +116,19 @@ def env_duration(name: str, default: str, *, low_seconds: int, high_seconds: int
     return seconds
 
 
+def without_password(text: str) -> str:
+    """`text` with the password of any URL in it shown as ***: a start-up refusal goes to a
+    terminal, a log, a CI run."""
+    return re.sub(r"(://[^/@\s:]*:)[^/@\s]*@", r"\1***@", text)
+
+
 def env_url(name: str, default: str, schemes: tuple[str, ...]) -> str:
     value = os.environ.get(name, default).strip() or default
     parsed = urlparse(value)
     if parsed.scheme not in schemes or not (parsed.netloc or parsed.path):
-        raise ImproperlyConfigured(f"{name} must be a {' or '.join(schemes)} URL, got {value!r}")
+        raise ImproperlyConfigured(
+            f"{name} must be a {' or '.join(schemes)} URL, got {without_password(value)!r}"
+        )
     return value.rstrip("/")
 
 
@@ -144,14 +153,16 @@ def database_from_env() -> dict:
     default = f"sqlite:///{VAR_DIR / 'odal.sqlite3'}"
     url = os.environ.get("DATABASE_URL", "").strip() or default
     if not url.startswith(("postgres://", "postgresql://", "sqlite://")):
-        raise ImproperlyConfigured(f"DATABASE_URL must be a postgres:// or sqlite:/// URL, got {url!r}")
+        raise ImproperlyConfigured(
+            f"DATABASE_URL must be a postgres:// or sqlite:/// URL, got {without_password(url)!r}"
+        )
     # Persistent connections (checked before reuse): a django-q2 worker or a sweep otherwise
     # opens a new connection for every task, which alone capped django-q2 near 40 tasks/s here.
     max_age = env_int("ODAL_DB_CONN_MAX_AGE", 60)
     try:
         config = dj_database_url.parse(url, conn_max_age=max_age, conn_health_checks=True)
     except Exception as exc:  # dj-database-url raises several kinds
-        raise ImproperlyConfigured(f"DATABASE_URL could not be read: {exc}") from None
+        raise ImproperlyConfigured(f"DATABASE_URL could not be read: {without_password(str(exc))}") from None
     if config["ENGINE"] == "django.db.backends.sqlite3":
         Path(config["NAME"]).parent.mkdir(parents=True, exist_ok=True)
         # The web server, the sweep and the drain write at once: WAL, a busy timeout and
@@ -370,7 +381,9 @@ Q_CLUSTER = {
 }
 if ODAL_BROKER_URL:
     if not ODAL_BROKER_URL.startswith(("redis://", "rediss://")):
-        raise ImproperlyConfigured(f"ODAL_BROKER_URL must be a redis:// URL, got {ODAL_BROKER_URL!r}")
+        raise ImproperlyConfigured(
+            f"ODAL_BROKER_URL must be a redis:// URL, got {without_password(ODAL_BROKER_URL)!r}"
+        )
     Q_CLUSTER["redis"] = redis_url_with_timeouts(ODAL_BROKER_URL)
 else:
     Q_CLUSTER["orm"] = "default"

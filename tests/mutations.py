@@ -1396,6 +1396,13 @@ GUARDS = [
         "tests/test_partition.py::test_a_register_given_up_during_a_cut_never_reaches_the_registry_after_the_heal",
     ),
     Guard(
+        "settings: a refused URL (DATABASE_URL, ODAL_BROKER_URL, ODAL_REGISTRY_URL) is shown without its password",
+        "odal/settings.py",
+        '    return re.sub(r"(://[^/@\\s:]*:)[^/@\\s]*@", r"\\1***@", text)\n',
+        "    return text\n",
+        "tests/test_settings.py -k without_its_password",
+    ),
+    Guard(
         "settings: ODAL_READYZ_SWEEP_SECONDS must be positive",
         "odal/settings.py",
         'env_int("ODAL_READYZ_SWEEP_SECONDS", 300, minimum=1)',

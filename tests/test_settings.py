@@ -123,3 +123,17 @@ def test_production_starts_with_a_key_hosts_a_metrics_token_and_debug_off():
         ALLOWED_HOSTS="dpp.example.eu",
     )
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("DATABASE_URL", "mysql://odal:Secr3t-pw@db.internal:3306/odal"),
+        ("DATABASE_URL", "postgres://odal:Secr3t-pw@db.internal:notaport/odal"),
+        ("ODAL_BROKER_URL", "amqp://odal:Secr3t-pw@mq.internal/"),
+        ("ODAL_REGISTRY_URL", "ftp://odal:Secr3t-pw@registry.internal/"),
+    ],
+)
+def test_a_refused_url_is_shown_without_its_password(name, value):
+    message = refusal(**{name: value})
+    assert name in message and "Secr3t-pw" not in message, message

@@ -2,6 +2,7 @@
 rotation with overlap, consumers through the API, resend and test events. Real sweeps, real
 HTTP for webhooks, signatures checked with the standardwebhooks package."""
 
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -72,7 +73,11 @@ def test_on_resume_the_waiting_deliveries_flow_in_creation_order(admin_api):
         event = Event.objects.create(type="passport.published", payload={"m": minutes})
         made.append(
             Delivery.objects.create(
-                event=event, consumer=consumer, status="paused", created_at=now - timedelta(minutes=minutes)
+                event=event,
+                consumer=consumer,
+                status="paused",
+                created_at=now - timedelta(minutes=minutes),
+                id=uuid.UUID(int=minutes),  # (ids sort the other way: an order by id is caught)
             )
         )
     spent = made[0]

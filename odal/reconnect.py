@@ -114,6 +114,19 @@ class Outage:
     def __init__(self, what: str, *, should_stop=lambda: False, deadline: float | None = None, reopen=None):
         self.what, self.should_stop, self.deadline, self.reopen = what, should_stop, deadline, reopen
 
+    def attempt(self, one_pass):
+        """`one_pass()`'s result; None if it lost the database and the database answers again
+        (the caller goes on with its next pass). Past the deadline, or told to stop, the database
+        error is raised (give_up); an error that is not a lost database is raised as it is."""
+        try:
+            return one_pass()
+        except ERRORS as exc:
+            if not is_lost(exc):
+                raise
+            if not self.wait(exc):
+                give_up(exc)
+            return None
+
     def wait(self, exc: BaseException) -> bool:
         """Close the lost connection, log the loss, and try again, at once and then after pauses
         growing from FIRST_PAUSE to LONGEST_PAUSE, until the database answers (True, logged with

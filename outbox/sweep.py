@@ -493,13 +493,8 @@ def sweep_until_idle(*, batch: int = 100, max_seconds: float = 50.0) -> SweepRep
     outage = reconnect.Outage("outbox sweep", deadline=deadline)
     with sweeper() as shared:
         while True:
-            try:
-                one = sweep_once(batch=batch, housekeeping=chores.due(), **shared)
-            except reconnect.ERRORS as exc:
-                if not reconnect.is_lost(exc):
-                    raise
-                if not outage.wait(exc):
-                    reconnect.give_up(exc)
+            one = outage.attempt(lambda: sweep_once(batch=batch, housekeeping=chores.due(), **shared))
+            if one is None:
                 continue
             report.add(one)
             if one.claimed == 0 or time.monotonic() >= deadline:

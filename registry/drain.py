@@ -629,13 +629,8 @@ def drain_until_idle(
     outage = reconnect.Outage("registry drain", deadline=deadline)
     with drainer() as shared:
         while True:
-            try:
-                one = drain_once(batch=batch, **shared)
-            except reconnect.ERRORS as exc:
-                if not reconnect.is_lost(exc):
-                    raise
-                if not outage.wait(exc):
-                    reconnect.give_up(exc)
+            one = outage.attempt(lambda: drain_once(batch=batch, **shared))
+            if one is None:
                 continue
             report.add(one)
             if time.monotonic() >= deadline:

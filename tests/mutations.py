@@ -2571,15 +2571,11 @@ GUARDS = [
         "tests/test_database_unanswered.py -k bulk_intake",
     ),
     Guard(
-        "reconnect: the django-q2 sweep task rides out a lost database",
-        "outbox/sweep.py",
-        "            except reconnect.ERRORS as exc:\n                if not reconnect.is_lost(exc):\n"
-        "                    raise\n                if not outage.wait(exc):\n"
-        "                    reconnect.give_up(exc)\n",
-        "            except ZeroDivisionError as exc:\n                if not reconnect.is_lost(exc):\n"
-        "                    raise\n                if not outage.wait(exc):\n"
-        "                    reconnect.give_up(exc)\n",
-        "tests/test_reconnect.py -k sweep_that and task",
+        "reconnect: the django-q2 sweep and drain tasks ride out a lost database (Outage.attempt)",
+        "odal/reconnect.py",
+        "        except ERRORS as exc:\n            if not is_lost(exc):\n                raise\n            if not self.wait(exc):\n",
+        "        except ZeroDivisionError as exc:\n            if not is_lost(exc):\n                raise\n            if not self.wait(exc):\n",
+        "tests/test_reconnect.py -k task",
     ),
     Guard(
         "reconnect: odal registry drain rides out a lost database",
@@ -2587,19 +2583,6 @@ GUARDS = [
         "            if not outage.wait(exc):\n                break\n    return report\n",
         "            raise\n    return report\n",
         "tests/test_reconnect.py -k drain_that and registry",
-    ),
-    Guard(
-        "reconnect: the django-q2 drain task rides out a lost database",
-        "registry/drain.py",
-        "            except reconnect.ERRORS as exc:\n                if not reconnect.is_lost(exc):\n"
-        "                    raise\n                if not outage.wait(exc):\n"
-        "                    reconnect.give_up(exc)\n"
-        "                continue\n            report.add(one)\n            if time.monotonic() >= deadline:\n",
-        "            except ZeroDivisionError as exc:\n                if not reconnect.is_lost(exc):\n"
-        "                    raise\n                if not outage.wait(exc):\n"
-        "                    reconnect.give_up(exc)\n"
-        "                continue\n            report.add(one)\n            if time.monotonic() >= deadline:\n",
-        "tests/test_reconnect.py -k drain_that and task",
     ),
     Guard(
         "reconnect: a listening sweep reopens its listener once the database answers",

@@ -25,6 +25,7 @@ from registry import service, tasks
 from registry.drain import drain_listening
 from registry.models import Registration
 from tests.factories import ConsumerFactory, PassportFactory
+from tests.waiting import wait_for
 
 
 def published():
@@ -35,15 +36,6 @@ def published():
 
 def queued() -> list[str]:
     return sorted(q.task["func"] for q in OrmQ.objects.all())
-
-
-def wait_for(condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from outbox.models import Delivery
 from outbox.sweep import sweep_listening
 from outbox.wake import CHANNEL, Listener
 from tests.factories import ConsumerFactory, DeliveryFactory
+from tests.waiting import wait_for
 
 
 class ListeningSweep(threading.Thread):
@@ -52,15 +53,6 @@ class ListeningSweep(threading.Thread):
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
         self.join()
-
-
-def wait_for(condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 @pytest.mark.django_db(transaction=True)

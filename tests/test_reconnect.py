@@ -27,6 +27,7 @@ from registry import tasks as registry_tasks
 from registry.models import Registration
 from tests import consumers
 from tests.factories import ConsumerFactory, DeliveryFactory, PublishedPassportFactory, WebhookConsumerFactory
+from tests.waiting import wait_for
 from tests.webhook_server import WebhookServer
 
 # The backend holding the listener lock (a session advisory lock on a bigint: classid is its high
@@ -63,15 +64,6 @@ def cut_connections() -> int:
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
         return cursor.fetchone()[0]
-
-
-def wait_for(condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 class Loop(threading.Thread):

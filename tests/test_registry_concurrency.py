@@ -24,6 +24,7 @@ from registry import adapters, pace
 from registry.drain import drain_once
 from registry.models import Registration, RegistrationAttempt, RegistryPace
 from tests.factories import PassportFactory
+from tests.waiting import wait_for
 
 
 def published():
@@ -34,15 +35,6 @@ def published():
 
 def reg_of(passport) -> Registration:
     return Registration.objects.get(passport=passport)
-
-
-def wait_for(condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 def our_connections() -> int:

@@ -230,6 +230,10 @@ ODAL_REGISTRY_TOKEN = env_str("ODAL_REGISTRY_TOKEN", "odal-simulator-token")
 ODAL_REGISTRY_TIMEOUT_SECONDS = env_int("ODAL_REGISTRY_TIMEOUT_SECONDS", 10, minimum=1)
 # The whole of abandon's lookup (every page of the registry's task list) runs under this deadline.
 ODAL_REGISTRY_LOOKUP_SECONDS = env_int("ODAL_REGISTRY_LOOKUP_SECONDS", 60, minimum=1, maximum=3600)
+# After a registry attempt whose outcome is unknown (its request may have reached the registry,
+# no answer of the registry's own came back), absence in the task list proves nothing until this
+# long has passed: a gateway or queue may still pass the request on (abandon, suspend).
+ODAL_REGISTRY_SETTLE_SECONDS = env_int("ODAL_REGISTRY_SETTLE_SECONDS", 900, minimum=0, maximum=30 * 86400)
 ODAL_REGISTRY_CHECK_SECONDS = env_int(
     "ODAL_REGISTRY_CHECK_SECONDS", 2, minimum=0
 )  # first poll of a submitted row

@@ -51,6 +51,11 @@ class ClaimQuerySet(models.QuerySet):
         """Due rows a claim may take. Models with an attempt bound narrow this."""
         return self.due(now)
 
+    def reclaim_updates(self, now: datetime) -> dict:
+        """What else a claim writes on the rows it takes (the claim's UPDATE reads each row as it
+        was: a claim_token still set there is a claim that ran out with no outcome written)."""
+        return {}
+
     def claim(
         self,
         *,
@@ -80,7 +85,10 @@ class ClaimQuerySet(models.QuerySet):
             # The WHERE restates "still claimable": on a database without row locks (SQLite),
             # a row another claimer took in between no longer matches and is not taken twice.
             self.model._default_manager.filter(pk__in=ids).claimable(now).update(
-                claim_token=claim.token, next_attempt_at=held_until, attempts=F("attempts") + 1
+                claim_token=claim.token,
+                next_attempt_at=held_until,
+                attempts=F("attempts") + 1,
+                **self.reclaim_updates(now),
             )
         # By primary key: claim_token has no index, and a claim must not read the whole table.
         rows = (

@@ -2,7 +2,10 @@
 `none` adapter (a node without registry queues).
 
 Every failure is mapped: 5xx, a redirect, a timeout, a connection error, or an answer that is
-not the protocol's on register/check/deactivate is `Retryable`; anything odd while reading the
+not the protocol's on register/check/deactivate is `Retryable`, and `OutcomeUnknown` (a
+Retryable) when the request may have reached the registry without an answer of the registry's
+own coming back (a timeout or a broken connection after sending, a 502 or 504, a register
+answered with something that is not the protocol's JSON); anything odd while reading the
 task list makes `find_submission` raise `RegistryUnreadable` rather than guess. An answer that is
 not the protocol's (not JSON, another content type, JSON nested deeper than the parser goes,
 values of the wrong type, ids longer than odal's columns or with control characters) is checked
@@ -49,6 +52,31 @@ RETRY_AFTER_CAP = 300.0  # ...and at most this long, whatever it says (the claim
 
 class Retryable(Exception):
     """The registry did not answer usefully; the attempt failed and may be retried."""
+
+
+class OutcomeUnknown(Retryable):
+    """The request may have reached the registry and no answer of the registry's own came back: a
+    timeout or a broken connection after the request was sent, a 502 or 504 (a gateway that may
+    have passed it on), or an answer to register that is not the protocol's JSON. A register may
+    still land: until ODAL_REGISTRY_SETTLE_SECONDS have passed, absence in the task list proves
+    nothing (registry.service.ask_registry, the drain's find)."""
+
+
+# Failures of a request that never left: no connection was opened (or none could be had from the
+# pool), or httpx could not even build the request. The registry cannot have seen it.
+NOT_SENT_ERRORS = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.UnsupportedProtocol,
+    httpx.LocalProtocolError,
+    httpx.ProxyError,
+)
+UNKNOWN_STATUSES = (502, 504)  # a gateway's answer: the request may have been passed on
+
+
+class Redirected(Retryable):
+    """The registry (or something in front of it) answered a redirect, which is not followed."""
 
 
 class RateLimited(Retryable):
@@ -202,15 +230,23 @@ class HttpRegistry:
             ):
                 status = response.status_code
                 body = read_answer(response, ANSWER_CAP, now + timeout)
+        except NOT_SENT_ERRORS as exc:
+            if isinstance(exc, httpx.TimeoutException):
+                raise Retryable(f"registry timed out after {round(timeout, 3):g}s connecting") from None
+            raise Retryable(f"registry unreachable: {error_text(exc)}") from None
         except httpx.TimeoutException:
-            raise Retryable(f"registry timed out after {round(timeout, 3):g}s") from None
+            raise OutcomeUnknown(
+                f"registry timed out after {round(timeout, 3):g}s; the request may have reached it"
+            ) from None
         except httpx.HTTPError as exc:
             if status:
-                raise Retryable(
+                raise OutcomeUnknown(
                     f"registry connection broke while reading the body of an HTTP {status} answer: "
                     f"{error_text(exc)}"
                 ) from None
-            raise Retryable(f"registry unreachable: {error_text(exc)}") from None
+            raise OutcomeUnknown(
+                f"registry connection broke after the request was sent: {error_text(exc)}"
+            ) from None
         if status == 429:
             retry_after = retry_after_seconds(response.headers.get("retry-after"))
             raise RateLimited(
@@ -219,7 +255,12 @@ class HttpRegistry:
                 retry_after,
             )
         if 300 <= status < 400:
-            raise Retryable(f"registry answered {redirect_text(response)}")
+            raise Redirected(f"registry answered {redirect_text(response)}")
+        if status in UNKNOWN_STATUSES:
+            raise OutcomeUnknown(
+                f"registry answered HTTP {status} (a gateway's answer: the request may have been passed "
+                f"on): {excerpt(body)}".rstrip(": ")
+            )
         if status >= 500:
             raise Retryable(f"registry answered HTTP {status}: {excerpt(body)}".rstrip(": "))
         return Answer(status, response.headers.get("content-type", ""), body)
@@ -256,14 +297,31 @@ class HttpRegistry:
             "commodityCode": passport.commodity_code,
             "dppEndpoint": f"{settings.ODAL_PUBLIC_URL}/vault/api/v1/dpp/{passport.pk}",
         }
-        answer = self._send(
-            "POST", "/dpp-registration-requests", json=body, headers={"Idempotency-Key": str(registration.pk)}
-        )
-        payload = self._json(answer, "register")
-        if answer.status_code in (200, 201, 202):
-            return Accepted(_id(payload, "requestId", answer.said("register")))
-        if answer.status_code == 409 and payload.get("code") == "DUPLICATE_UPI":
-            return Duplicate(_id(payload, "requestId", answer.said("register") + " DUPLICATE_UPI"))
+        try:
+            answer = self._send(
+                "POST",
+                "/dpp-registration-requests",
+                json=body,
+                headers={"Idempotency-Key": str(registration.pk)},
+            )
+        except Redirected as exc:
+            # Not the registry's answer to it: whatever answered may have passed the request on.
+            raise OutcomeUnknown(str(exc)) from None
+        if answer.status_code not in (200, 201, 202, 409, 422):
+            # The registry's own refusal (401, 404, …): it did not take the request.
+            raise Retryable(f"{answer.said('register')}: {excerpt(answer.body)}")
+        try:
+            payload = self._json(answer, "register")
+            if answer.status_code in (200, 201, 202):
+                return Accepted(_id(payload, "requestId", answer.said("register")))
+            if answer.status_code == 409 and payload.get("code") == "DUPLICATE_UPI":
+                return Duplicate(_id(payload, "requestId", answer.said("register") + " DUPLICATE_UPI"))
+        except OutcomeUnknown:
+            raise
+        except Retryable as exc:
+            # An answer that is not the registry's JSON (a proxy's page, a body cut short): whatever
+            # answered, the request may have reached the registry.
+            raise OutcomeUnknown(str(exc)) from None
         if answer.status_code == 422:
             return Rejected(_errors(payload))
         raise Retryable(f"{answer.said('register')}: {excerpt(answer.body)}")

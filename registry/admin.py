@@ -37,6 +37,7 @@ class RegistrationAdmin(ReadOnlyAdmin):
     readonly_fields = [
         "passport", "status", "operation", "attempts", "next_attempt_at", "claim_token", "correlation_id",
         "handle", "last_error", "note", "created_at", "queued_at", "submitted_at", "registered_at", "abandoned_at",
+        "last_unknown_at", "settles",
     ]  # fmt: skip
     fields = readonly_fields
     inlines = [AttemptInline]
@@ -45,6 +46,16 @@ class RegistrationAdmin(ReadOnlyAdmin):
     @admin.display(description="last error")
     def short_error(self, reg):
         return reg.last_error[:80]
+
+    @admin.display(description="absence provable from")
+    def settles(self, reg):
+        """When the task list's silence becomes proof (abandon, a suspend's finding)."""
+        if reg.settles_at is None:
+            return "now (no attempt whose outcome is unknown is still settling)"
+        return (
+            f"{reg.settles_at:%Y-%m-%d %H:%M:%S} UTC: an attempt whose outcome is unknown ended "
+            f"{reg.last_unknown_at:%H:%M:%S}; its register may still reach the registry until then"
+        )
 
     def has_abandon_permission(self, request):
         return request.user.has_perm("registry.abandon_registration")

@@ -32,6 +32,8 @@ class RegistrationOut(Schema):
     correlationId: str | None
     handle: str | None
     note: str
+    lastUnknownAt: datetime | None = None
+    settlesAt: datetime | None = None
     attemptLog: list[RegistrationAttemptOut] = []
 
 
@@ -51,6 +53,7 @@ class AbandonOut(Schema):
 class AbandonRefusal(Error):
     correlationId: str | None = None
     candidates: list[str] | None = None
+    retryAfter: datetime | None = None
 
 
 class HandleIn(Schema):
@@ -110,7 +113,9 @@ def abandon_registration(request, dppId: uuid.UUID, payload: AbandonIn):
     registry queues; 502 registry unreadable (a page failed, the lookup's deadline or page limit
     passed, a cursor repeated; safe to retry); 409 the registry holds a submission (naming it) or
     several (naming them); 422 absence not proven (a task still unread, or a registry that cannot
-    be searched); then the conditional update (409 `registration_changed` if the row is no longer
+    be searched); 409 `outcome_unknown` with `retryAfter` (the task list shows nothing, but an
+    attempt whose outcome is unknown is younger than ODAL_REGISTRY_SETTLE_SECONDS: its register
+    may still land); then the conditional update (409 `registration_changed` if the row is no longer
     the one read before the registry was asked). The passport stays published."""
     result = service.abandon(dppId, actor=request.auth.actor, reason=payload.reason)
     return result.as_json()

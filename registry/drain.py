@@ -15,6 +15,7 @@ listener's), however many requests it has in flight.
 """
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -52,6 +53,7 @@ class DrainReport:
     rejected: int = 0
     deactivated: int = 0
     failed: int = 0
+    unknown: int = 0  # no answer of the registry's own: the request may have reached it
     late: int = 0
     write_errors: int = 0  # outcomes the database refused (each in the attempt log)
     not_started: int = 0  # claimed, but the hold ran out before their turn (attempt given back)
@@ -67,6 +69,8 @@ class DrainReport:
             f"{self.claimed} claimed, {self.submitted} submitted, {self.registered} registered, "
             f"{self.rejected} rejected, {self.deactivated} deactivated, {self.failed} failed, {self.late} late"
         )
+        if self.unknown:
+            text += f", {self.unknown} outcome unknown (may still reach the registry)"
         if self.write_errors:
             text += f", {self.write_errors} not written (database refused)"
         if self.not_started:
@@ -102,6 +106,7 @@ class Ending:
     answer: str
     write: Callable[[], bool]
     on_taken: Callable[[], object] | None = None
+    on_late: Callable[[], object] | None = None  # in the same transaction, if the write took nothing
     counts: str | None = None
     event: tuple[str, dict] | None = None  # (type, payload), emitted with the run's others
     finished_at: datetime = field(default_factory=timezone.now)  # when the answer came
@@ -110,6 +115,8 @@ class Ending:
         took = self.write()
         if took and self.on_taken:
             self.on_taken()
+        elif not took and self.on_late:
+            self.on_late()
         return took
 
     def line(self, *, late: bool) -> RegistrationAttempt:
@@ -196,12 +203,25 @@ class Attempt:
         self.endings = endings
 
     def finish(
-        self, operation: str, outcome: str, answer: str, write, *, on_taken=None, counts=None, event=None
+        self,
+        operation: str,
+        outcome: str,
+        answer: str,
+        write,
+        *,
+        on_taken=None,
+        on_late=None,
+        counts=None,
+        event=None,
+        finished_at: datetime | None = None,
     ) -> None:
         """End the attempt: `write` (a guarded write, True if it took the row) and the log line
-        together, then, in the same transaction if it took the row, `on_taken` and the `event`
-        (registration_event), and the report's `counts` plus one."""
-        ending = Ending(self, operation, outcome, answer, write, on_taken, counts, event)
+        together, then, in the same transaction, `on_taken` and the `event` (registration_event)
+        if it took the row, `on_late` if not, and the report's `counts` plus one."""
+        ending = Ending(
+            self, operation, outcome, answer, write, on_taken, on_late, counts, event,
+            finished_at or timezone.now(),
+        )  # fmt: skip
         if self.endings is None:
             write_endings([ending])
         else:
@@ -256,6 +276,27 @@ class Attempt:
             counts="failed",
         )  # fmt: skip
 
+    def unknown(self, operation: str, error: str) -> None:
+        """No answer of the registry's own came back, and the request may have reached it (a
+        timeout or a broken connection after sending, a 502 or 504, an answer that is not the
+        protocol's): it fails and backs off as any failure, and the row remembers when it ended
+        (last_unknown_at), so no abandon or suspend takes the task list's silence for proof until
+        ODAL_REGISTRY_SETTLE_SECONDS after. A late one (its claim superseded) writes no outcome
+        but is remembered all the same: its request may land too."""
+        log.warning(
+            "registration %s %s attempt %s (claim %s): outcome unknown: %s",
+            self.reg.pk, operation, self.reg.attempts, self.token, storable(error, 200),
+            extra={"registration": self.reg.pk, "claim": self.token, "attempt": self.reg.attempts},
+        )  # fmt: skip
+        ended = timezone.now()
+        retry_at = ended + backoff_delay(self.reg.attempts)
+        self.finish(
+            operation, RegistrationAttempt.UNKNOWN, error,
+            lambda: self.rows.mark_attempt_failed(token=self.token, error=error, retry_at=retry_at, unknown_at=ended),
+            on_late=lambda: self.rows.note_unknown_outcome(at=ended),
+            counts="unknown", finished_at=ended,
+        )  # fmt: skip
+
     def rate_limited(self, operation: str, exc: adapters.RateLimited) -> None:
         """The registry answered 429: it acted on nothing, so this attempt does not count against
         the row (it is given back: a rate limit is the registry's state, not the row's; counting
@@ -275,13 +316,20 @@ class Attempt:
 
 @dataclass
 class Request:
-    """The request an attempt sends: which adapter call, with what."""
+    """The request an attempt sends: which adapter call, with what. A register is sent only
+    while its passport is published: `withdrawn` is set (by the pass's thread, which reads the
+    passports of the registers waiting for their turn) when it no longer is."""
 
-    call: str  # register, check, deactivate
+    call: str  # register, check, deactivate, find (find_held: lookup, check, deactivate)
     arg: object
+    withdrawn: threading.Event = field(default_factory=threading.Event)
+    sending: bool = False  # past its last look at `withdrawn`
 
     def send(self, adapter) -> "Sent":
+        self.sending = True
         try:
+            if self.call == "find":
+                return Sent(answer=find_held(adapter, self.arg))
             return Sent(answer=getattr(adapter, self.call)(self.arg))
         except Exception as exc:  # a Retryable, or a bug of ours: the attempt fails, not the drain
             return Sent(error=exc)
@@ -300,6 +348,8 @@ class Sent:
             return False
         if isinstance(self.error, adapters.RateLimited):
             attempt.rate_limited(operation, self.error)
+        elif isinstance(self.error, adapters.OutcomeUnknown):
+            attempt.unknown(operation, storable(self.error))
         elif isinstance(self.error, adapters.Retryable):
             attempt.failed(operation, storable(self.error))
         else:
@@ -312,14 +362,25 @@ class Sent:
 
 
 def plan_register(attempt: Attempt) -> Request | None:
-    reg, token, rows = attempt.reg, attempt.token, attempt.rows
-    if reg.passport.status != Passport.Status.PUBLISHED:
-        # Withdrawn before this attempt asked the registry: nothing was sent, nothing is owed.
-        attempt.finish(
-            "register", "withdrawn", "passport no longer published", lambda: rows.mark_withdrawn(token=token)
-        )
+    # The passport's status as committed now (a suspend in progress is waited for), not as the
+    # claim read it: a register may wait for its turn long after its claim.
+    if service.passport_status_locked(attempt.reg.passport_id) != Passport.Status.PUBLISHED:
+        withdraw(attempt)
         return None
-    return Request("register", reg)
+    return Request("register", attempt.reg)
+
+
+def withdraw(attempt: Attempt) -> None:
+    """The passport was withdrawn before this attempt asked the registry: this attempt sent
+    nothing. On the row's first attempt nothing was ever sent and nothing is owed (suspended);
+    after earlier attempts the registry may hold one of them, so the row owes a deactivation that
+    first finds what it holds."""
+    token, rows, now = attempt.token, attempt.rows, timezone.now()
+    attempt.finish(
+        "register", "withdrawn", "passport no longer published; nothing sent",
+        lambda: rows.mark_withdrawn(token=token, now=now) or rows.find_and_deactivate(token=token, now=now) == 1,
+        on_taken=service.kick_drain_on_commit,
+    )  # fmt: skip
 
 
 def settle_register(attempt: Attempt, sent: Sent) -> None:
@@ -394,8 +455,9 @@ def plan_deactivate(attempt: Attempt) -> Request | None:
     if service.passport_status_locked(reg.passport_id) == Passport.Status.PUBLISHED:
         # Published again since the deactivation was owed: nothing is sent. If this is its first
         # attempt the registry still holds the registration; if not, an earlier attempt may have
-        # gone through with its reply lost, so it registers afresh.
-        if reg.attempts == 1:
+        # gone through with its reply lost, so it registers afresh; so does one still to find
+        # what the registry holds (a register that may have landed is adopted as DUPLICATE_UPI).
+        if reg.attempts == 1 and not reg.finds_first:
             attempt.finish(
                 "deactivate", "cancelled", "passport published again; the registration stands",
                 lambda: rows.cancel_deactivation(token=token) == 1,
@@ -408,6 +470,8 @@ def plan_deactivate(attempt: Attempt) -> Request | None:
                 on_taken=service.kick_drain_on_commit,
             )  # fmt: skip
         return None
+    if reg.finds_first:
+        return Request("find", reg)
     return Request("deactivate", reg.handle)
 
 
@@ -428,12 +492,120 @@ def settle_deactivate(attempt: Attempt, sent: Sent) -> None:
     )  # fmt: skip
 
 
+# -- a deactivation that first finds what the registry holds (a suspend after an attempted register) --
+
+
+@dataclass
+class Finding:
+    """What the registry holds of a registration whose register was attempted: `nothing` (an
+    exhaustive lookup found no submission, or the registry rejected what it held), `checking`
+    (look again later; `correlation_id` when exactly one), or `deactivated` (a registration it
+    granted, deactivated now or already gone: `handle`)."""
+
+    held: str
+    said: str
+    correlation_id: str = ""
+    handle: str = ""
+
+
+def find_held(adapter, reg: Registration) -> Finding:
+    """On a pool thread: the task list (or the request id found before), then a check of each
+    submission found, then a deactivation of each the registry granted. A lookup that is not
+    proof (unreadable, not exhaustive, a registry that cannot be searched) is Retryable."""
+    if reg.correlation_id:
+        ids = [reg.correlation_id]
+    else:
+        try:
+            found = adapter.find_submission(reg.passport.upi)
+        except adapters.RegistryUnreadable as exc:
+            raise adapters.Retryable(f"the registry's task list could not be read: {exc}") from None
+        if isinstance(found, adapters.Found):
+            ids = [found.correlation_id]
+        elif isinstance(found, adapters.Ambiguous):
+            ids = list(found.candidates)
+        elif isinstance(found, adapters.Unsupported):
+            raise adapters.Retryable(
+                f"the registry cannot be searched ({found.why}): what it holds for this passport cannot be "
+                "found; record its handle or ask the registry"
+            )
+        elif not found.exhaustive:
+            raise adapters.Retryable(
+                f"the registry could not be shown not to hold this passport ({found.why})"
+            )
+        else:
+            return Finding("nothing", "the task list, every page read, holds no submission for this UPI")
+    checking, deactivated, rejected = [], [], []
+    for request_id in ids:
+        answer = adapter.check(request_id)
+        if answer.status == "registered":
+            gone = adapter.deactivate(answer.registration_id)
+            deactivated.append(f"{answer.registration_id} ({gone})")
+            handle = answer.registration_id
+        elif answer.status == "rejected":
+            rejected.append(request_id)
+        else:
+            checking.append(request_id)
+    if checking:
+        return Finding(
+            "checking", f"the registry is still checking {', '.join(checking)}",
+            correlation_id=checking[0] if len(checking) == 1 else "",
+        )  # fmt: skip
+    if deactivated:
+        return Finding("deactivated", f"deactivated {', '.join(deactivated)}", handle=handle)
+    return Finding("nothing", f"the registry rejected what it held ({', '.join(rejected)})")
+
+
+def settle_find(attempt: Attempt, sent: Sent) -> None:
+    reg, token, rows = attempt.reg, attempt.token, attempt.rows
+    if sent.failed(attempt, "find"):
+        return
+    finding, now = sent.answer, timezone.now()
+    settles_at = reg.settles_at  # as the claim read it; the writes restate it
+    if finding.held == "checking":
+        attempt.finish(
+            "find", "checking", finding.said,
+            lambda: rows.mark_finding_waits(
+                token=token, retry_at=next_check_at(reg.attempts + 1), correlation_id=finding.correlation_id,
+                error=finding.said,
+            ),
+        )  # fmt: skip
+    elif settles_at is not None:
+        # A register of ours may still land: what the registry shows now is not all it will hold.
+        said = f"{finding.said}; a register whose outcome is unknown may still land: looking again at {settles_at:%H:%M:%S}"
+        attempt.finish(
+            "find", "unsettled", said,
+            lambda: rows.mark_finding_waits(token=token, retry_at=settles_at + timedelta(seconds=1), error=said),
+        )  # fmt: skip
+    elif finding.held == "deactivated":
+        attempt.finish(
+            "find", "deactivated", finding.said,
+            lambda: rows.mark_found_deactivated(token=token, handle=finding.handle, now=now),
+            on_taken=lambda: service.reregister_if_published(reg), counts="deactivated",
+            event=registration_event(reg, "passport.deregistered", registrationId=finding.handle),
+        )  # fmt: skip
+    else:
+        attempt.finish(
+            "find", "absent", finding.said,
+            lambda: rows.mark_found_absent(
+                token=token, now=now, note=f"withdrawn: {finding.said} (suspended after an attempted register)"
+            ),
+            on_taken=lambda: service.reregister_if_published(reg),
+        )  # fmt: skip
+
+
+def settle_deactivation(attempt: Attempt, sent: Sent) -> None:
+    if attempt.reg.finds_first:
+        settle_find(attempt, sent)
+    else:
+        settle_deactivate(attempt, sent)
+
+
 def operation_of(reg: Registration):
     """What a claimed row owes: (plan, settle)."""
     if reg.status == Registration.Status.SUBMITTED:
         return plan_check, settle_check
     if reg.operation == Registration.Operation.DEACTIVATE:
-        return plan_deactivate, settle_deactivate
+        return plan_deactivate, settle_deactivation
     return plan_register, settle_register
 
 
@@ -449,23 +621,27 @@ def run_check(attempt: Attempt, adapter) -> None:
 
 def run_deactivate(attempt: Attempt, adapter) -> None:
     if request := plan_deactivate(attempt):
-        settle_deactivate(attempt, request.send(adapter))
+        settle_deactivation(attempt, request.send(adapter))
 
 
 # -- a pass -------------------------------------------------------------------------------------------
 
 # The request never went out: a pause came while it waited for its slot, or the hold ran out.
 NOT_SENT = Sent()
+# The register never went out: its passport was withdrawn while it waited for its slot.
+WITHDRAWN = Sent()
 
 
 def send_in_turn(request: Request, adapter, pace: Pace, slot: float, deadline: float) -> Sent:
-    """On a pool thread: wait for the request's slot, then send it, unless a 429 paused every
-    drain meanwhile, or the claim's hold has run out by the time this thread got to it (a pool
-    thread may come free late: one still busy with a request of a pass that ended early). No
-    database here."""
+    """On a pool thread: wait for the request's slot, then send it, unless its passport was
+    withdrawn meanwhile, a 429 paused every drain, or the claim's hold has run out by the time
+    this thread got to it (a pool thread may come free late: one still busy with a request of a
+    pass that ended early). No database here."""
     delay = slot - time.monotonic()
     if delay > 0:
-        time.sleep(delay)
+        request.withdrawn.wait(delay)
+    if request.withdrawn.is_set():
+        return WITHDRAWN
     if pace.held_back() or time.monotonic() >= deadline:
         return NOT_SENT
     return request.send(adapter)
@@ -484,6 +660,7 @@ class Pass:
         self.endings: list[Ending] = []
         self.out_of_time = False  # a row's slot came after the hold: the pass books no more
         self.flushed_at = time.monotonic()
+        self.rechecked_at = float("-inf")
         # Outcomes must be written well inside the claim's hold, or they arrive late for nothing.
         self.flush_seconds = min(FLUSH_SECONDS, settings.ODAL_CLAIM_HOLD_SECONDS / 4)
 
@@ -528,11 +705,34 @@ class Pass:
         if request is None:
             return None
         future = self.pool.submit(send_in_turn, request, self.adapter, self.pace, slot, deadline)
-        return future, (attempt, settle)
+        return future, (attempt, settle, request)
+
+    def recheck_withdrawn(self, in_flight: dict) -> None:
+        """Registers still waiting for their turn whose passport is no longer published are not
+        sent (one read, at most every PAUSE_REFRESH_SECONDS): a suspend committed after the claim
+        stops a register that has not gone out yet."""
+        now = time.monotonic()
+        if now - self.rechecked_at < PAUSE_REFRESH_SECONDS:
+            return
+        self.rechecked_at = now
+        waiting = {
+            request.arg.passport_id: request
+            for (_, _, request) in in_flight.values()
+            if request.call == "register" and not request.sending
+        }
+        if not waiting:
+            return
+        withdrawn = (
+            Passport.objects.filter(pk__in=list(waiting))
+            .exclude(status=Passport.Status.PUBLISHED)
+            .values_list("pk", flat=True)
+        )
+        for pk in withdrawn:
+            waiting[pk].withdrawn.set()
 
     def run(self) -> None:
         waiting = deque(self.claim.rows)
-        in_flight: dict = {}  # future -> (attempt, settle)
+        in_flight: dict = {}  # future -> (attempt, settle, request)
         not_started: list = []
         deadline = monotonic_at(self.claim.held_until)
         size = settings.ODAL_REGISTRY_CONCURRENCY
@@ -548,14 +748,19 @@ class Pass:
                         in_flight[future] = then
                 if not in_flight:
                     continue
-                # Requests waiting for their slot see a pause another process met within this.
+                # Requests waiting for their slot see a pause another process met within this, and
+                # registers waiting for theirs a suspend.
                 self.pace.paused_for()
+                self.recheck_withdrawn(in_flight)
                 done, _ = wait(in_flight, timeout=PAUSE_REFRESH_SECONDS, return_when=FIRST_COMPLETED)
                 for future in done:
-                    attempt, settle = in_flight.pop(future)
+                    attempt, settle, _ = in_flight.pop(future)
                     sent = future.result()
                     if sent is NOT_SENT:
                         not_started.append(attempt.reg.pk)
+                        continue
+                    if sent is WITHDRAWN:
+                        self.guarded(attempt, withdraw)
                         continue
                     if isinstance(sent.error, adapters.RateLimited):
                         self.pace.pause(sent.error.retry_after, str(sent.error))  # for every drain
@@ -569,7 +774,9 @@ class Pass:
             # Whatever stopped the pass: requests not begun are given back; outcomes already
             # known are written, not thrown away (unless the database was lost while writing
             # them: then nothing more is, see flush); a request still out keeps its claim.
-            not_started += [attempt.reg.pk for future, (attempt, _) in in_flight.items() if future.cancel()]
+            not_started += [
+                attempt.reg.pk for future, (attempt, _, _) in in_flight.items() if future.cancel()
+            ]
             self.flush()
             if not_started:
                 self.report.not_started += len(not_started)

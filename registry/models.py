@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import F, Q, Value
-from django.db.models.functions import Greatest
+from django.db.models import Case, F, Q, Value, When
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from odal.models import Passport
@@ -15,8 +15,35 @@ from odal.text import storable
 from outbox.claims import ClaimQuerySet
 
 
+def settled(now: datetime) -> Q:
+    """No attempt whose outcome is unknown is younger than ODAL_REGISTRY_SETTLE_SECONDS: what the
+    task list shows now is all this node's registers can ever have left there. (Before that, a
+    register that timed out may still be on its way through a gateway or a queue.)"""
+    return Q(last_unknown_at__isnull=True) | Q(
+        last_unknown_at__lte=now - timedelta(seconds=settings.ODAL_REGISTRY_SETTLE_SECONDS)
+    )
+
+
+def later_unknown(at: datetime):
+    """last_unknown_at moved to `at`, never back (SQLite's MAX() of a NULL is NULL: Coalesce)."""
+    return Greatest(Coalesce(F("last_unknown_at"), Value(at)), Value(at))
+
+
 class RegistrationQuerySet(ClaimQuerySet):
     claimable_statuses = ("pending", "submitted")
+
+    def reclaim_updates(self, now: datetime) -> dict:
+        """A register whose claim ran out with no outcome written (its drain died or stalled
+        mid-request) may have reached the registry: the claim that takes it over records an
+        outcome unknown, as of now."""
+        took_over = Q(
+            claim_token__isnull=False,
+            status=Registration.Status.PENDING,
+            operation=Registration.Operation.REGISTER,
+        )
+        return {
+            "last_unknown_at": Case(When(took_over, then=later_unknown(now)), default=F("last_unknown_at"))
+        }
 
     # -- the drain's writes: each takes the row only while the drain's claim holds it and the
     # status is the one it expects. An abandoned (or otherwise settled) row matches none of them.
@@ -82,14 +109,38 @@ class RegistrationQuerySet(ClaimQuerySet):
             == 1
         )
 
-    def mark_withdrawn(self, *, token) -> bool:
-        """The drain found the passport no longer published before it asked the registry:
-        a register the registry never saw from this attempt becomes suspended."""
+    def mark_withdrawn(self, *, token, now: datetime | None = None) -> bool:
+        """The drain found the passport no longer published before it asked the registry, on the
+        row's first attempt (attempts 1: this claim's), with no outcome unknown still settling:
+        the registry never saw a register for it, so it becomes suspended. A row attempted before
+        is left to find_and_deactivate."""
         return (
-            self._held(token, Registration.Status.PENDING, operation=Registration.Operation.REGISTER).update(
-                status=Registration.Status.SUSPENDED, claim_token=None
-            )
+            self._held(token, Registration.Status.PENDING, operation=Registration.Operation.REGISTER)
+            .filter(attempts=1)
+            .filter(settled(now or timezone.now()))
+            .update(status=Registration.Status.SUSPENDED, claim_token=None)
             == 1
+        )
+
+    def find_and_deactivate(self, *, now: datetime, token=None) -> int:
+        """A withdrawn passport whose register was attempted (any outcome but a rejection, which
+        ends the row): the registry may hold it, so the row owes a deactivation that first finds
+        what the registry holds (handle unknown), due now. From suspending: no claim holds the row
+        (one that does is left to its drain); from the drain, which found the passport withdrawn
+        before it asked: its claim."""
+        return self.filter(
+            status=Registration.Status.PENDING,
+            operation=Registration.Operation.REGISTER,
+            claim_token=token,
+        ).update(
+            operation=Registration.Operation.DEACTIVATE,
+            attempts=0,
+            next_attempt_at=now,
+            queued_at=now,
+            claim_token=None,
+            correlation_id="",
+            handle="",
+            last_error="",
         )
 
     def mark_checked(self, *, token, next_check_at: datetime) -> bool:
@@ -115,11 +166,65 @@ class RegistrationQuerySet(ClaimQuerySet):
             == 1
         )
 
-    def mark_attempt_failed(self, *, token, error: str, retry_at: datetime) -> bool:
-        """The registry could not be reached or answered 5xx: try again at retry_at."""
+    def mark_attempt_failed(
+        self, *, token, error: str, retry_at: datetime, unknown_at: datetime | None = None
+    ) -> bool:
+        """The registry could not be reached or answered 5xx: try again at retry_at. With
+        `unknown_at` (when the attempt ended), its outcome is unknown: the request may have
+        reached the registry, and the row remembers when (last_unknown_at)."""
+        noting = {"last_unknown_at": later_unknown(unknown_at)} if unknown_at else {}
         return (
             self._held(token, Registration.Status.PENDING, Registration.Status.SUBMITTED).update(
-                next_attempt_at=retry_at, claim_token=None, last_error=storable(error)
+                next_attempt_at=retry_at, claim_token=None, last_error=storable(error), **noting
+            )
+            == 1
+        )
+
+    def note_unknown_outcome(self, *, at: datetime) -> int:
+        """A late attempt (its claim superseded, or the row settled meanwhile) whose outcome is
+        unknown: it writes no outcome, but its request may still land, so the row remembers it
+        (only ever later). Not a state change: status, claim and attempts are left alone."""
+        return self.update(last_unknown_at=later_unknown(at))
+
+    # -- the drain's writes for a deactivation that first finds what the registry holds (a
+    # suspend after a register was attempted: handle unknown, `handle=""`) --------------------------
+
+    def _finding(self, token):
+        return self._held(
+            token, Registration.Status.PENDING, operation=Registration.Operation.DEACTIVATE
+        ).filter(handle="")
+
+    def mark_found_deactivated(self, *, token, handle: str, now: datetime) -> bool:
+        """The registry held a registration of ours, now deactivated (or already gone); and no
+        register of ours can still land (settled)."""
+        return (
+            self._finding(token)
+            .filter(settled(now))
+            .update(status=Registration.Status.DEACTIVATED, handle=handle, claim_token=None, last_error="")
+            == 1
+        )
+
+    def mark_found_absent(self, *, token, now: datetime, note: str) -> bool:
+        """The registry holds nothing of ours (an exhaustive lookup; or what it held it rejected),
+        and no register of ours can still land (settled): the withdrawal is complete."""
+        return (
+            self._finding(token)
+            .filter(settled(now))
+            .update(status=Registration.Status.SUSPENDED, claim_token=None, last_error="", note=note)
+            == 1
+        )
+
+    def mark_finding_waits(
+        self, *, token, retry_at: datetime, correlation_id: str = "", error: str = ""
+    ) -> bool:
+        """Look again at retry_at: the registry is still checking what it holds (`correlation_id`,
+        checked directly next time), or a register of ours may still land (the settle window)."""
+        return (
+            self._finding(token).update(
+                next_attempt_at=retry_at,
+                claim_token=None,
+                correlation_id=correlation_id or F("correlation_id"),
+                last_error=storable(error),
             )
             == 1
         )
@@ -132,7 +237,8 @@ class RegistrationQuerySet(ClaimQuerySet):
         holds it, and it is still the row `seen` before the registry was asked: the same
         attempts and next_attempt_at. Attempts are counted at claim, so an attempt claimed
         during the lookup (whose register may have reached the registry after the lookup read
-        past it) voids the registry's answer."""
+        past it) voids the registry's answer. And only once settled: no attempt whose outcome is
+        unknown (a register that may still land) is younger than ODAL_REGISTRY_SETTLE_SECONDS."""
         return (
             self.filter(
                 status=Registration.Status.PENDING,
@@ -142,7 +248,9 @@ class RegistrationQuerySet(ClaimQuerySet):
                 claim_token__isnull=True,
                 attempts=seen.attempts,
                 next_attempt_at=seen.next_attempt_at,
-            ).update(
+            )
+            .filter(settled(now))
+            .update(
                 status=Registration.Status.ABANDONED,
                 note=f"abandoned by {actor}: {reason}",
                 abandoned_at=now,
@@ -196,18 +304,24 @@ class RegistrationQuerySet(ClaimQuerySet):
         """The passport is published again while a deactivation that never reached the registry is
         owed: the registration stands. From publishing: no attempt made (attempts 0, no claim).
         From the drain, which found the passport published before it asked: only its own attempt
-        counted (attempts 1, its claim). A deactivation attempted before may have gone through
-        with its reply lost: `reregister` handles those."""
-        return self.filter(
-            status=Registration.Status.PENDING,
-            operation=Registration.Operation.DEACTIVATE,
-            claim_token=token,
-            attempts=0 if token is None else 1,
-        ).update(
-            status=Registration.Status.REGISTERED,
-            operation=Registration.Operation.REGISTER,
-            claim_token=None,
-            last_error="",
+        counted (attempts 1, its claim). Only a deactivation of a registration the registry granted
+        (its handle known): one that was still to find what the registry holds has no registration
+        to stand on. A deactivation attempted before may have gone through with its reply lost:
+        `reregister` handles those, and those still finding."""
+        return (
+            self.filter(
+                status=Registration.Status.PENDING,
+                operation=Registration.Operation.DEACTIVATE,
+                claim_token=token,
+                attempts=0 if token is None else 1,
+            )
+            .exclude(handle="")
+            .update(
+                status=Registration.Status.REGISTERED,
+                operation=Registration.Operation.REGISTER,
+                claim_token=None,
+                last_error="",
+            )
         )
 
     def reregister(self, *, now: datetime, token=None) -> int:
@@ -216,10 +330,10 @@ class RegistrationQuerySet(ClaimQuerySet):
         fresh register follows, due now (a registry that still holds it answers DUPLICATE_UPI,
         which is adopted). From publishing: no claim holds the row; from the drain: its claim."""
         return self.filter(
+            Q(attempts__gte=1 if token is None else 2) | Q(handle=""),
             status=Registration.Status.PENDING,
             operation=Registration.Operation.DEACTIVATE,
             claim_token=token,
-            attempts__gte=1 if token is None else 2,
         ).update(
             operation=Registration.Operation.REGISTER,
             attempts=0,
@@ -232,13 +346,20 @@ class RegistrationQuerySet(ClaimQuerySet):
         )
 
     def withdraw_unsent(self, *, now: datetime) -> int:
-        """Suspending: a pending register that no attempt holds becomes suspended. (One that an
-        attempt holds is left to the drain, which withdraws or deactivates it when it reports.)"""
-        return self.filter(
-            status=Registration.Status.PENDING,
-            operation=Registration.Operation.REGISTER,
-            claim_token__isnull=True,
-        ).update(status=Registration.Status.SUSPENDED)
+        """Suspending: a pending register never attempted (attempts 0: none claimed, or each given
+        back unsent), that no attempt holds, with no outcome unknown still settling, becomes
+        suspended: the registry cannot hold it. (One attempted is find_and_deactivate's; one an
+        attempt holds is left to the drain, which withdraws it, or finds it, when it reports.)"""
+        return (
+            self.filter(
+                status=Registration.Status.PENDING,
+                operation=Registration.Operation.REGISTER,
+                claim_token__isnull=True,
+                attempts=0,
+            )
+            .filter(settled(now))
+            .update(status=Registration.Status.SUSPENDED)
+        )
 
     def queue_deactivation(self, *, now: datetime) -> int:
         """Suspending a registered passport: owe the registry a deactivation, due now."""
@@ -294,6 +415,13 @@ class Registration(models.Model):
     submitted_at = models.DateTimeField(null=True, blank=True)
     registered_at = models.DateTimeField(null=True, blank=True)
     abandoned_at = models.DateTimeField(null=True, blank=True)
+    last_unknown_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the last attempt whose outcome is unknown ended (its request may have reached "
+        "the registry with no answer back): absence in the task list proves nothing until "
+        "ODAL_REGISTRY_SETTLE_SECONDS after it.",
+    )
 
     objects = RegistrationQuerySet.as_manager()
 
@@ -318,6 +446,19 @@ class Registration(models.Model):
         return f"{self.passport.upi} ({self.status})"
 
     @property
+    def settles_at(self) -> datetime | None:
+        """From when a lookup that finds nothing proves absence (None: already)."""
+        if self.last_unknown_at is None:
+            return None
+        at = self.last_unknown_at + timedelta(seconds=settings.ODAL_REGISTRY_SETTLE_SECONDS)
+        return at if at > timezone.now() else None
+
+    @property
+    def finds_first(self) -> bool:
+        """A deactivation whose registration's handle is unknown: it finds what the registry holds."""
+        return self.operation == Registration.Operation.DEACTIVATE and not self.handle
+
+    @property
     def claim_is_live(self) -> bool:
         return self.claim_token is not None and self.next_attempt_at > timezone.now()
 
@@ -328,6 +469,7 @@ class RegistrationAttempt(models.Model):
 
     WRITE_ERROR = "write_error"  # the outcome the database refused (the answer says which and why)
     RATE_LIMITED = "rate_limited"  # a 429: the attempt was given back (the next one has its number)
+    UNKNOWN = "unknown"  # the request may have reached the registry; no answer of its own came back
 
     registration = models.ForeignKey(Registration, on_delete=models.CASCADE, related_name="attempt_log")
     number = models.PositiveIntegerField()
@@ -335,7 +477,8 @@ class RegistrationAttempt(models.Model):
     operation = models.CharField(max_length=16)  # register, check, deactivate
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField()
-    outcome = models.CharField(max_length=32)  # submitted, duplicate, registered, rejected, checking, ...
+    outcome = models.CharField(max_length=32)  # submitted, duplicate, registered, rejected, checking,
+    # failed (the registry's own refusal or unavailability, or no connection), unknown (UNKNOWN), ...
     answer = models.TextField(blank=True, default="")
     late = models.BooleanField(default=False)
 

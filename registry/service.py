@@ -92,18 +92,31 @@ def on_publish_new(passport_ids: list) -> str:
 
 
 def on_suspend(passport: Passport) -> str:
-    """Suspending: a pending register no attempt holds becomes suspended; a registered one owes
-    a deactivation. A row the registry is checking is left to the drain, which queues the
-    deactivation if the registry grants it."""
+    """Suspending never drops what the registry may hold. A pending register never attempted
+    becomes suspended; one attempted (its request may have reached the registry, or still land)
+    owes a deactivation that first finds what the registry holds; a registered one owes a
+    deactivation. A row an attempt holds is left to the drain, which withdraws or finds it when
+    it reports, and a row the registry is checking too: the drain queues the deactivation if the
+    registry grants it. The caller holds the passport's row lock."""
     now = timezone.now()
     rows = Registration.objects.filter(passport=passport)
     if rows.withdraw_unsent(now=now):
-        return "pending registration withdrawn (suspended)"
+        return "pending registration withdrawn (suspended): it was never sent to the registry"
+    if rows.find_and_deactivate(now=now):
+        kick_drain_on_commit()
+        return (
+            "deactivation queued: the registration was attempted and the registry may hold it, so the "
+            "drain finds what it holds and deactivates it (suspended once the registry provably holds nothing)"
+        )
     if rows.queue_deactivation(now=now):
         kick_drain_on_commit()
         return "deactivation queued"
     reg = rows.first()
-    return f"registration left as it is ({reg.status})" if reg else "no registration"
+    if reg is None:
+        return "no registration"
+    if reg.status == Registration.Status.PENDING and reg.claim_token is not None:
+        return f"registration left to the drain: an attempt holds it ({reg.operation})"
+    return f"registration left as it is ({reg.status})"
 
 
 # -- abandon ---------------------------------------------------------------------------------------
@@ -139,8 +152,8 @@ def check_abandonable(reg: Registration, now=None) -> None:
         )
     if reg.operation != Registration.Operation.REGISTER:
         raise Refused(
-            "The registration owes a deactivation, not a registration: the registry holds it, so it "
-            "cannot be abandoned.",
+            "The registration owes a deactivation, not a registration: the registry holds it, or may (a "
+            "register was attempted before the passport was suspended), so it cannot be abandoned.",
             code="owes_deactivation",
         )
     if reg.attempts < 1:
@@ -211,7 +224,25 @@ def ask_registry(reg: Registration, adapter=None):
             code="absence_not_proven",
             status=422,
         )
+    refuse_unsettled(reg)
     return None
+
+
+def refuse_unsettled(reg: Registration) -> None:
+    """409 outcome_unknown while an attempt whose outcome is unknown is younger than
+    ODAL_REGISTRY_SETTLE_SECONDS: its register may still land, so a task list that shows nothing
+    proves nothing yet."""
+    if (settles_at := reg.settles_at) is None:
+        return
+    ended = reg.last_unknown_at.isoformat(timespec="seconds")
+    raise Refused(
+        f"The registry's task list shows no submission for this passport, but an attempt whose outcome is "
+        f"unknown ended at {ended} (its register may still reach the registry through a gateway or a queue), "
+        f"so that is no proof yet; nothing was changed. Try again from {settles_at.isoformat(timespec='seconds')} "
+        f"(ODAL_REGISTRY_SETTLE_SECONDS={settings.ODAL_REGISTRY_SETTLE_SECONDS}).",
+        code="outcome_unknown",
+        retryAfter=settles_at.isoformat(),
+    )
 
 
 def abandon(dpp_id, *, actor: str, reason, adapter=None) -> AbandonResult:
@@ -235,6 +266,8 @@ def finish_abandon(seen: Registration, *, actor: str, reason: str) -> AbandonRes
     now = timezone.now()
     with transaction.atomic():
         if not Registration.objects.filter(pk=reg.pk).abandon(actor=actor, reason=reason, now=now, seen=reg):
+            # A late attempt whose outcome is unknown may have been noted meanwhile.
+            refuse_unsettled(Registration.objects.get(pk=reg.pk))
             raise Refused(
                 "The registration changed while the registry was asked (an attempt was made meanwhile, and "
                 "its request may have reached the registry after the lookup read past it); nothing was "
@@ -381,4 +414,6 @@ def registration_json(reg: Registration) -> dict:
         "correlationId": reg.correlation_id or None,
         "handle": reg.handle or None,
         "note": reg.note,
+        "lastUnknownAt": reg.last_unknown_at,
+        "settlesAt": reg.settles_at,
     }

@@ -315,12 +315,28 @@ def test_every_drain_write_that_takes_its_row_leaves_it_unclaimed(write):
 
 
 @pytest.mark.django_db
-def test_a_register_that_failed_can_be_withdrawn_by_a_suspend_at_once():
-    """The failed attempt gave its claim back, so suspending withdraws the register now instead
-    of leaving it to a drain attempt that would only find the passport suspended."""
+def test_a_register_that_failed_is_found_before_a_suspend_ends_it():
+    """The failed attempt gave its claim back, so suspending acts now instead of leaving it to a
+    drain attempt; but the attempt was made (its request may have reached the registry), so the
+    row owes a deactivation that first finds what the registry holds, due now: not suspended."""
     reg = held_registration("pending", "register", 1)
     rows = Registration.objects.filter(pk=reg.pk)
     assert rows.mark_attempt_failed(token=reg.claim_token, error="HTTP 503", retry_at=timezone.now())
+
+    result = lifecycle.suspend(reg.passport_id, actor="user:ops")
+
+    assert "deactivation queued" in result.detail
+    after = Registration.objects.get(pk=reg.pk)
+    assert (after.status, after.operation, after.handle, after.attempts, after.claim_token) == (
+        "pending", "deactivate", "", 0, None
+    )  # fmt: skip
+    assert after.next_attempt_at <= timezone.now()
+
+
+@pytest.mark.django_db
+def test_a_register_never_attempted_is_withdrawn_by_a_suspend_at_once():
+    """No attempt was ever claimed (or each was given back unsent): the registry cannot hold it."""
+    reg = RegistrationFactory(status="pending", operation="register", attempts=0)
 
     result = lifecycle.suspend(reg.passport_id, actor="user:ops")
 

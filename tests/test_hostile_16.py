@@ -109,12 +109,12 @@ def test_a_registry_trickling_its_headers_fails_only_its_own_row_within_the_time
     started = time.monotonic()
     report = drain_once()
     assert time.monotonic() - started < 4, "the pass waited for the trickling answer"
-    assert (report.claimed, report.submitted, report.failed) == (4, 3, 1)
+    assert (report.claimed, report.submitted, report.unknown) == (4, 3, 1)
     for passport in others:
         assert Registration.objects.get(passport=passport).status == "submitted"
     reg = Registration.objects.get(passport=bad)
     assert reg.status == "pending" and reg.claim_token is None
-    assert reg.last_error == "registry timed out after 1s"
+    assert reg.last_error == "registry timed out after 1s; the request may have reached it"
 
 
 class Always429(BaseHTTPRequestHandler):

@@ -69,7 +69,9 @@ def test_late_answers_of_a_concurrent_pass_write_nothing_over_another_claim_or_a
 ):
     """Pass A has three registers in flight when its hold runs out; B claims two of the rows; one
     of them fails and a person abandons it. A's answers then land: the two rows B took get
-    nothing (late), the third, which nobody took, is still A's and is written."""
+    nothing (late), the third, which nobody took, is still A's and is written. (B taking over
+    A's claims records outcomes unknown; the settle window is 0 here so the abandon may proceed.)"""
+    settings.ODAL_REGISTRY_SETTLE_SECONDS = 0
     settings.ODAL_REGISTRY_CONCURRENCY = 3
     settings.ODAL_CLAIM_HOLD_SECONDS = 1
     registry_sim.faults["latency"] = 1.6  # (the registry_sim's timeout is 2 s)

@@ -178,7 +178,7 @@ LITE = [
     f"""CREATE TRIGGER odal_tally_regattempt_late AFTER INSERT ON registry_registrationattempt
         WHEN NEW.late BEGIN {_lite_add("'registry.late'", "NEW.operation", "1")} END""",
     f"""CREATE TRIGGER odal_tally_regattempt_protocol AFTER INSERT ON registry_registrationattempt
-        WHEN NEW.outcome = 'failed' AND substr(NEW.answer, 1, {len(PROTOCOL_ERROR)}) = '{PROTOCOL_ERROR}' BEGIN
+        WHEN NEW.outcome IN ('failed', 'unknown') AND substr(NEW.answer, 1, {len(PROTOCOL_ERROR)}) = '{PROTOCOL_ERROR}' BEGIN
         {_lite_add("'registry.protocol_errors'", "NEW.operation", "1")} END""",
     f"""CREATE TRIGGER odal_tally_regattempt_write_error AFTER INSERT ON registry_registrationattempt
         WHEN NEW.outcome = 'write_error' BEGIN {_lite_add("'registry.write_errors'", "''", "1")} END""",
@@ -200,12 +200,14 @@ LITE_SEED = [
     f"""INSERT INTO odal_tally (metric, key, hour, shard, value)
        SELECT 'registry.protocol_errors', operation, '1970-01-01 00:00:00', 0, count(*)
        FROM registry_registrationattempt
-       WHERE outcome = 'failed' AND substr(answer, 1, {len(PROTOCOL_ERROR)}) = '{PROTOCOL_ERROR}'
+       WHERE outcome IN ('failed', 'unknown') AND substr(answer, 1, {len(PROTOCOL_ERROR)}) = '{PROTOCOL_ERROR}'
        GROUP BY operation""",
     """INSERT INTO odal_tally (metric, key, hour, shard, value)
        SELECT 'registry.write_errors', '', '1970-01-01 00:00:00', 0, count(*)
        FROM registry_registrationattempt WHERE outcome = 'write_error' HAVING count(*) > 0""",
 ]
+# LITE and LITE_TRIGGERS are the SQLite triggers' current text (odal.apps puts them back after every
+# migrate): 0008 counts protocol errors of `unknown` outcomes too.
 LITE_TRIGGERS = [
     "odal_tally_delivery_insert", "odal_tally_delivery_update", "odal_tally_attempt_insert",
     "odal_tally_registration_insert", "odal_tally_registration_update", "odal_tally_registration_delete",

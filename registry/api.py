@@ -8,7 +8,6 @@ from ninja import Router, Schema
 from odal.auth import ScopedAuth
 from odal.schemas import Error, responses
 from registry import service
-from registry.models import RegistrationAttempt
 
 router = Router(tags=["registry"])
 
@@ -72,23 +71,7 @@ class RegistryCountsOut(Schema):
     stalled: int
 
 
-def with_log(reg) -> dict:
-    log = RegistrationAttempt.objects.filter(registration=reg).order_by("started_at", "id")
-    return {
-        **service.registration_json(reg),
-        "attemptLog": [
-            {
-                "number": a.number,
-                "operation": a.operation,
-                "startedAt": a.started_at,
-                "finishedAt": a.finished_at,
-                "outcome": a.outcome,
-                "answer": a.answer,
-                "late": a.late,
-            }
-            for a in log
-        ],
-    }
+with_log = service.registration_with_log
 
 
 @router.get(

@@ -9,6 +9,7 @@ Everything here runs over real HTTP: the registry simulator, or a small server o
 for the answers the simulator does not give."""
 
 import io
+import json
 import threading
 import time
 import uuid
@@ -486,3 +487,33 @@ def test_a_register_waiting_for_its_turn_under_the_rate_limit_is_not_sent_after_
     assert reg_of(second).attempt_log.get().outcome == "withdrawn"
     (report,) = reports
     assert (report.claimed, report.submitted) == (2, 1)
+
+
+def test_the_attempt_log_shows_unknown_apart_from_failed_on_every_surface(
+    registry_sim, settings, admin_api, admin_client
+):
+    settings.ODAL_REGISTRY_TIMEOUT_SECONDS = 1
+    registry_sim.faults.update(register_5xx=1)
+    passport = published()
+    assert drain_once().failed == 1
+    registry_sim.faults["latency"] = 1.5
+    Registration.objects.filter(passport=passport).update(next_attempt_at=timezone.now())
+    assert drain_once().unknown == 1
+    reg = reg_of(passport)
+
+    api = admin_api.get(f"dpp/{passport.pk}/registry").json()
+    assert [line["outcome"] for line in api["attemptLog"]] == ["failed", "unknown"]
+    assert api["lastUnknownAt"].startswith(reg.last_unknown_at.isoformat(timespec="milliseconds")[:23])
+    assert api["settlesAt"] is not None
+
+    out = io.StringIO()
+    call_command("registry", "show", str(passport.pk), "--json", stdout=out)
+    shown = json.loads(out.getvalue())
+    assert [line["outcome"] for line in shown["attemptLog"]] == ["failed", "unknown"]
+    assert shown["lastUnknownAt"] is not None
+    out = io.StringIO()
+    call_command("registry", "show", str(passport.pk), stdout=out)
+    assert "outcome is unknown" in out.getvalue() and "unknown: registry timed out" in out.getvalue()
+
+    page = admin_client.get(f"/admin/registry/registration/{reg.pk}/change/").content.decode()
+    assert "absence provable from" in page and "unknown" in page

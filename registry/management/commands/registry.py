@@ -13,7 +13,7 @@ from registry.simulator import DEFAULT_FAULTS, HOSTILE_ANSWERS, fault_problem, m
 
 
 class Command(BaseCommand):
-    help = "The registry outbox: drain, status, abandon, record a handle, run the simulator."
+    help = "The registry outbox: drain, status, show a registration, abandon, record a handle, run the simulator."
 
     def add_arguments(self, parser):
         sub = subcommands(parser)
@@ -26,6 +26,10 @@ class Command(BaseCommand):
 
         status = sub.add_parser("status", help="registrations per status, stalled and abandoned apart")
         status.add_argument("--json", action="store_true")
+
+        show = sub.add_parser("show", help="a passport's registration and its attempt log")
+        show.add_argument("passport_id", type=argument(rules.passport_id))
+        show.add_argument("--json", action="store_true")
 
         abandon = sub.add_parser(
             "abandon", help="give up a registration the registry provably never accepted"
@@ -86,6 +90,28 @@ class Command(BaseCommand):
         self.stdout.write(
             f"stalled {counts['stalled']} (pending and needing a person)  abandoned {counts['abandoned']}"
         )
+
+    def do_show(self, *, passport_id, json, **_):
+        shown = service.registration_with_log(service.registration_for(passport_id))
+        if json:
+            self.stdout.write(_dumps(shown))
+            return
+        head = f"{passport_id}: {shown['status']} ({shown['operation']}), {shown['attempts']} attempt(s)"
+        if shown["correlationId"] or shown["handle"]:
+            head += f", request {shown['correlationId'] or '-'}, handle {shown['handle'] or '-'}"
+        self.stdout.write(head)
+        if shown["settlesAt"]:
+            self.stdout.write(
+                f"An attempt whose outcome is unknown ended {shown['lastUnknownAt']:%Y-%m-%d %H:%M:%S}; "
+                f"absence in the registry's task list proves nothing until {shown['settlesAt']:%Y-%m-%d %H:%M:%S} UTC."
+            )
+        if shown["lastError"]:
+            self.stdout.write(f"last error: {shown['lastError']}")
+        for line in shown["attemptLog"]:
+            self.stdout.write(
+                f"  #{line['number']} {line['operation']} {line['finishedAt']:%Y-%m-%d %H:%M:%S} "
+                f"{line['outcome']}{' (late)' if line['late'] else ''}: {line['answer']}"
+            )
 
     def do_abandon(self, *, passport_id, reason, actor, json, **_):
         actor = f"cli:{actor}" if actor else "cli"

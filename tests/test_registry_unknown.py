@@ -332,7 +332,7 @@ def test_the_admin_abandon_page_shows_the_window_per_row_before_confirming(
 
     assert page.status_code == 200
     text = page.content.decode()
-    assert "outcome is unknown" in text, text[text.find("<tbody"):][:3000]
+    assert "outcome is unknown" in text, text[text.find("<tbody") :][:3000]
     assert reg.settles_at.isoformat(timespec="seconds") in text
     assert reg_of(passport).status == "pending"
 

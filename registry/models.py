@@ -347,14 +347,14 @@ class RegistrationQuerySet(ClaimQuerySet):
 
     def withdraw_unsent(self, *, now: datetime) -> int:
         """Suspending: a pending register never attempted (attempts 0: none claimed, or each given
-        back unsent), that no attempt holds, with no outcome unknown still settling, becomes
-        suspended: the registry cannot hold it. (One attempted is find_and_deactivate's; one an
-        attempt holds is left to the drain, which withdraws it, or finds it, when it reports.)"""
+        back unsent; so no claim holds it either, a claim counts its attempt), with no outcome
+        unknown still settling, becomes suspended: the registry cannot hold it. (One attempted is
+        find_and_deactivate's; one an attempt holds is left to the drain, which withdraws it, or
+        finds it, when it reports.)"""
         return (
             self.filter(
                 status=Registration.Status.PENDING,
                 operation=Registration.Operation.REGISTER,
-                claim_token__isnull=True,
                 attempts=0,
             )
             .filter(settled(now))

@@ -10,6 +10,7 @@ from datetime import timedelta
 from unittest import mock
 
 import pytest
+from django.test import override_settings
 from django.utils import timezone
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -471,3 +472,182 @@ class AbandonLookupMachine(RuleBasedStateMachine):
 
 def test_abandon_lookup_state_machine():
     run_state_machine_as_test(AbandonLookupMachine, settings=settings(MACHINE_SETTINGS, max_examples=80))
+
+
+# -- outcomes that are not known: late landings, abandon, suspend and the finding (issue 22) ---------
+
+SETTLE = 900
+
+
+class SimRegistry:
+    """The drain's adapter, straight onto the simulator's state (no HTTP), with the register's
+    fate chosen by the rule that sends it: answered, refused (nothing kept), unknown but kept, or
+    unknown and still in transit (it lands later, within the settle window: the assumption the
+    window stands for)."""
+
+    def __init__(self, machine):
+        self.machine, self.sim = machine, machine.sim
+        self.fate = "answered"
+
+    def register(self, reg):
+        body, key = {"upi": reg.passport.upi, "operatorId": "OP-1"}, str(reg.pk)
+        if self.fate == "refused":
+            raise adapters.Retryable("registry answered HTTP 503")
+        if self.fate == "in transit":
+            self.machine.in_transit.append((body, key, self.machine.clock.now + timedelta(seconds=SETTLE)))
+            raise adapters.OutcomeUnknown("registry timed out after 10s; the request may have reached it")
+        status, answer = self.sim.register(body, key)
+        if self.fate == "unknown":
+            raise adapters.OutcomeUnknown("registry answered HTTP 504")
+        if status == 202:
+            return adapters.Accepted(answer["requestId"])
+        if status == 409:
+            return adapters.Duplicate(answer["requestId"])
+        raise adapters.Retryable(f"registry answered HTTP {status}")
+
+    def check(self, request_id):
+        status, body = self.sim.check(request_id)
+        if status != 200:
+            raise adapters.Retryable(f"registry answered HTTP {status} to check")
+        if body["status"] == "registered":
+            return adapters.CheckAnswer("registered", registration_id=body["registrationId"])
+        if body["status"] == "rejected":
+            return adapters.CheckAnswer("rejected", errors="REJECTED")
+        return adapters.CheckAnswer("checking")
+
+    def deactivate(self, registration_id):
+        status, _ = self.sim.deactivate(registration_id)
+        return "deactivated" if status in (200, 204) else "already gone"
+
+    def find_submission(self, upi):
+        return SimulatorLookup(self.sim).find_submission(upi)
+
+
+def unrevoked(sim: RegistryState, upi: str) -> list[str]:
+    """What the registry holds for `upi` that may still be (or is) granted: requests checking, or
+    registered with their registration still active."""
+    held = []
+    for r in sim.requests.values():
+        if r["upi"] != upi or r["status"] == "rejected":
+            continue
+        if r["status"] == "registered" and not sim.registrations[r["registrationId"]]["active"]:
+            continue
+        held.append(r["requestId"])
+    return held
+
+
+class UncertainOutcomeMachine(RuleBasedStateMachine):
+    """Registers whose outcome is unknown (kept by the registry, or landing later), drains that die
+    mid-request, abandon, publish and suspend, and the drain's finding, through the drain's own
+    plan and settle steps. The invariant: no registration is abandoned or suspended while the
+    registry holds an unrevoked submission for it, whenever that is read."""
+
+    def __init__(self):
+        super().__init__()
+        RegistrationMachine.setup(self)
+        self.in_transit: list = []  # (register body, its Idempotency-Key, lands by)
+        self.adapter = SimRegistry(self)
+        self.override = override_settings(ODAL_REGISTRY_SETTLE_SECONDS=SETTLE)
+        self.override.enable()
+
+    def teardown(self):
+        self.override.disable()
+        self.clock.stop()
+
+    reg = RegistrationMachine.reg
+
+    @initialize()
+    def published(self):
+        lifecycle.publish(self.passport.pk, actor="user:ops")
+
+    def land(self, until):
+        """Requests in transit land by their time: the registry keeps them as they arrive."""
+        for item in [t for t in self.in_transit if t[2] <= until]:
+            self.in_transit.remove(item)
+            self.sim.register(item[0], item[1])
+
+    @rule(seconds=st.sampled_from([1, 30, HOLD + 1, SETTLE + 1]))
+    def time_passes(self, seconds):
+        self.land(self.clock.now + timedelta(seconds=seconds))
+        self.clock.advance(seconds)
+
+    @precondition(lambda self: self.in_transit)
+    @rule()
+    def a_register_in_transit_lands_early(self):
+        self.land(self.in_transit[0][2])
+
+    @rule()
+    def publish(self):
+        lifecycle.publish(self.passport.pk, actor="user:ops")
+
+    @rule()
+    def suspend(self):
+        try:
+            lifecycle.suspend(self.passport.pk, actor="user:ops")
+        except Refused as exc:
+            assert exc.code == "passport_is_draft"
+
+    def claim_when_due(self):
+        reg = self.reg()
+        if reg is not None and reg.next_attempt_at > self.clock.now:
+            self.time_passes(int((reg.next_attempt_at - self.clock.now).total_seconds()) + 1)
+        return Registration.objects.filter(passport=self.passport).claim(
+            limit=1, hold_seconds=HOLD, select_related=("passport",)
+        )
+
+    @rule(fate=st.sampled_from(["answered", "refused", "unknown", "in transit"]))
+    def drain_attempt(self, fate):
+        """One whole attempt of whatever the row owes, through the drain's plan and settle."""
+        from registry.drain import Attempt, DrainReport, operation_of
+
+        claim = self.claim_when_due()
+        if not claim.rows:
+            return
+        reg = claim.rows[0]
+        self.adapter.fate = fate
+        attempt = Attempt(reg, claim.token, DrainReport())
+        plan, settle = operation_of(reg)
+        if request := plan(attempt):
+            settle(attempt, request.send(self.adapter))
+
+    @rule()
+    def drain_dies_mid_register(self):
+        """A drain claims a register, sends it and dies: no outcome is written; its request lands
+        before its hold has run out (the next claim takes the row over only after that)."""
+        claim = self.claim_when_due()
+        if not claim.rows:
+            return
+        reg = claim.rows[0]
+        if (reg.status, reg.operation) == ("pending", "register"):
+            body = {"upi": self.passport.upi, "operatorId": "OP-1"}
+            self.in_transit.append((body, str(reg.pk), claim.held_until))
+
+    @rule()
+    def the_registry_rejects_what_it_is_checking(self):
+        for r in self.sim.requests.values():
+            if r["upi"] == self.passport.upi and r["status"] == "checking":
+                r["status"] = "rejected"
+
+    @rule()
+    def person_abandons(self):
+        try:
+            service.abandon(
+                self.passport.pk, actor="user:ops", reason="gone", adapter=SimulatorLookup(self.sim)
+            )
+        except Refused:
+            pass
+
+    @invariant()
+    def nothing_the_registry_may_grant_is_dropped(self):
+        reg = self.reg()
+        if reg is not None and reg.status in ("abandoned", "suspended"):
+            held = unrevoked(self.sim, self.passport.upi)
+            assert not held, (
+                f"{reg.status} while the registry holds {held} (in transit: {len(self.in_transit)})"
+            )
+
+
+def test_uncertain_outcomes_state_machine():
+    run_state_machine_as_test(
+        UncertainOutcomeMachine, settings=settings(MACHINE_SETTINGS, max_examples=40, stateful_step_count=40)
+    )

@@ -30,4 +30,6 @@ class OdalConfig(AppConfig):
     verbose_name = "Passports and audit"
 
     def ready(self):
+        from odal import checks  # noqa: F401 (registers odal's system checks)
+
         post_migrate.connect(reinstall_sqlite_tally_triggers, sender=self)

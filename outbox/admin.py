@@ -80,14 +80,14 @@ class ConsumerAdmin(OdalAdmin):
         """Through outbox.service, as the API and the command line: checked, audited."""
         data = form.cleaned_data
         if change:
+            consumer = Consumer.objects.get(pk=obj.pk)
+            # The form shows url and target both; only its kind's is the consumer's (the other is
+            # blank, and change_consumer refuses a url for a python consumer, a target for a webhook).
+            own = "url" if consumer.kind == Consumer.Kind.WEBHOOK else "target"
             service.change_consumer(
-                Consumer.objects.get(pk=obj.pk),
+                consumer,
                 actor=actor_of(request),
-                **{
-                    k: data[k]
-                    for k in ("url", "target", "event_types", "max_attempts", "timeout_seconds")
-                    if k in data
-                },
+                **{k: data[k] for k in (own, "event_types", "max_attempts", "timeout_seconds") if k in data},
             )
             return
         created = service.create_consumer(

@@ -2613,6 +2613,13 @@ GUARDS = [
         "tests/test_reconnect.py -k python_consumer",
     ),
     Guard(
+        "admin: changing a consumer passes only its kind's url or target (the blank other was refused: a 500)",
+        "outbox/admin.py",
+        '(own, "event_types", "max_attempts", "timeout_seconds")',
+        '("url", "target", "event_types", "max_attempts", "timeout_seconds")',
+        "tests/test_outbox_admin.py -k changing_a_consumer_in_the_admin",
+    ),
+    Guard(
         "system check odal.W001: registered by the odal app as it starts (every command runs it)",
         "odal/apps.py",
         "        from odal import checks  # noqa: F401 (registers odal's system checks)\n",

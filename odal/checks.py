@@ -85,6 +85,19 @@ def claim_hold_outlasts_consumer_timeouts(app_configs=None, **kwargs) -> list[Wa
     ]
 
 
+def consumer_timeout_warning(consumer: Consumer) -> str:
+    """odal.W001 for one consumer, for the person who just set its timeout (the command line, the
+    admin): the checks ran as their process started, before it. "" when the hold is longer."""
+    hold, seconds = settings.ODAL_CLAIM_HOLD_SECONDS, consumer.timeout_seconds
+    if seconds < hold:
+        return ""
+    return (
+        f"ODAL_CLAIM_HOLD_SECONDS={hold} is not longer than consumer {consumer.name!r} timeoutSeconds={seconds}: "
+        + CONSEQUENCE.format(what="delivery")
+        + f". Raise ODAL_CLAIM_HOLD_SECONDS above {seconds} by a margin, or lower this timeout ({W001})."
+    )
+
+
 def consumers_timing_out_after(hold: int) -> tuple[list[tuple[str, int]], int]:
     """The consumers whose timeoutSeconds is at least `hold`: the FEW longest (name, seconds) and
     how many in all. None (0) when there is no database to read, one that does not answer, or

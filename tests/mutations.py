@@ -2703,6 +2703,62 @@ GUARDS = [
         "        if False:  # the check leaves no connection behind",
         "tests/test_checks.py -k closes_the_connection",
     ),
+    Guard(
+        "odal.W001 to who sets a timeout: one not shorter than the hold (equal) is warned of",
+        "odal/checks.py",
+        "    if seconds < hold:\n",
+        "    if seconds <= hold:\n",
+        "tests/test_checks.py -k command_line_warns",
+    ),
+    Guard(
+        "odal.W001 to who sets a timeout: one shorter than the hold is not",
+        "odal/checks.py",
+        "    if seconds < hold:\n",
+        "    if seconds < hold - 1:\n",
+        "tests/test_checks.py -k command_line_warns",
+    ),
+    Guard(
+        "odal.W001 to who sets a timeout: odal outbox consumer add",
+        "outbox/management/commands/outbox.py",
+        "            self._warn_of_timeout(consumer)\n            return\n",
+        "            return\n",
+        "tests/test_checks.py -k command_line_warns",
+    ),
+    Guard(
+        "odal.W001 to who sets a timeout: odal outbox consumer change --timeout",
+        "outbox/management/commands/outbox.py",
+        '            if options["timeout"] is not None:  # (the start',
+        "            if False:  # (the start",
+        "tests/test_checks.py -k command_line_warns",
+    ),
+    Guard(
+        "odal.W001 to who sets a timeout: odal outbox consumer change without --timeout says nothing again",
+        "outbox/management/commands/outbox.py",
+        '            if options["timeout"] is not None:  # (the start',
+        "            if True:  # (the start",
+        "tests/test_checks.py -k command_line_warns",
+    ),
+    Guard(
+        "odal.W001 to who sets a timeout: the admin's add form",
+        "outbox/admin.py",
+        "        self.warn_of_timeout(request, created)\n",
+        "",
+        "tests/test_checks.py -k admin_warns",
+    ),
+    Guard(
+        "odal.W001 to who sets a timeout: the admin's change form, when the timeout changed",
+        "outbox/admin.py",
+        '            if "timeout_seconds" in form.changed_data:\n',
+        "            if False:\n",
+        "tests/test_checks.py -k admin_warns",
+    ),
+    Guard(
+        "odal.W001 to who sets a timeout: the admin's change form says nothing again of an unchanged one",
+        "outbox/admin.py",
+        '            if "timeout_seconds" in form.changed_data:\n',
+        "            if True:\n",
+        "tests/test_checks.py -k admin_warns",
+    ),
 ]
 
 

@@ -4,6 +4,7 @@ can run under it, shown on every start and by `odal check`.
 The tests run the checks the way Django does (django.core.checks.run_checks, or a real `odal`
 process), never by importing odal.checks: the app's ready() is what must register them."""
 
+import io
 import os
 import subprocess
 import sys
@@ -11,8 +12,10 @@ from pathlib import Path
 
 import pytest
 from django.core.checks import run_checks
+from django.core.management import call_command
 from django.db import connection
 
+from outbox.models import Consumer
 from tests.factories import ConsumerFactory
 from tests.test_database_unanswered import closed_port
 from tests.test_django_q import database_url
@@ -150,3 +153,52 @@ def test_odal_check_without_a_database_checks_the_settings_and_makes_none(tmp_pa
     assert "System check identified 1 issue" in result.stdout + result.stderr
     if where == "sqlite":
         assert not absent.exists(), "odal check made a database file"
+
+
+# -- a person who sets such a timeout hears of it at once --------------------------------------
+
+
+def test_the_command_line_warns_of_a_timeout_it_sets_not_shorter_than_the_hold(settings, db):
+    """The start's checks ran before the command changed anything: a consumer added, or a timeout
+    changed, gets its warning after the write (and the command still succeeds)."""
+    settings.ODAL_CLAIM_HOLD_SECONDS = 30
+
+    def run(*args) -> str:
+        out, err = io.StringIO(), io.StringIO()
+        call_command("outbox", "consumer", *args, stdout=out, stderr=err)
+        return err.getvalue()
+
+    said = run("add", "slow", "--url", "https://hooks.example.eu/a", "--timeout", "30")
+    assert "Warning: ODAL_CLAIM_HOLD_SECONDS=30 is not longer than consumer 'slow' timeoutSeconds=30:" in said
+    assert "Raise ODAL_CLAIM_HOLD_SECONDS above 30 by a margin, or lower this timeout (odal.W001)." in said
+    assert run("add", "quick", "--url", "https://hooks.example.eu/b", "--timeout", "29") == ""
+    assert "'quick' timeoutSeconds=45" in run("change", "quick", "--timeout", "45")
+    assert (
+        run("change", "slow", "--max-attempts", "3") == ""
+    )  # (its timeout was named as the command started)
+    assert run("change", "slow", "--timeout", "5") == ""
+
+
+def test_the_admin_warns_of_a_timeout_it_sets_not_shorter_than_the_hold(settings, admin_client):
+    settings.ODAL_CLAIM_HOLD_SECONDS = 30
+    form = {"url": "https://deploy.example.eu/hook", "target": "", "event_types": "[]", "max_attempts": 5}
+
+    def messages(response) -> str:
+        return " ".join(str(m) for m in response.context["messages"])
+
+    added = admin_client.post(
+        "/admin/outbox/consumer/add/",
+        {**form, "name": "slow", "kind": "webhook", "timeout_seconds": 30},
+        follow=True,
+    )
+    assert "ODAL_CLAIM_HOLD_SECONDS=30 is not longer than consumer 'slow' timeoutSeconds=30:" in messages(
+        added
+    )
+    change = f"/admin/outbox/consumer/{Consumer.objects.get(name='slow').pk}/change/"
+    unchanged = admin_client.post(change, {**form, "max_attempts": 6, "timeout_seconds": 30}, follow=True)
+    assert "ODAL_CLAIM_HOLD_SECONDS" not in messages(unchanged)  # (its timeout was not what changed)
+    longer = admin_client.post(change, {**form, "timeout_seconds": 40}, follow=True)
+    assert "'slow' timeoutSeconds=40" in messages(longer)
+    shorter = admin_client.post(change, {**form, "timeout_seconds": 29}, follow=True)
+    assert "ODAL_CLAIM_HOLD_SECONDS" not in messages(shorter)
+    assert Consumer.objects.get(name="slow").timeout_seconds == 29

@@ -79,7 +79,8 @@ def claim_hold_outlasts_consumer_timeouts(app_configs=None, **kwargs) -> list[Wa
             + CONSEQUENCE.format(what="delivery")
             + ".",
             hint=f"Raise ODAL_CLAIM_HOLD_SECONDS above {longest[0][1]} by a margin (the default is 300), "
-            "or lower their timeouts: odal outbox consumer change NAME --timeout SECONDS.",
+            f"or lower {'its timeout' if count == 1 else 'their timeouts'}: "
+            "odal outbox consumer change NAME --timeout SECONDS.",
             id=W001,
         )
     ]

@@ -34,7 +34,13 @@ CONSEQUENCE = (
 )
 
 
-@register("odal")
+def register_checks() -> None:
+    """By the odal app as it starts (OdalConfig.ready), and only there: the admin and the command
+    line import this module for consumer_timeout_warning, and no import should be what registers."""
+    register(claim_hold_outlasts_registry_requests, "odal")
+    register(claim_hold_outlasts_consumer_timeouts, "odal", Tags.database)
+
+
 def claim_hold_outlasts_registry_requests(app_configs=None, **kwargs) -> list[Warning]:
     if settings.ODAL_REGISTRY_ADAPTER == "none":  # no registry queues: the drain sends nothing
         return []
@@ -56,7 +62,6 @@ def claim_hold_outlasts_registry_requests(app_configs=None, **kwargs) -> list[Wa
     return found
 
 
-@register("odal", Tags.database)
 def claim_hold_outlasts_consumer_timeouts(app_configs=None, **kwargs) -> list[Warning]:
     """Read from the database on every start, not only under `odal check --database`: consumers
     change while odal runs, and a warning shown only when asked for is not shown on start."""

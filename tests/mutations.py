@@ -2622,7 +2622,7 @@ GUARDS = [
     Guard(
         "system check odal.W001: registered by the odal app as it starts (every command runs it)",
         "odal/apps.py",
-        "        from odal import checks  # noqa: F401 (registers odal's system checks)\n",
+        "        register_checks()  # odal.W001, on every start and in `odal check`\n",
         "",
         "tests/test_checks.py -k check_and_every_start",
     ),

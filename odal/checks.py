@@ -23,10 +23,16 @@ from outbox.models import Consumer
 W001 = "odal.W001"
 FEW = 5  # consumers named in the warning, the longest timeouts first; the rest are counted
 
-# What one attempt of the registry drain runs under its claim, each bounded by a setting. (Abandon's
-# task-list lookup, ODAL_REGISTRY_LOOKUP_SECONDS, runs under no claim: it writes only if the row is
-# still what it read before it asked.)
-REGISTRY_BOUNDS = (("ODAL_REGISTRY_TIMEOUT_SECONDS", "how long one registry request of the drain may take"),)
+# What an attempt of the registry drain runs under its claim, each bounded by a setting. (Abandon's
+# own lookup runs under no claim: it writes only if the row is still what it read before it asked.)
+REGISTRY_BOUNDS = (
+    ("ODAL_REGISTRY_TIMEOUT_SECONDS", "how long one registry request of the drain may take"),
+    (
+        "ODAL_REGISTRY_LOOKUP_SECONDS",
+        "how long the drain may read the registry's task list to find what it holds before it "
+        "deactivates a passport suspended after a register was attempted",
+    ),
+)
 
 CONSEQUENCE = (
     "an attempt that takes its whole timeout outlives its claim, the {what} may be sent again "

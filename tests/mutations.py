@@ -2631,7 +2631,15 @@ GUARDS = [
         "odal/checks.py",
         "        if hold <= seconds:\n",
         "        if hold < seconds:\n",
-        "tests/test_checks.py -k registry_timeout_warns",
+        "tests/test_checks.py -k what_the_drain_runs_under_it",
+    ),
+    Guard(
+        "system check odal.W001: the drain's task-list lookup (ODAL_REGISTRY_LOOKUP_SECONDS) runs under its claim too",
+        "odal/checks.py",
+        '    (\n        "ODAL_REGISTRY_LOOKUP_SECONDS",\n        "how long the drain may read the registry\'s task list to find what it holds before it "\n'
+        '        "deactivates a passport suspended after a register was attempted",\n    ),\n',
+        "",
+        "tests/test_checks.py -k what_the_drain_runs_under_it",
     ),
     Guard(
         "system check odal.W001: a hold longer than the registry timeout is silent",

@@ -23,14 +23,23 @@ from tests.test_django_q import database_url
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def w001() -> list[str]:
-    """The odal.W001 warnings, as `odal check` prints them (message, then hint)."""
-    return [f"{m.msg}\nHINT: {m.hint}" for m in run_checks() if m.id == "odal.W001"]
+def w001(about: str = "") -> list[str]:
+    """The odal.W001 warnings as `odal check` prints them (message, then hint); about="consumers"
+    or "registry", those of the consumers' timeouts or of the registry's settings only."""
+    found = [f"{m.msg}\nHINT: {m.hint}" for m in run_checks() if m.id == "odal.W001"]
+    if about:
+        found = [w for w in found if ("timeoutSeconds" in w) == (about == "consumers")]
+    return found
 
 
 def odal(*argv, **env) -> subprocess.CompletedProcess:
+    """`odal ARGV` with the hold at 10 s (and the registry's bounds at their defaults), and `env`."""
+    env = {
+        **os.environ, "ODAL_CLAIM_HOLD_SECONDS": "10", "ODAL_REGISTRY_TIMEOUT_SECONDS": "10",
+        "ODAL_REGISTRY_LOOKUP_SECONDS": "60", **env,
+    }  # fmt: skip
     return subprocess.run(
-        [sys.executable, "-m", "odal", *argv], cwd=ROOT, env={**os.environ, **env},
+        [sys.executable, "-m", "odal", *argv], cwd=ROOT, env=env,
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 
@@ -39,24 +48,35 @@ def odal(*argv, **env) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("hold", [10, 4])
-def test_a_hold_not_longer_than_the_registry_timeout_warns_naming_both(settings, db, hold):
-    settings.ODAL_CLAIM_HOLD_SECONDS, settings.ODAL_REGISTRY_TIMEOUT_SECONDS = hold, 10
+@pytest.mark.parametrize("bound", ["ODAL_REGISTRY_TIMEOUT_SECONDS", "ODAL_REGISTRY_LOOKUP_SECONDS"])
+def test_a_hold_not_longer_than_what_the_drain_runs_under_it_warns_naming_both(settings, db, bound, hold):
+    settings.ODAL_REGISTRY_TIMEOUT_SECONDS = settings.ODAL_REGISTRY_LOOKUP_SECONDS = 1  # (shorter)
+    settings.ODAL_CLAIM_HOLD_SECONDS = hold
+    setattr(settings, bound, 10)
     (warning,) = w001()
-    assert f"ODAL_CLAIM_HOLD_SECONDS={hold} is not longer than ODAL_REGISTRY_TIMEOUT_SECONDS=10" in warning
+    assert f"ODAL_CLAIM_HOLD_SECONDS={hold} is not longer than {bound}=10" in warning
     assert "an attempt that takes its whole timeout outlives its claim" in warning
+    assert "the registration may be sent again meanwhile" in warning
     assert "the late outcome changes nothing" in warning
-    assert "HINT: Raise ODAL_CLAIM_HOLD_SECONDS above 10" in warning
+    assert (
+        f"HINT: Raise ODAL_CLAIM_HOLD_SECONDS above 10 by a margin (the default is 300), or lower {bound}."
+        in warning
+    )
+    if bound == "ODAL_REGISTRY_LOOKUP_SECONDS":  # (it says which)
+        assert "how long the drain may read the registry's task list" in warning
 
 
 def test_a_hold_longer_than_every_timeout_is_silent(settings, db):
-    settings.ODAL_CLAIM_HOLD_SECONDS, settings.ODAL_REGISTRY_TIMEOUT_SECONDS = 11, 10
+    settings.ODAL_CLAIM_HOLD_SECONDS = 11
+    settings.ODAL_REGISTRY_TIMEOUT_SECONDS = settings.ODAL_REGISTRY_LOOKUP_SECONDS = 10
     ConsumerFactory(timeout_seconds=10)
     assert w001() == []
 
 
 def test_a_node_without_registry_queues_has_no_registry_timeout_to_warn_of(settings, db):
     settings.ODAL_REGISTRY_ADAPTER = "none"  # the drain sends nothing
-    settings.ODAL_CLAIM_HOLD_SECONDS, settings.ODAL_REGISTRY_TIMEOUT_SECONDS = 5, 10
+    settings.ODAL_CLAIM_HOLD_SECONDS = 5
+    settings.ODAL_REGISTRY_TIMEOUT_SECONDS = settings.ODAL_REGISTRY_LOOKUP_SECONDS = 10
     assert w001() == []
 
 
@@ -67,7 +87,7 @@ def test_a_consumer_whose_timeout_is_not_shorter_than_the_hold_is_named_with_bot
     settings.ODAL_CLAIM_HOLD_SECONDS = 30
     ConsumerFactory(name="billing", timeout_seconds=30)
     ConsumerFactory(name="site", timeout_seconds=29)
-    (warning,) = w001()
+    (warning,) = w001("consumers")
     assert "ODAL_CLAIM_HOLD_SECONDS=30 is not longer than consumer 'billing' timeoutSeconds=30:" in warning
     assert "'site'" not in warning
     assert "the delivery may be sent again meanwhile" in warning
@@ -80,7 +100,7 @@ def test_many_consumers_the_longest_few_are_named_and_the_rest_counted(settings,
     for name, seconds in [("a", 20), ("b", 60), ("c", 20), ("d", 45), ("e", 20), ("f", 20), ("g", 21)]:
         ConsumerFactory(name=name, timeout_seconds=seconds)
     ConsumerFactory(name="fast", timeout_seconds=19)
-    (warning,) = w001()
+    (warning,) = w001("consumers")
     assert (
         "ODAL_CLAIM_HOLD_SECONDS=20 is not longer than the timeoutSeconds of 7 consumers "
         "(the longest: 'b' 60, 'd' 45, 'g' 21, 'a' 20, 'c' 20; 2 more):"
@@ -97,8 +117,8 @@ def test_a_database_without_odal_tables_checks_the_settings_alone(settings, db):
     ConsumerFactory(name="billing", timeout_seconds=10)
     with connection.cursor() as cursor:  # (rolled back with the test)
         cursor.execute("ALTER TABLE outbox_consumer RENAME TO outbox_consumer_elsewhere")
-    (warning,) = w001()
-    assert "ODAL_REGISTRY_TIMEOUT_SECONDS=10" in warning
+    assert w001("consumers") == []
+    assert any("ODAL_REGISTRY_TIMEOUT_SECONDS=10" in warning for warning in w001("registry"))
 
 
 @pytest.mark.django_db(transaction=True)
@@ -107,7 +127,7 @@ def test_the_check_closes_the_connection_it_opened(settings):
     settings.ODAL_CLAIM_HOLD_SECONDS = 10
     ConsumerFactory(name="billing", timeout_seconds=10)
     connection.close()
-    assert any("'billing'" in warning for warning in w001())  # (it did read the database)
+    assert any("'billing'" in warning for warning in w001("consumers"))  # (it did read the database)
     assert connection.connection is None
 
 
@@ -118,7 +138,7 @@ def test_the_check_closes_the_connection_it_opened(settings):
 @pytest.mark.parametrize(
     "argv, done",
     [
-        (["check"], "System check identified 2 issues"),
+        (["check"], "System check identified 3 issues"),
         (["outbox", "sweep", "--once"], "Swept once: 0 claimed"),
         (["registry", "drain", "--once"], "Drained once"),
     ],
@@ -126,12 +146,13 @@ def test_the_check_closes_the_connection_it_opened(settings):
 )
 def test_odal_check_and_every_start_show_the_warning(argv, done):
     ConsumerFactory(name="billing", timeout_seconds=10)
-    result = odal(*argv, DATABASE_URL=database_url(), ODAL_CLAIM_HOLD_SECONDS="10")
+    result = odal(*argv, DATABASE_URL=database_url())
     assert result.returncode == 0, result.stderr[-2000:]
     said = result.stdout + result.stderr
     assert (
         "(odal.W001) ODAL_CLAIM_HOLD_SECONDS=10 is not longer than ODAL_REGISTRY_TIMEOUT_SECONDS=10" in said
     )
+    assert "(odal.W001) ODAL_CLAIM_HOLD_SECONDS=10 is not longer than ODAL_REGISTRY_LOOKUP_SECONDS=60" in said
     assert (
         "(odal.W001) ODAL_CLAIM_HOLD_SECONDS=10 is not longer than consumer 'billing' timeoutSeconds=10"
         in said
@@ -146,14 +167,14 @@ def test_odal_check_without_a_database_checks_the_settings_and_makes_none(tmp_pa
         url = f"sqlite:///{absent}"
     else:
         url = f"postgres://postgres@127.0.0.1:{closed_port()}/odal_gone"
-    result = odal("check", DATABASE_URL=url, ODAL_CLAIM_HOLD_SECONDS="10")
+    result = odal("check", DATABASE_URL=url)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert (
         "(odal.W001) ODAL_CLAIM_HOLD_SECONDS=10 is not longer than ODAL_REGISTRY_TIMEOUT_SECONDS=10"
         in result.stderr
     )
-    assert "System check identified 1 issue" in result.stdout + result.stderr
+    assert "System check identified 2 issues" in result.stdout + result.stderr  # (the registry's two)
     if where == "sqlite":
         assert not absent.exists(), "odal check made a database file"
 

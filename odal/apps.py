@@ -30,4 +30,7 @@ class OdalConfig(AppConfig):
     verbose_name = "Passports and audit"
 
     def ready(self):
+        from odal.checks import register_checks
+
+        register_checks()  # odal.W001, on every start and in `odal check`
         post_migrate.connect(reinstall_sqlite_tally_triggers, sender=self)

@@ -228,7 +228,8 @@ ODAL_REGISTRY_ADAPTER = env_choice("ODAL_REGISTRY_ADAPTER", "http", ("http", "no
 ODAL_REGISTRY_URL = env_url("ODAL_REGISTRY_URL", "http://127.0.0.1:8100", ("http", "https"))
 ODAL_REGISTRY_TOKEN = env_str("ODAL_REGISTRY_TOKEN", "odal-simulator-token")
 ODAL_REGISTRY_TIMEOUT_SECONDS = env_int("ODAL_REGISTRY_TIMEOUT_SECONDS", 10, minimum=1)
-# The whole of abandon's lookup (every page of the registry's task list) runs under this deadline.
+# The whole of a lookup (every page of the registry's task list) runs under this deadline: abandon's,
+# and the drain's before a deactivation (under its claim: odal.W001 warns of a hold not longer).
 ODAL_REGISTRY_LOOKUP_SECONDS = env_int("ODAL_REGISTRY_LOOKUP_SECONDS", 60, minimum=1, maximum=3600)
 # After a registry attempt whose outcome is unknown (its request may have reached the registry,
 # no answer of the registry's own came back), absence in the task list proves nothing until this

@@ -5,6 +5,7 @@ from django.db import connection
 from odal import rules
 from odal.admin import OdalAdmin, ReadOnlyAdmin, ReadOnlyInline, actor_of
 from odal.admin_actions import ReasonForm, StorableFormMixin, reason_action
+from odal.checks import consumer_timeout_warning
 from odal.errors import Refused
 from outbox import service
 from outbox.consumers import check_python_target, check_webhook_url
@@ -80,15 +81,17 @@ class ConsumerAdmin(OdalAdmin):
         """Through outbox.service, as the API and the command line: checked, audited."""
         data = form.cleaned_data
         if change:
-            service.change_consumer(
-                Consumer.objects.get(pk=obj.pk),
+            consumer = Consumer.objects.get(pk=obj.pk)
+            # The form shows url and target both; only its kind's is the consumer's (the other is
+            # blank, and change_consumer refuses a url for a python consumer, a target for a webhook).
+            own = "url" if consumer.kind == Consumer.Kind.WEBHOOK else "target"
+            changed = service.change_consumer(
+                consumer,
                 actor=actor_of(request),
-                **{
-                    k: data[k]
-                    for k in ("url", "target", "event_types", "max_attempts", "timeout_seconds")
-                    if k in data
-                },
+                **{k: data[k] for k in (own, "event_types", "max_attempts", "timeout_seconds") if k in data},
             )
+            if "timeout_seconds" in form.changed_data:
+                self.warn_of_timeout(request, changed)
             return
         created = service.create_consumer(
             name=data["name"], kind=data["kind"], url=data.get("url"), target=data.get("target"),
@@ -101,6 +104,13 @@ class ConsumerAdmin(OdalAdmin):
             f"Signing secret of {obj.name}: {obj.secret} — copy it now; it is not shown again.",
             messages.WARNING,
         )
+        self.warn_of_timeout(request, created)
+
+    def warn_of_timeout(self, request, consumer):
+        """odal.W001, to the person who set the timeout: the processes running now checked at their
+        start, before it, and show it only when they start again."""
+        if warning := consumer_timeout_warning(consumer):
+            self.message_user(request, warning, messages.WARNING)
 
     def has_pause_permission(self, request):
         return request.user.has_perm("outbox.pause_consumer")

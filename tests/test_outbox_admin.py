@@ -4,7 +4,13 @@ from django.contrib.auth.models import Permission
 
 from odal.models import AuditEntry
 from outbox.models import Consumer, Delivery
-from tests.factories import DeadDeliveryFactory, DeliveryFactory, UserFactory
+from tests.factories import (
+    ConsumerFactory,
+    DeadDeliveryFactory,
+    DeliveryFactory,
+    UserFactory,
+    WebhookConsumerFactory,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -110,6 +116,30 @@ def test_adding_a_consumer_in_the_admin_shows_its_secret_once(admin_client):
         not in admin_client.get(f"/admin/outbox/consumer/{consumer.pk}/change/").content
     )
     assert AuditEntry.objects.filter(action="consumer_created").count() == 1
+
+
+@pytest.mark.parametrize(
+    "factory, own",
+    [
+        (WebhookConsumerFactory, {"url": "https://deploy.example.eu/hook", "target": ""}),
+        (ConsumerFactory, {"url": "", "target": "tests.consumers.accept"}),
+    ],
+    ids=["webhook", "python"],
+)
+def test_changing_a_consumer_in_the_admin_changes_it_and_audits(admin_client, factory, own):
+    """The form shows url and target both, the other kind's blank: it was a 500 (change_consumer
+    refused the blank one) whatever was changed."""
+    consumer = factory(timeout_seconds=5)
+    response = admin_client.post(
+        f"/admin/outbox/consumer/{consumer.pk}/change/",
+        {**own, "event_types": '["passport.*"]', "max_attempts": 3, "timeout_seconds": 7},
+    )
+    assert response.status_code == 302, response.content[:2000]
+    consumer.refresh_from_db()
+    assert (consumer.timeout_seconds, consumer.event_types) == (7, ["passport.*"])
+    assert consumer.url == own["url"] and consumer.target == own["target"]
+    entry = AuditEntry.objects.get(action="consumer_changed")
+    assert entry.details["timeoutSeconds"] == {"was": 5, "now": 7}
 
 
 def test_admin_refuses_a_consumer_with_a_bad_url(admin_client):

@@ -7,6 +7,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
 from odal import rules
+from odal.checks import consumer_timeout_warning
 from odal.cli import Progress, argument, refused, run_until_signalled, serving, subcommands
 from odal.errors import Refused
 from outbox import retention, service
@@ -304,6 +305,7 @@ class Command(BaseCommand):
             )
             self.stdout.write(f"Added consumer {consumer.name} ({consumer.kind}).")
             self.stdout.write(f"Signing secret (shown once): {consumer.secret}")
+            self._warn_of_timeout(consumer)
             return
         as_json = options.get("json")
         if consumer_action == "list":
@@ -327,6 +329,8 @@ class Command(BaseCommand):
                 timeout_seconds=options["timeout"],
             )  # fmt: skip
             self._show(consumer, as_json)
+            if options["timeout"] is not None:  # (the start's checks named an unchanged one already)
+                self._warn_of_timeout(consumer)
         elif consumer_action == "pause":
             took = service.pause(consumer, actor=actor, reason=options["reason"])
             consumer.refresh_from_db()
@@ -377,6 +381,10 @@ class Command(BaseCommand):
                     f"Test event sent to {consumer.name}: delivery {delivery.pk}"
                     + (" (waiting: the consumer is paused)." if consumer.paused else ".")
                 )
+
+    def _warn_of_timeout(self, consumer) -> None:
+        if warning := consumer_timeout_warning(consumer):
+            self.stderr.write(f"Warning: {warning}")
 
     def _show(self, consumer, as_json: bool) -> None:
         if as_json:

@@ -202,6 +202,23 @@ class DeliveryQuerySet(ClaimQuerySet):
             == 1
         )
 
+    def note_late_success(self, *, at: datetime) -> bool:
+        """A late attempt of this delivery (its claim superseded, or the row settled meanwhile)
+        was answered 2xx at `at`: the consumer has it, whatever the row says. Noted on the row
+        whatever its status, so the note survives a pending row's later death; the surfaces
+        show it where it matters, on dead rows (the dead-letter list, replay and resend
+        previews: sending it again is a duplicate). A note, not a state change: status,
+        attempts, claim and next_attempt_at are left as they are. Takes the row only while its
+        note is older than `at` (or unset), so it only ever moves forward. Returns whether it
+        took the row."""
+        newer = models.Q(late_success_at__isnull=True) | models.Q(late_success_at__lt=at)
+        return self.filter(newer).update(late_success_at=at) == 1
+
+    def dead_answered_late(self):
+        """Dead rows whose consumer answered a late attempt 2xx (note_late_success): what every
+        replay or resend preview warns about."""
+        return self.filter(status=Delivery.Status.DEAD, late_success_at__isnull=False)
+
     def dead_letter_exhausted(self, *, now: datetime) -> int:
         """Dead-letter due rows whose last counted attempt never reported (its worker died or
         hung past the hold). Returns how many it took."""
@@ -312,6 +329,12 @@ class Delivery(models.Model):
     last_error = models.TextField(blank=True, default="")
     delivered_at = models.DateTimeField(null=True, blank=True)
     dead_at = models.DateTimeField(null=True, blank=True)
+    late_success_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the consumer last answered 2xx to a late attempt (one whose claim was "
+        "superseded or whose row was settled meanwhile): it has the delivery, whatever the status says.",
+    )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     objects = DeliveryQuerySet.as_manager()

@@ -110,7 +110,8 @@ def log_attempts(lines: list[tuple]) -> None:
 def _settle(token, finished: list[Finished]) -> set:
     """Write a run of outcomes in the caller's transaction: successes in one guarded UPDATE
     (mark_delivered_each), failures one guarded UPDATE each (their errors and backoff differ),
-    and one attempt-log line per attempt. Returns the ids whose write took."""
+    a late success's note on its row (note_late_success: the consumer has it, whatever the row
+    says), and one attempt-log line per attempt. Returns the ids whose write took."""
     now = timezone.now()
     delivered = [f.delivery.pk for f in finished if f.outcome.ok]
     taken = (
@@ -125,6 +126,9 @@ def _settle(token, finished: list[Finished]) -> set:
                 token=token, error=f.outcome.error, retry_at=retry_at, at=f.finished_at
             ):
                 taken.add(f.delivery.pk)
+    answered_late = [f for f in finished if f.outcome.ok and f.delivery.pk not in taken]
+    for f in sorted(answered_late, key=lambda f: f.delivery.pk):  # (rows locked in one order)
+        Delivery.objects.filter(pk=f.delivery.pk).note_late_success(at=f.finished_at)
     log_attempts([_attempt_line(token, f, late=f.delivery.pk not in taken) for f in finished])
     return taken
 
@@ -159,7 +163,8 @@ def finish_attempts(token, finished: list[Finished]) -> Settled:
     it, each outcome is written again in a transaction of its own, so one row it cannot store
     costs no other row its outcome. A row that still cannot be written keeps its claim until
     the hold runs out (then it is due again, its attempt counted) and gets an attempt-log line
-    saying why (outcome write_error). Outcomes not taken are logged as late and change nothing.
+    saying why (outcome write_error). Outcomes not taken are logged as late and change nothing
+    but a late success's note (lateSuccessAt), written with its attempt-log line.
     If the database is lost meanwhile, DatabaseLost: nothing more is written for this claim (see
     odal.reconnect), and its rows not written are due again after the hold."""
     settled = Settled()
@@ -184,11 +189,12 @@ def finish_attempts(token, finished: list[Finished]) -> Settled:
     for f in finished:
         if f.delivery.pk not in settled.taken and f.delivery.pk not in settled.unwritten:
             log.warning(
-                "late %s of delivery %s attempt %s (claim %s): its claim was superseded; nothing written",
+                "late %s of delivery %s attempt %s (claim %s): its claim was superseded; %s",
                 "success" if f.outcome.ok else "failure",
                 f.delivery.pk,
                 f.delivery.attempts,
                 token,
+                "noted as its lateSuccessAt, nothing else written" if f.outcome.ok else "nothing written",
                 extra={"delivery": f.delivery.pk, "event": f.delivery.event_id, "claim": token,
                        "attempt": f.delivery.attempts},
             )  # fmt: skip

@@ -4,11 +4,12 @@ and end with the same check().
 
 install_history() puts an AFTER UPDATE trigger on `outbox_delivery` and `registry_registration`
 of the run's own database (never the test database) that records every change: old and new
-status, attempts, claim token, note. check() then reads that history, the attempt logs and the
-audit trail and answers the violations: something lost, a settled row changed by a late writer,
-attempts differing from the claims made or past the budget, an abandoned registration the
-registry holds, an audit entry missing or extra for a person's write, a tally differing from its
-rows. It needs in `figures`: "replayed" (what replay_dead took), "person_writes" (the outcomes
+status, attempts, claim token, note (the end of last_error, or "late success noted" when the write
+set late_success_at, the sweep's note that must change nothing else). check() then reads that
+history, the attempt logs and the audit trail and answers the violations: something lost, a
+settled row changed by a late writer, attempts differing from the claims made or past the
+budget, an abandoned registration the registry holds, an audit entry missing or extra for a
+person's write, a tally differing from its rows. It needs in `figures`: "replayed" (what replay_dead took), "person_writes" (the outcomes
 person_registry_write counted) and "registry_holds" (registry_holds of the simulator).
 """
 
@@ -25,7 +26,9 @@ BEGIN
     INSERT INTO torture_history (tbl, row_id, old_status, new_status, old_attempts, new_attempts,
                                  old_token, new_token, note)
     VALUES (TG_TABLE_NAME, NEW.id, OLD.status, NEW.status, OLD.attempts, NEW.attempts,
-            OLD.claim_token, NEW.claim_token, right(NEW.last_error, 60));
+            OLD.claim_token, NEW.claim_token,
+            CASE WHEN OLD.late_success_at IS DISTINCT FROM NEW.late_success_at THEN 'late success noted'
+                 ELSE right(NEW.last_error, 60) END);
     RETURN NEW;
 END $$ LANGUAGE plpgsql;
 CREATE OR REPLACE FUNCTION torture_record_registration() RETURNS trigger AS $$
@@ -111,6 +114,7 @@ ABANDONED = "abandoned stays abandoned, and the registry holds nothing for it"
 AUDIT = "one audit entry per person's write that took a row"
 TALLY = "the tallies equal the rows they count"
 INVARIANTS = (LOST, SETTLED, ATTEMPTS, LATE, ABANDONED, AUDIT, TALLY)
+LATE_SUCCESS_NOTED = "late success noted"  # the history's note of a change to late_success_at only
 
 
 class Violations(list):
@@ -157,6 +161,13 @@ def check(figures, *, max_attempts: int) -> Violations:
     dead_to_pending = 0
     for tbl, row, old_s, new_s, old_a, new_a, old_t, new_t, note in history:
         if tbl != "outbox_delivery":
+            continue
+        if note == LATE_SUCCESS_NOTED:  # a late 2xx's note (lateSuccessAt): it must change nothing else
+            if (old_s, old_a, old_t) != (new_s, new_a, new_t):
+                violations.add(
+                    LATE, f"noting a late success changed delivery {row} ({old_s} -> {new_s}, attempts "
+                    f"{old_a} -> {new_a}, claim {old_t} -> {new_t})",
+                )  # fmt: skip
             continue
         if old_s == "delivered":
             violations.add(SETTLED, f"delivery {row} changed after it was delivered ({old_s} -> {new_s})")

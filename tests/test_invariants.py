@@ -1,15 +1,19 @@
 """The long runs' end-of-run check (tests/invariants.py) must be able to fail: here it reads a
-history made by the registry's real guarded writes, then one made by a writer that ignores its
-guard, inside a test's transaction (the history table and its triggers are rolled back with it)."""
+history made by real guarded writes (the registry's, and the sweep's note of a late 2xx), then
+one made by a writer that ignores its guard, inside a test's transaction (the history table and
+its triggers are rolled back with it)."""
 
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
+from outbox import consumers
+from outbox.models import Delivery, DeliveryAttempt
+from outbox.sweep import Finished, finish_attempts
 from registry.models import Registration, RegistrationAttempt
 from tests import invariants
-from tests.factories import RegistrationFactory
+from tests.factories import DeliveryFactory, RegistrationFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -66,3 +70,45 @@ def test_a_registry_write_logged_as_taken_must_be_in_the_history():
 
     found, _ = registry_late_violations()
     assert found == ["1 registry writes logged as taken are not in the history"]
+
+
+# -- deliveries: a late 2xx's note (lateSuccessAt) ---------------------------------------------------
+
+
+def dead_lettered_under_a_late_attempt():
+    """A delivery with one attempt, claimed; the hold runs out and the sweep dead-letters it
+    ("never reported"). Returns the claim whose attempt is now late."""
+    invariants.install_history()
+    DeliveryFactory(max_attempts=1)
+    claim = Delivery.objects.claim(limit=1, select_related=("event",))
+    Delivery.objects.update(next_attempt_at=timezone.now() - timedelta(seconds=1))  # the hold ran out
+    assert Delivery.objects.dead_letter_exhausted(now=timezone.now()) == 1
+    return claim
+
+
+def delivery_violations() -> list[str]:
+    figures = {"replayed": 0, "person_writes": {}, "registry_holds": []}
+    return [v for v in invariants.check(figures, max_attempts=8) if "deliver" in v]
+
+
+def test_a_late_success_noted_on_a_dead_letter_is_no_violation():
+    claim = dead_lettered_under_a_late_attempt()
+    now = timezone.now()
+
+    settled = finish_attempts(claim.token, [Finished(claim.rows[0], consumers.Outcome(True), now, now)])
+
+    assert settled.taken == set() and Delivery.objects.get().late_success_at == now
+    assert delivery_violations() == []
+
+
+def test_a_late_success_note_that_changed_the_row_is_a_violation():
+    claim = dead_lettered_under_a_late_attempt()
+    # A note written with more than the note: the dead row is pending again.
+    Delivery.objects.update(late_success_at=timezone.now(), status="pending")
+    DeliveryAttempt.objects.create(
+        delivery=claim.rows[0], number=1, claim_token=claim.token, started_at=timezone.now(),
+        finished_at=timezone.now(), outcome="delivered", late=True,
+    )  # fmt: skip
+
+    found = delivery_violations()
+    assert len(found) == 1 and found[0].startswith("noting a late success changed delivery")

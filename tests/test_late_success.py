@@ -1,0 +1,144 @@
+"""A dead delivery whose late attempt was answered 2xx says so (issue 22, item 5): the sweep
+notes lateSuccessAt on the row, the row's status stays as seed 000 wants, and every surface that
+shows the delivery, or would send it again, says the consumer already has it."""
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connections
+from django.utils import timezone
+
+from outbox.events import emit
+from outbox.models import Delivery, DeliveryAttempt
+from outbox.sweep import sweep_once
+from tests.factories import DeadDeliveryFactory, DeliveryFactory, WebhookConsumerFactory
+from tests.webhook_server import WebhookServer
+
+pytestmark = pytest.mark.django_db
+
+HOLD = 1  # seconds: short enough for an attempt to outlive it for real
+
+
+@pytest.fixture(autouse=True)
+def _no_backoff(settings):
+    settings.ODAL_BACKOFF_BASE_SECONDS = 0  # retries are due at once; the tests sweep by hand
+
+
+def outlived_hold(settings, script, *, max_attempts):
+    """Sweep A claims the one delivery and its consumer stalls past A's hold; meanwhile sweep B
+    takes the row (dead-letters it, or claims it and runs its own attempt); then A's answer
+    arrives, late. Over real HTTP, with two real sweeps. Returns both reports."""
+    settings.ODAL_CLAIM_HOLD_SECONDS = HOLD
+    reports = {}
+    with WebhookServer(script=script) as server:
+        WebhookConsumerFactory(url=server.url, timeout_seconds=5, max_attempts=max_attempts)
+        emit("passport.published", {"dppId": "abc"})
+
+        def sweep_a():
+            reports["a"] = sweep_once()
+            connections.close_all()
+
+        a = threading.Thread(target=sweep_a)
+        a.start()
+        time.sleep(HOLD + 0.2)  # A's hold has run out; A is still waiting on the consumer
+        reports["b"] = sweep_once()
+        a.join()
+    assert reports["a"].late == 1, "A's answer was meant to arrive after B took the row"
+    return reports["a"], reports["b"]
+
+
+# -- the sweep notes a late 2xx ----------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_late_2xx_on_a_delivery_dead_lettered_meanwhile_sets_late_success_at_and_leaves_it_dead(settings):
+    """Its one attempt never reported within the hold, so B dead-letters it ("never reported");
+    then the consumer's 204 arrives."""
+    _, b = outlived_hold(settings, [("stall", HOLD + 0.6, 204)], max_attempts=1)
+
+    assert b.dead_lettered == 1 and b.claimed == 0
+    delivery = Delivery.objects.get()
+    assert (delivery.status, delivery.attempts, delivery.claim_token) == ("dead", 1, None)
+    assert delivery.last_error == "attempt 1 never reported (its claim expired)"
+    line = DeliveryAttempt.objects.get()
+    assert (line.outcome, line.http_status, line.late) == ("delivered", 204, True)
+    assert delivery.late_success_at == line.finished_at
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_late_2xx_after_a_newer_attempt_failed_to_dead_sets_late_success_at_and_leaves_it_dead(settings):
+    """A's claim is superseded by B's, whose attempt fails and spends the budget (dead); then A's
+    consumer answers 204."""
+    _, b = outlived_hold(settings, [("stall", HOLD + 0.6, 204), 500], max_attempts=2)
+
+    assert b.failed == 1
+    delivery = Delivery.objects.get()
+    assert (delivery.status, delivery.attempts, delivery.claim_token) == ("dead", 2, None)
+    assert delivery.last_error.startswith("HTTP 500")
+    late = DeliveryAttempt.objects.get(late=True)
+    assert (late.number, late.outcome) == (1, "delivered")
+    assert delivery.late_success_at == late.finished_at
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_late_2xx_on_a_delivered_row_is_noted_and_changes_nothing_else(settings):
+    _, b = outlived_hold(settings, [("stall", HOLD + 0.6, 204), 204], max_attempts=5)
+
+    assert b.delivered == 1
+    delivery = Delivery.objects.get()
+    on_time = DeliveryAttempt.objects.get(late=False)
+    late = DeliveryAttempt.objects.get(late=True)
+    assert (delivery.status, delivery.attempts, on_time.outcome) == ("delivered", 2, "delivered")
+    assert delivery.delivered_at < late.finished_at
+    assert delivery.late_success_at == late.finished_at
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_late_failure_on_a_dead_lettered_delivery_notes_no_late_success(settings):
+    outlived_hold(settings, [("stall", HOLD + 0.6, 500)], max_attempts=1)
+
+    delivery = Delivery.objects.get()
+    assert delivery.status == "dead"
+    assert DeliveryAttempt.objects.get().late is True
+    assert delivery.late_success_at is None
+
+
+def test_an_attempt_that_took_its_row_notes_no_late_success():
+    with WebhookServer(script=[500, 204]) as server:
+        WebhookConsumerFactory(url=server.url, max_attempts=3)
+        emit("passport.published", {})
+        assert sweep_once().failed == 1
+        assert sweep_once().delivered == 1
+    delivery = Delivery.objects.get()
+    assert delivery.status == "delivered" and delivery.late_success_at is None
+
+
+# -- the note itself ---------------------------------------------------------------------------------
+
+
+def test_a_late_success_only_ever_moves_late_success_at_forward():
+    delivery = DeadDeliveryFactory()
+    rows = Delivery.objects.filter(pk=delivery.pk)
+    at = timezone.now()
+
+    assert rows.note_late_success(at=at)
+    assert not rows.note_late_success(at=at - timedelta(minutes=5))  # an older answer, written later
+    assert not rows.note_late_success(at=at)
+    assert rows.get().late_success_at == at
+    assert rows.note_late_success(at=at + timedelta(minutes=1))
+    assert rows.get().late_success_at == at + timedelta(minutes=1)
+
+
+def test_noting_a_late_success_is_not_a_state_change():
+    """On a row in flight (held by a newer claim) it changes nothing the claim relies on."""
+    delivery = DeliveryFactory(max_attempts=3)
+    claim = Delivery.objects.claim(limit=1)
+    rows = Delivery.objects.filter(pk=delivery.pk)
+    before = rows.values("status", "attempts", "claim_token", "next_attempt_at", "last_error").get()
+
+    assert rows.note_late_success(at=timezone.now())
+
+    assert rows.values("status", "attempts", "claim_token", "next_attempt_at", "last_error").get() == before
+    assert rows.mark_delivered(token=claim.token, at=timezone.now())  # the claim still ends its attempt

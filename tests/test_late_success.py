@@ -4,10 +4,12 @@ shows the delivery, or would send it again, says the consumer already has it."""
 
 import threading
 import time
+import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import connections
+from django.db import connection, connections
+from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 from outbox.events import emit
@@ -142,3 +144,32 @@ def test_noting_a_late_success_is_not_a_state_change():
 
     assert rows.values("status", "attempts", "claim_token", "next_attempt_at", "last_error").get() == before
     assert rows.mark_delivered(token=claim.token, at=timezone.now())  # the claim still ends its attempt
+
+
+def test_the_migration_notes_dead_letters_whose_attempt_log_holds_a_late_2xx():
+    executor = MigrationExecutor(connection)
+    executor.migrate([("outbox", "0010_coalesced_kicks")])
+    old = executor.loader.project_state([("outbox", "0010_coalesced_kicks")]).apps
+    consumer = old.get_model("outbox", "Consumer").objects.create(name="erp", url="https://erp.example/h")
+    Event, Delivery_, Attempt = (old.get_model("outbox", m) for m in ("Event", "Delivery", "DeliveryAttempt"))
+    at = timezone.now()
+
+    def delivery(status, *lines):
+        row = Delivery_.objects.create(event=Event.objects.create(type="t"), consumer=consumer, status=status)
+        for n, (outcome, late, minutes) in enumerate(lines, 1):
+            Attempt.objects.create(
+                delivery=row, number=n, claim_token=uuid.uuid4(), started_at=at, outcome=outcome, late=late,
+                finished_at=at + timedelta(minutes=minutes),
+            )  # fmt: skip
+        return row.pk
+
+    answered = delivery("dead", ("delivered", True, 2), ("delivered", True, 1), ("failed", False, 3))
+    failed_late = delivery("dead", ("failed", True, 1), ("failed", False, 2))
+    delivered = delivery("delivered", ("delivered", True, 1), ("delivered", False, 2))
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # (no ALTER TABLE with foreign-key checks pending)
+    MigrationExecutor(connection).migrate([("outbox", "0011_delivery_late_success_at")])
+
+    noted = dict(Delivery.objects.values_list("pk", "late_success_at"))
+    assert noted == {answered: at + timedelta(minutes=2), failed_late: None, delivered: None}

@@ -16,53 +16,23 @@ from odal.auth import ScopedAuth
 from odal.errors import Refused
 from odal.idempotency import IdempotencyKey, idempotent
 from odal.schemas import responses
+from outbox import service
 from outbox.events import emit
 from outbox.models import Consumer, Delivery, Event
-from outbox.schemas import DeliveryFilterIn
+from outbox.schemas import (
+    LATE_SUCCESSES,
+    PREVIEW_WARNING,
+    DeliveryDetailOut,
+    DeliveryFilterIn,
+    DeliveryOut,
+    SentAgainOut,
+)
 from outbox.service import deliveries_matching, outbox_counts
 
 router = Router(tags=["outbox"])
 
 
 # -- shapes -----------------------------------------------------------------------------------------
-
-
-class DeliveryOut(Schema):
-    """A delivery, read from the model: each field names the attribute it comes from."""
-
-    id: uuid.UUID
-    eventId: uuid.UUID = Field(alias="event_id")
-    eventType: str = Field(alias="event.type")
-    consumer: str = Field(alias="consumer.name")
-    status: str
-    attempts: int
-    maxAttempts: int = Field(alias="max_attempts")
-    nextAttemptAt: datetime | None = Field(description="When it is due; only while pending.")
-    lastError: str = Field(alias="last_error")
-    deliveredAt: datetime | None = Field(alias="delivered_at")
-    deadAt: datetime | None = Field(alias="dead_at")
-    createdAt: datetime = Field(alias="created_at")
-
-    @staticmethod
-    def resolve_nextAttemptAt(d: Delivery) -> datetime | None:  # noqa: N802 (ninja's resolve_<field>)
-        return d.next_attempt_at if d.status == Delivery.Status.PENDING else None
-
-
-class AttemptOut(Schema):
-    number: int
-    startedAt: datetime = Field(alias="started_at")
-    finishedAt: datetime = Field(alias="finished_at")
-    outcome: str
-    error: str
-    httpStatus: int | None = Field(alias="http_status")
-    durationMs: int = Field(alias="duration_ms")
-    late: bool
-    answer: str = Field(description="An excerpt of what the consumer answered (its body, bounded).")
-    contentType: str = Field(alias="content_type", description="The answer's Content-Type, if it had one.")
-
-
-class DeliveryDetailOut(DeliveryOut):
-    attemptLog: list[AttemptOut] = Field(alias="attempt_log")
 
 
 class DeliveryPage(Schema):
@@ -158,6 +128,8 @@ class BulkReplayIn(DeliveryFilterIn):
 class BulkReplayOut(Schema):
     replayed: int | None = None
     wouldReplay: int | None = None
+    lateSuccesses: int | None = Field(default=None, description=LATE_SUCCESSES)
+    warning: str | None = Field(default=None, description=PREVIEW_WARNING)
 
 
 # -- configuration ----------------------------------------------------------------------------------
@@ -267,10 +239,11 @@ def get_delivery(request, deliveryId: uuid.UUID):
 @router.post(
     "outbox/deliveries/{deliveryId}/replay",
     auth=ScopedAuth("admin", perm="outbox.replay_delivery"),
-    response=responses({200: DeliveryDetailOut}, 404, 409, body=True),
+    response=responses({200: SentAgainOut}, 404, 409, body=True),
 )
 def replay_delivery(request, deliveryId: uuid.UUID, payload: ReasonIn):
-    """Replay a dead delivery: pending, due now, with a fresh attempt budget. Reason required."""
+    """Replay a dead delivery: pending, due now, with a fresh attempt budget. Reason required.
+    `warning` says so when its consumer had answered 2xx to a late attempt (it gets it again)."""
     delivery = get_delivery_or_404(deliveryId)
     if Delivery.objects.filter(pk=deliveryId).replay(actor=request.auth.actor, reason=payload.reason) == 0:
         raise Refused(
@@ -278,7 +251,9 @@ def replay_delivery(request, deliveryId: uuid.UUID, payload: ReasonIn):
             code="not_dead",
             status=409,
         )
-    return get_delivery_or_404(deliveryId)
+    replayed = get_delivery_or_404(deliveryId)
+    replayed.warning = service.late_success_note(delivery, verb="replaying")
+    return replayed
 
 
 @router.post(
@@ -287,12 +262,16 @@ def replay_delivery(request, deliveryId: uuid.UUID, payload: ReasonIn):
     response=responses({200: BulkReplayOut}, 409, body=True),
 )
 def replay_by_filter(request, payload: BulkReplayIn):
-    """Replay every dead delivery matching the filter, with one reason. `dryRun` only counts."""
+    """Replay every dead delivery matching the filter, with one reason. `dryRun` only counts,
+    and warns of those whose consumer answered 2xx to a late attempt (lateSuccesses, warning)."""
     rows = deliveries_matching(
         consumer=payload.consumer, event_type=payload.eventType, dead_since=payload.deadSince
     )
     if payload.dryRun:
-        return {"wouldReplay": rows.filter(status=Delivery.Status.DEAD).count()}
+        return {
+            "wouldReplay": rows.filter(status=Delivery.Status.DEAD).count(),
+            **service.late_success_preview(rows, verb="replaying"),
+        }
     return {"replayed": rows.replay(actor=request.auth.actor, reason=payload.reason, at=timezone.now())}
 
 

@@ -17,9 +17,9 @@ from odal.auth import ScopedAuth
 from odal.errors import Refused
 from odal.schemas import responses
 from outbox import service
-from outbox.api import ConsumerIn, DeliveryDetailOut, get_delivery_or_404
+from outbox.api import ConsumerIn, get_delivery_or_404
 from outbox.models import Consumer, Delivery
-from outbox.schemas import ConsumerOut, DeliveryFilterIn
+from outbox.schemas import LATE_SUCCESSES, PREVIEW_WARNING, ConsumerOut, DeliveryFilterIn, SentAgainOut
 
 router = Router(tags=["consumers"])
 
@@ -132,6 +132,8 @@ class BulkResendIn(ReasonIn, DeliveryFilterIn):
 class BulkResendOut(Schema):
     resent: int | None = None
     wouldResend: int | None = None
+    lateSuccesses: int | None = Field(default=None, description=LATE_SUCCESSES)
+    warning: str | None = Field(default=None, description=PREVIEW_WARNING)
 
 
 # -- routes ------------------------------------------------------------------------------------------
@@ -251,11 +253,12 @@ def test_event(request, name: str):
 @router.post(
     "outbox/deliveries/{deliveryId}/resend",
     auth=RESEND,
-    response=responses({200: DeliveryDetailOut}, 404, 409, body=True),
+    response=responses({200: SentAgainOut}, 404, 409, body=True),
 )
 def resend_delivery(request, deliveryId: uuid.UUID, payload: ReasonIn):
     """Send a delivered or dead delivery again: pending, due now, a fresh attempt budget, the
-    same webhook-id (so the consumer deduplicates it as any retry)."""
+    same webhook-id (so the consumer deduplicates it as any retry). `warning` says so when it
+    was dead although its consumer had answered 2xx to a late attempt."""
     delivery = get_delivery_or_404(deliveryId)
     if Delivery.objects.filter(pk=deliveryId).resend(actor=request.auth.actor, reason=payload.reason) == 0:
         raise Refused(
@@ -264,13 +267,16 @@ def resend_delivery(request, deliveryId: uuid.UUID, payload: ReasonIn):
             code="not_settled",
             status=409,
         )
-    return get_delivery_or_404(deliveryId)
+    resent = get_delivery_or_404(deliveryId)
+    resent.warning = service.late_success_note(delivery, verb="resending")
+    return resent
 
 
 @router.post("outbox/resend", auth=RESEND, response=responses({200: BulkResendOut}, body=True))
 def resend_by_filter(request, payload: BulkResendIn):
     """Send again every delivered or dead delivery matching the filter, with one reason.
-    `dryRun` only counts."""
+    `dryRun` only counts, and warns of dead ones whose consumer answered 2xx to a late attempt
+    (lateSuccesses, warning)."""
     rows = service.resendable(
         consumer=payload.consumer,
         event_type=payload.eventType,
@@ -279,5 +285,5 @@ def resend_by_filter(request, payload: BulkResendIn):
         until=payload.until,
     )
     if payload.dryRun:
-        return {"wouldResend": rows.count()}
+        return {"wouldResend": rows.count(), **service.late_success_preview(rows, verb="resending")}
     return {"resent": rows.resend(actor=request.auth.actor, reason=payload.reason)}

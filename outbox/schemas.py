@@ -1,12 +1,14 @@
 """The outbox's shapes that more than one surface shows (the API and `odal … --json`): one
 schema each, camelCase names read from the model's attributes through their aliases."""
 
+import uuid
 from datetime import datetime
 
 from ninja import Field, Schema
 from pydantic import field_validator
 
 from odal import rules
+from outbox.models import Delivery
 
 
 class DeliveryFilterIn(Schema):
@@ -43,6 +45,72 @@ class ConsumerOut(Schema):
         description="While a rotated-out secret still signs (both signatures are sent), until when.",
     )
     createdAt: datetime = Field(alias="created_at")
+
+
+class DeliveryOut(Schema):
+    """A delivery, read from the model: each field names the attribute it comes from."""
+
+    id: uuid.UUID
+    eventId: uuid.UUID = Field(alias="event_id")
+    eventType: str = Field(alias="event.type")
+    consumer: str = Field(alias="consumer.name")
+    status: str
+    attempts: int
+    maxAttempts: int = Field(alias="max_attempts")
+    nextAttemptAt: datetime | None = Field(description="When it is due; only while pending.")
+    lastError: str = Field(alias="last_error")
+    deliveredAt: datetime | None = Field(alias="delivered_at")
+    deadAt: datetime | None = Field(alias="dead_at")
+    lateSuccessAt: datetime | None = Field(
+        alias="late_success_at",
+        description="When the consumer last answered 2xx to a late attempt (one that outlived its claim, "
+        "or whose row was settled meanwhile). On a dead delivery: the consumer has it after all, and a "
+        "replay or resend sends it again.",
+    )
+    createdAt: datetime = Field(alias="created_at")
+
+    @staticmethod
+    def resolve_nextAttemptAt(d: Delivery) -> datetime | None:  # noqa: N802 (ninja's resolve_<field>)
+        return d.next_attempt_at if d.status == Delivery.Status.PENDING else None
+
+
+class AttemptOut(Schema):
+    number: int
+    startedAt: datetime = Field(alias="started_at")
+    finishedAt: datetime = Field(alias="finished_at")
+    outcome: str
+    error: str
+    httpStatus: int | None = Field(alias="http_status")
+    durationMs: int = Field(alias="duration_ms")
+    late: bool
+    answer: str = Field(description="An excerpt of what the consumer answered (its body, bounded).")
+    contentType: str = Field(alias="content_type", description="The answer's Content-Type, if it had one.")
+
+
+class DeliveryDetailOut(DeliveryOut):
+    attemptLog: list[AttemptOut] = Field(alias="attempt_log")
+
+
+class SentAgainOut(DeliveryDetailOut):
+    """A delivery just replayed or resent."""
+
+    warning: str | None = Field(
+        default=None,
+        description="Set when it was dead although its consumer had answered 2xx to a late attempt "
+        "(lateSuccessAt): the consumer gets it again.",
+    )
+
+
+LATE_SUCCESSES = (
+    "Dry runs: how many of the dead deliveries it would send again were answered 2xx by their "
+    "consumer after all, by a late attempt (lateSuccessAt)."
+)
+PREVIEW_WARNING = "Dry runs: a sentence for a person when lateSuccesses is not 0."
+
+
+def delivery_json(delivery: Delivery) -> dict:
+    """A delivery with its attempt log as the API shows it, for `--json` on the command line."""
+    return DeliveryDetailOut.from_orm(delivery).model_dump(mode="json")
 
 
 def consumer_json(consumer) -> dict:

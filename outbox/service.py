@@ -348,6 +348,43 @@ def resendable(*, consumer=None, event_type=None, status=None, since=None, until
     return rows
 
 
+# -- late successes ---------------------------------------------------------------------------------
+
+
+def late_success_preview(rows, *, verb: str) -> dict:
+    """What a replay or resend of `rows` (a Delivery queryset) should say before it is done:
+    ``{"lateSuccesses": n, "warning": sentence or None}``, n the dead deliveries among them whose
+    consumer answered 2xx to a late attempt (lateSuccessAt). `verb`: "replaying" or "resending"."""
+    n = rows.dead_answered_late().count()
+    return {"lateSuccesses": n, "warning": late_success_warning(n, verb=verb)}
+
+
+def late_success_warning(n: int, *, verb: str) -> str | None:
+    """The sentence every replay or resend preview shows when it would send dead deliveries
+    their consumer already has (see DeliveryQuerySet.note_late_success); None for none."""
+    if not n:
+        return None
+    one = n == 1
+    return (
+        f"{n:,} of these dead deliveries {'was' if one else 'were'} answered 2xx by {'its' if one else 'their'} "
+        f"consumer after all, by an attempt that outlived its claim (lateSuccessAt): the consumer already "
+        f"has {'it' if one else 'them'}, and {verb} sends {'it' if one else 'them'} again (harmless only if "
+        "it deduplicates on webhook-id)."
+    )
+
+
+def late_success_note(delivery: Delivery, *, verb: str) -> str | None:
+    """The same warning for one delivery, as it was read before it was replayed or resent."""
+    if delivery.status != Delivery.Status.DEAD or delivery.late_success_at is None:
+        return None
+    return (
+        f"This dead delivery was answered 2xx by its consumer after all, at "
+        f"{delivery.late_success_at:%Y-%m-%d %H:%M:%S}Z, by an attempt that outlived its claim "
+        f"(lateSuccessAt): the consumer already has it, and {verb} sends it again (harmless only if it "
+        "deduplicates on webhook-id)."
+    )
+
+
 TEST_EVENT = "odal.test"
 
 

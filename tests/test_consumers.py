@@ -394,7 +394,7 @@ def test_bulk_resend_by_filter_with_a_dry_run(admin_api):
     DeliveryFactory(consumer=erp)  # pending: not taken
     DeliveryFactory(consumer=other, status="delivered")
     dry = admin_api.post("outbox/resend", {"reason": "replaying a day", "consumer": "erp", "dryRun": True})
-    assert dry.json() == {"resent": None, "wouldResend": 3}
+    assert dry.json() == {"resent": None, "wouldResend": 3, "lateSuccesses": 0, "warning": None}
     assert Delivery.objects.filter(status="pending").count() == 1
     only_dead = admin_api.post(
         "outbox/resend", {"reason": "r", "consumer": "erp", "status": "dead", "dryRun": True}

@@ -173,3 +173,79 @@ def test_the_migration_notes_dead_letters_whose_attempt_log_holds_a_late_2xx():
 
     noted = dict(Delivery.objects.values_list("pk", "late_success_at"))
     assert noted == {answered: at + timedelta(minutes=2), failed_late: None, delivered: None}
+
+
+# -- the API -----------------------------------------------------------------------------------------
+
+
+def answered_late(**fields):
+    """A dead delivery whose consumer answered 2xx to a late attempt."""
+    delivery = DeadDeliveryFactory(**fields)
+    at = timezone.now().replace(microsecond=0)  # as the API writes it (to the millisecond)
+    assert Delivery.objects.filter(pk=delivery.pk).note_late_success(at=at)
+    delivery.refresh_from_db()
+    return delivery
+
+
+def test_the_api_shows_late_success_at_on_a_delivery_the_dead_letter_list_and_the_event(admin_api):
+    marked, plain = answered_late(), DeadDeliveryFactory()
+    at = marked.late_success_at.isoformat().replace("+00:00", "Z")
+
+    dead = {
+        d["id"]: d["lateSuccessAt"] for d in admin_api.get("outbox/deliveries", status="dead").json()["items"]
+    }
+    assert dead == {str(marked.pk): at, str(plain.pk): None}
+    assert admin_api.get(f"outbox/deliveries/{marked.pk}").json()["lateSuccessAt"] == at
+    assert admin_api.get(f"outbox/deliveries/{plain.pk}").json()["lateSuccessAt"] is None
+    assert admin_api.get(f"events/{marked.event_id}").json()["deliveries"][0]["lateSuccessAt"] == at
+
+
+def test_the_api_replay_and_resend_dry_runs_warn_of_dead_deliveries_answered_2xx_late(admin_api):
+    erp = WebhookConsumerFactory(name="erp")
+    answered_late(consumer=erp)
+    DeadDeliveryFactory(consumer=erp)
+    delivered = DeliveryFactory(consumer=erp, status="delivered")  # its consumer had it anyway: no warning
+    assert Delivery.objects.filter(pk=delivered.pk).note_late_success(at=timezone.now())
+
+    replay = admin_api.post("outbox/replay", {"consumer": "erp", "dryRun": True}).json()
+    resend = admin_api.post(
+        "outbox/resend", {"consumer": "erp", "reason": "a preview", "dryRun": True}
+    ).json()
+
+    assert (replay["wouldReplay"], replay["lateSuccesses"]) == (2, 1)
+    assert (resend["wouldResend"], resend["lateSuccesses"]) == (3, 1)
+    assert replay["warning"].startswith(
+        "1 of these dead deliveries was answered 2xx by its consumer after all"
+    )
+    assert "replaying sends it again" in replay["warning"]
+    assert "resending sends it again" in resend["warning"]
+    assert Delivery.objects.filter(status="dead").count() == 2  # a dry run changes nothing
+
+
+def test_the_api_dry_runs_say_nothing_when_no_dead_delivery_was_answered_late(admin_api):
+    erp = WebhookConsumerFactory(name="erp")
+    DeadDeliveryFactory(consumer=erp)
+    answered_late()  # another consumer's
+
+    replay = admin_api.post("outbox/replay", {"consumer": "erp", "dryRun": True}).json()
+    resend = admin_api.post(
+        "outbox/resend", {"consumer": "erp", "reason": "a preview", "dryRun": True}
+    ).json()
+
+    assert (replay["lateSuccesses"], replay["warning"]) == (0, None)
+    assert (resend["lateSuccesses"], resend["warning"]) == (0, None)
+
+
+@pytest.mark.parametrize("verb", ["replay", "resend"])
+def test_replaying_or_resending_one_delivery_answered_2xx_late_says_so(admin_api, verb):
+    marked, plain = answered_late(), DeadDeliveryFactory()
+
+    answer = admin_api.post(f"outbox/deliveries/{marked.pk}/{verb}", {"reason": "the endpoint is fixed"})
+    quiet = admin_api.post(f"outbox/deliveries/{plain.pk}/{verb}", {"reason": "the endpoint is fixed"})
+
+    assert answer.status_code == 200 and answer.json()["status"] == "pending"
+    assert answer.json()["warning"].startswith(
+        "This dead delivery was answered 2xx by its consumer after all, at "
+    )
+    assert f"and {verb}ing sends it again" in answer.json()["warning"]
+    assert quiet.status_code == 200 and quiet.json()["warning"] is None

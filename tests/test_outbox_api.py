@@ -239,7 +239,7 @@ def test_bulk_replay_by_filter_with_dry_run(api_as):
     since = (timezone.now() - timedelta(days=1)).isoformat()
     client = api_as("admin")
     dry = client.post("outbox/replay", {"consumer": "billing", "deadSince": since, "dryRun": True})
-    assert dry.json() == {"replayed": None, "wouldReplay": 2}
+    assert dry.json() == {"replayed": None, "wouldReplay": 2, "lateSuccesses": 0, "warning": None}
     assert Delivery.objects.filter(status="dead").count() == 4
 
     done = client.post(

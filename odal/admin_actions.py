@@ -75,6 +75,7 @@ def reason_action(
     title,
     perform,
     intro="",
+    warning=None,
     rows=None,
     headers=None,
     extra=None,
@@ -82,7 +83,8 @@ def reason_action(
 ):
     """Run `perform(cleaned_data)` on the second pass once the form (a reason, and whatever else
     `form_class` asks) is valid, and return None so the admin goes back to the list; otherwise
-    render the page (again, with its errors)."""
+    render the page (again, with its errors). A `warning` is shown above the intro, as the
+    admin shows a warning message."""
     form = form_class(request.POST if request.POST.get("post") else None)
     if request.POST.get("post") and form.is_valid():
         perform(form.cleaned_data)
@@ -91,6 +93,7 @@ def reason_action(
         **modeladmin.admin_site.each_context(request),
         "title": title,
         "intro": intro,
+        "warning": warning,
         "form": form,
         "queryset": queryset,
         "rows": rows if rows is not None else [str(obj) for obj in queryset],

@@ -256,13 +256,36 @@ class TypeFilter(EventTypeFilter):
     field = "type"
 
 
+def status_text(delivery: Delivery) -> str:
+    """Its status, with the mark of a dead delivery whose consumer answered 2xx late."""
+    if delivery.status == Delivery.Status.DEAD and delivery.late_success_at:
+        return f"dead — consumer answered 2xx late at {delivery.late_success_at:%Y-%m-%d %H:%M:%S} UTC"
+    return delivery.status
+
+
+class LateSuccessFilter(admin.SimpleListFilter):
+    """Dead letters whose consumer answered 2xx to a late attempt, or the others: select all of
+    "no" to replay only what the consumer never had."""
+
+    title = "consumer answered 2xx late"
+    parameter_name = "late_success"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "yes (it has them)"), ("no", "no")]
+
+    def queryset(self, request, queryset):
+        if self.value() in ("yes", "no"):
+            return queryset.filter(late_success_at__isnull=self.value() == "no")
+        return queryset
+
+
 @admin.register(Delivery)
 class DeliveryAdmin(ReadOnlyAdmin):
     list_display = [
         "id",
         "event_type",
         "consumer",
-        "status",
+        "status_shown",
         "attempts",
         "max_attempts",
         "next_attempt_at",
@@ -280,7 +303,7 @@ class DeliveryAdmin(ReadOnlyAdmin):
     list_select_related = ["event", "consumer"]
     readonly_fields = [
         "id", "event", "consumer", "status", "attempts", "max_attempts", "next_attempt_at", "claim_token",
-        "last_error", "delivered_at", "dead_at", "created_at", "payload",
+        "last_error", "delivered_at", "dead_at", "late_success_at", "created_at", "payload",
     ]  # fmt: skip
     fields = readonly_fields
     inlines = [AttemptInline]
@@ -289,6 +312,18 @@ class DeliveryAdmin(ReadOnlyAdmin):
     @admin.display(description="event type", ordering="event__type")
     def event_type(self, delivery):
         return delivery.event.type
+
+    @admin.display(description="status", ordering="status")
+    def status_shown(self, delivery):
+        return status_text(delivery)
+
+    @admin.display(description="consumer answered 2xx late", ordering="late_success_at")
+    def late_success(self, delivery):
+        return (
+            f"at {delivery.late_success_at:%Y-%m-%d %H:%M:%S} UTC — it has it"
+            if delivery.late_success_at
+            else ""
+        )
 
     @admin.display(description="last error")
     def short_error(self, delivery):
@@ -345,9 +380,9 @@ class DeliveryAdmin(ReadOnlyAdmin):
             intro=(f"{settled} of the {selected} selected deliveries are delivered or dead and will be sent again: "
                    "pending, due now, with a fresh attempt budget and the same webhook-id (consumers "
                    "deduplicate it). The others are left as they are."),
+            warning=service.late_success_preview(queryset, verb="resending")["warning"],
             headers=["event", "consumer", "status", "attempts", "last error"],
-            rows=[(d.event.type, d.consumer.name, d.status, d.attempts, d.last_error[:120] or "—")
-                  for d in queryset.select_related("event", "consumer")[:50]],
+            rows=self._preview_rows(queryset),
             perform=perform,
         )  # fmt: skip
 
@@ -362,13 +397,19 @@ class DeliveryAdmin(ReadOnlyAdmin):
                 "pending, due now, "
                 "with a fresh attempt budget. The others are left as they are."
             ),
+            warning=service.late_success_preview(queryset, verb="replaying")["warning"],
             headers=["event", "consumer", "status", "attempts", "last error"],
-            rows=[
-                (d.event.type, d.consumer.name, d.status, d.attempts, d.last_error[:120] or "—")
-                for d in queryset.select_related("event", "consumer")[:50]
-            ],
+            rows=self._preview_rows(queryset),
             perform=perform,
         )
+
+    @staticmethod
+    def _preview_rows(queryset):
+        """The first 50 selected, each dead one its consumer answered 2xx late marked so."""
+        return [
+            (d.event.type, d.consumer.name, status_text(d), d.attempts, d.last_error[:120] or "—")
+            for d in queryset.select_related("event", "consumer")[:50]
+        ]
 
 
 @admin.register(Event)
@@ -406,10 +447,11 @@ class ErrorKindFilter(admin.SimpleListFilter):
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(DeliveryAdmin):
-    """The dead-letter list: dead deliveries, by consumer and kind of error, replayable."""
+    """The dead-letter list: dead deliveries, by consumer and kind of error, replayable. Those
+    whose consumer answered 2xx to a late attempt are marked (it has them)."""
 
-    list_display = ["id", "event_type", "consumer", "attempts", "dead_at", "short_error"]
-    list_filter = ["consumer", ErrorKindFilter, EventTypeFilter]
+    list_display = ["id", "event_type", "consumer", "attempts", "dead_at", "late_success", "short_error"]
+    list_filter = ["consumer", ErrorKindFilter, LateSuccessFilter, EventTypeFilter]
     ordering = ["-dead_at"]
 
     def get_queryset(self, request):

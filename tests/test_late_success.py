@@ -8,6 +8,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.contrib.admin import helpers
 from django.db import connection, connections
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
@@ -249,3 +250,55 @@ def test_replaying_or_resending_one_delivery_answered_2xx_late_says_so(admin_api
     )
     assert f"and {verb}ing sends it again" in answer.json()["warning"]
     assert quiet.status_code == 200 and quiet.json()["warning"] is None
+
+
+# -- the admin ---------------------------------------------------------------------------------------
+
+
+def shown(at) -> str:
+    return f"{at:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def test_the_dead_letter_list_marks_what_the_consumer_answered_2xx_late_and_filters_on_it(admin_client):
+    marked, plain = answered_late(), DeadDeliveryFactory()
+
+    page = admin_client.get("/admin/outbox/deadletter/").content.decode()
+    has = admin_client.get("/admin/outbox/deadletter/", {"late_success": "yes"}).content.decode()
+    never = admin_client.get("/admin/outbox/deadletter/", {"late_success": "no"}).content.decode()
+
+    assert f"at {shown(marked.late_success_at)} — it has it" in page and "2 dead letters" in page
+    assert str(marked.pk) in has and str(plain.pk) not in has
+    assert str(plain.pk) in never and str(marked.pk) not in never
+
+
+def test_the_deliveries_list_and_page_show_a_dead_delivery_answered_2xx_late(admin_client):
+    marked = answered_late()
+    delivered = DeliveryFactory(status="delivered")
+    Delivery.objects.filter(pk=delivered.pk).note_late_success(at=timezone.now())
+
+    listing = admin_client.get("/admin/outbox/delivery/").content.decode()
+    page = admin_client.get(f"/admin/outbox/delivery/{marked.pk}/change/").content.decode()
+
+    assert listing.count("consumer answered 2xx late at") == 1  # the dead one; delivered is just delivered
+    assert f"dead — consumer answered 2xx late at {shown(marked.late_success_at)}" in listing
+    assert "Late success at" in page
+
+
+@pytest.mark.parametrize("action, verb", [("replay_selected", "replaying"), ("resend_selected", "resending")])
+@pytest.mark.parametrize("changelist", ["/admin/outbox/delivery/", "/admin/outbox/deadletter/"])
+def test_the_admin_replay_and_resend_pages_warn_of_dead_deliveries_answered_2xx_late(
+    admin_client, changelist, action, verb
+):
+    marked, plain = answered_late(), DeadDeliveryFactory()
+    selected = {"action": action, helpers.ACTION_CHECKBOX_NAME: [str(marked.pk), str(plain.pk)]}
+
+    page = admin_client.post(changelist, selected).content.decode()
+    quiet = admin_client.post(changelist, {**selected, helpers.ACTION_CHECKBOX_NAME: [str(plain.pk)]})
+
+    assert 'name="reason"' in page
+    assert '<li class="warning">1 of these dead deliveries was answered 2xx by its consumer' in page
+    assert f"and {verb} sends it again" in page
+    assert f"<td>dead — consumer answered 2xx late at {shown(marked.late_success_at)}</td>" in page
+    assert "<td>dead</td>" in page  # the other one
+    assert 'class="warning"' not in quiet.content.decode()
+    assert Delivery.objects.filter(status="dead").count() == 2  # a first pass changes nothing

@@ -63,6 +63,9 @@ def outbox_figures(now) -> dict:
             "warn" if oldest and now - oldest > timedelta(minutes=15) else "",
         ),
     ]
+    if counts["deadLateSuccesses"]:  # dead letters their consumer has after all: not to replay blindly
+        late = changelist("outbox", "deadletter", late_success="yes")
+        figures.insert(3, Figure("dead, but answered 2xx late", counts["deadLateSuccesses"], late, "warn"))
     ids = dict(Consumer.objects.values_list("name", "pk"))
     consumers = [
         {

@@ -40,6 +40,11 @@ class DeliveryPage(Schema):
     nextCursor: str | None
 
 
+DEAD_LATE_SUCCESSES = (
+    "Of the dead, those whose consumer answered 2xx to a late attempt (lateSuccessAt): it has them."
+)
+
+
 class ConsumerCounts(Schema):
     name: str
     isPaused: bool
@@ -49,6 +54,7 @@ class ConsumerCounts(Schema):
     delivered: int
     dead: int
     paused: int
+    deadLateSuccesses: int = Field(description=DEAD_LATE_SUCCESSES)
     oldestPendingAt: datetime | None
 
 
@@ -57,6 +63,7 @@ class OutboxCountsOut(Schema):
     delivered: int
     dead: int
     paused: int
+    deadLateSuccesses: int = Field(description=DEAD_LATE_SUCCESSES)
     oldestPendingAt: datetime | None
     consumers: list[ConsumerCounts]
 

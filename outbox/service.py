@@ -33,13 +33,18 @@ STATUSES = tuple(Delivery.Status.values)
 def outbox_counts() -> dict:
     """Deliveries per status, overall and per consumer, with the oldest pending delivery:
 
-    ``{pending, delivered, dead, paused, oldestPendingAt, consumers: [{name, isPaused,
-    pausedReason, pausedBy, pending, delivered, dead, paused, oldestPendingAt}]}``. Each status
-    is a count (``paused``: deliveries parked while their consumer is paused); ``isPaused`` says
-    whether the consumer is. ``delivered`` counts deliveries ever delivered (it includes those
-    retention has since deleted); the others count the rows there now, from partial indexes."""
+    ``{pending, delivered, dead, paused, deadLateSuccesses, oldestPendingAt, consumers: [{name,
+    isPaused, pausedReason, pausedBy, pending, delivered, dead, paused, deadLateSuccesses,
+    oldestPendingAt}]}``. Each status is a count (``paused``: deliveries parked while their
+    consumer is paused); ``isPaused`` says whether the consumer is. ``delivered`` counts
+    deliveries ever delivered (it includes those retention has since deleted); the others count
+    the rows there now, from partial indexes. ``deadLateSuccesses``: the dead ones whose
+    consumer answered 2xx to a late attempt (it has them; see note_late_success)."""
     consumers = {c.pk: c for c in Consumer.objects.all()}
-    rows = {pk: {**dict.fromkeys(STATUSES, 0), "oldestPendingAt": None} for pk in consumers}
+    rows = {
+        pk: {**dict.fromkeys(STATUSES, 0), "deadLateSuccesses": 0, "oldestPendingAt": None}
+        for pk in consumers
+    }
     for row in (
         Delivery.objects.filter(status=Delivery.Status.PENDING)
         .values("consumer_id")
@@ -54,11 +59,14 @@ def outbox_counts() -> dict:
         ):
             if row["consumer_id"] in rows:
                 rows[row["consumer_id"]][status] = row["n"]
+    for row in Delivery.objects.dead_answered_late().values("consumer_id").annotate(n=Count("pk")).order_by():
+        if row["consumer_id"] in rows:
+            rows[row["consumer_id"]]["deadLateSuccesses"] = row["n"]
     delivered = tally.totals("outbox.delivered")["outbox.delivered"]
     for key, n in delivered.items():
         if key.isdigit() and int(key) in rows:
             rows[int(key)]["delivered"] = n
-    total = {status: sum(r[status] for r in rows.values()) for status in STATUSES}
+    total = {key: sum(r[key] for r in rows.values()) for key in (*STATUSES, "deadLateSuccesses")}
     total["delivered"] = sum(delivered.values())  # a removed consumer's deliveries still happened
     oldest = min((r["oldestPendingAt"] for r in rows.values() if r["oldestPendingAt"]), default=None)
     return {

@@ -45,6 +45,7 @@ TARGET = "tests.consumers.accept"
 MALFORMED = {
     ("outbox", "sweep"): [["--batch", "-1"], ["--batch", "0"]],
     ("outbox", "status"): [["--bogus"]],
+    ("outbox", "show"): [[], ["not-a-uuid"], [ID], [ID, "--bogus"]],
     ("outbox", "replay"): [
         ["not-a-uuid", "--reason", "r"],
         ["--dead", "--since", "0001-01-01T00:00:00+14:00", "--reason", "r"],

@@ -2,13 +2,17 @@
 notes lateSuccessAt on the row, the row's status stays as seed 000 wants, and every surface that
 shows the delivery, or would send it again, says the consumer already has it."""
 
+import io
+import json
 import threading
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.contrib.admin import helpers
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection, connections
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
@@ -302,3 +306,87 @@ def test_the_admin_replay_and_resend_pages_warn_of_dead_deliveries_answered_2xx_
     assert "<td>dead</td>" in page  # the other one
     assert 'class="warning"' not in quiet.content.decode()
     assert Delivery.objects.filter(status="dead").count() == 2  # a first pass changes nothing
+
+
+# -- counts, the dashboard and the command line ------------------------------------------------------
+
+
+def outbox(*args) -> tuple[str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    call_command("outbox", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def test_the_counts_the_dashboard_and_odal_outbox_status_mark_dead_letters_answered_2xx_late(admin_client):
+    erp = WebhookConsumerFactory(name="erp")
+    answered_late(consumer=erp)
+    DeadDeliveryFactory(consumer=erp)
+    delivered = DeliveryFactory(consumer=erp, status="delivered")
+    Delivery.objects.filter(pk=delivered.pk).note_late_success(at=timezone.now())  # not a dead letter
+
+    counts = json.loads(outbox("status", "--json")[0])
+    human, _ = outbox("status")
+    dashboard = admin_client.get("/admin/").content.decode()
+
+    assert (counts["dead"], counts["deadLateSuccesses"]) == (2, 1)
+    assert (counts["consumers"][0]["dead"], counts["consumers"][0]["deadLateSuccesses"]) == (2, 1)
+    assert "dead 2 (1 answered 2xx late)" in human and "erp" in human
+    assert (
+        'href="/admin/outbox/deadletter/?late_success=yes"><b>1</b><span>dead, but answered 2xx late'
+        in dashboard
+    )
+
+
+def test_odal_outbox_show_gives_late_success_at_in_json_and_says_what_it_means():
+    marked = answered_late()
+    DeliveryAttempt.objects.create(
+        delivery=marked, number=3, claim_token=uuid.uuid4(), started_at=marked.late_success_at,
+        finished_at=marked.late_success_at, outcome="delivered", http_status=204, late=True,
+    )  # fmt: skip
+
+    body = json.loads(outbox("show", str(marked.pk), "--json")[0])
+    human, _ = outbox("show", str(marked.pk))
+
+    assert body["status"] == "dead" and body["id"] == str(marked.pk)
+    assert datetime.fromisoformat(body["lateSuccessAt"]) == marked.late_success_at
+    assert [(a["number"], a["outcome"], a["late"]) for a in body["attemptLog"]] == [(3, "delivered", True)]
+    assert (
+        f"the consumer answered 2xx to a late attempt at {marked.late_success_at:%Y-%m-%d %H:%M:%S}Z: it has "
+        "this delivery although it is dead, and a replay or resend sends it again."
+    ) in human
+    assert "attempt 3" in human and "HTTP 204 (late: written to the log only)" in human
+
+
+def test_odal_outbox_show_of_an_unknown_delivery_exits_1_and_a_bad_id_2():
+    with pytest.raises(CommandError, match="No delivery") as unknown:
+        outbox("show", str(uuid.uuid4()))
+    with pytest.raises(CommandError) as bad:
+        outbox("show", "not-an-id")
+    assert (unknown.value.returncode, bad.value.returncode) == (1, 2)
+
+
+@pytest.mark.parametrize("verb", ["replay", "resend"])
+def test_odal_outbox_replay_and_resend_dry_runs_warn_of_dead_deliveries_answered_2xx_late(verb):
+    erp = WebhookConsumerFactory(name="erp")
+    answered_late(consumer=erp)
+    DeadDeliveryFactory(consumer=erp)
+    which = ["--dead", "--consumer", "erp"] if verb == "replay" else ["--consumer", "erp"]
+
+    out, err = outbox(verb, *which, "--reason", "the endpoint is fixed", "--dry-run")
+
+    assert f"Would {verb} 2" in out
+    assert err.startswith("Warning: 1 of these dead deliveries was answered 2xx by its consumer after all")
+    assert f"and {verb}ing sends it again" in err
+    assert Delivery.objects.filter(status="dead").count() == 2
+
+
+@pytest.mark.parametrize("verb", ["replay", "resend"])
+def test_odal_outbox_replay_and_resend_of_named_deliveries_warn_too_and_a_plain_one_does_not(verb):
+    marked, plain = answered_late(), DeadDeliveryFactory()
+
+    _, warned = outbox(verb, str(marked.pk), "--reason", "the endpoint is fixed")
+    _, quiet = outbox(verb, str(plain.pk), "--reason", "the endpoint is fixed")
+
+    assert "Warning: 1 of these dead deliveries was answered 2xx" in warned
+    assert quiet == ""
+    assert set(Delivery.objects.values_list("status", flat=True)) == {"pending"}

@@ -12,13 +12,13 @@ from odal.cli import Progress, argument, refused, run_until_signalled, serving, 
 from odal.errors import Refused
 from outbox import retention, service
 from outbox.models import Consumer, Delivery
-from outbox.schemas import consumer_json
+from outbox.schemas import consumer_json, delivery_json
 from outbox.service import create_consumer, deliveries_matching, outbox_counts
 from outbox.sweep import sweep_forever, sweep_until_idle
 
 
 class Command(BaseCommand):
-    help = "The event outbox: sweep, status, replay or resend deliveries, purge old rows, manage consumers."
+    help = "The event outbox: sweep, status, show, replay or resend deliveries, purge old rows, manage consumers."
 
     def add_arguments(self, parser):
         sub = subcommands(parser)
@@ -31,6 +31,10 @@ class Command(BaseCommand):
 
         status = sub.add_parser("status", help="deliveries per status, overall and per consumer")
         status.add_argument("--json", action="store_true")
+
+        show = sub.add_parser("show", help="one delivery with its attempt log")
+        show.add_argument("delivery", metavar="delivery-id", type=argument(rules.delivery_id))
+        show.add_argument("--json", action="store_true")
 
         replay = sub.add_parser("replay", help="replay dead deliveries, with a reason")
         replay.add_argument("ids", nargs="*", metavar="delivery-id", type=argument(rules.delivery_id))
@@ -171,17 +175,62 @@ class Command(BaseCommand):
         age = f", oldest pending since {oldest:%Y-%m-%d %H:%M:%S}Z" if oldest else ""
         self.stdout.write(
             f"pending {counts['pending']}  delivered {counts['delivered']}  dead {counts['dead']}"
-            f"  paused {counts['paused']}{age}"
+            f"{_answered_late(counts)}  paused {counts['paused']}{age}"
         )
         for c in counts["consumers"]:
             since = c["oldestPendingAt"]
             self.stdout.write(
-                f"  {c['name']:<24} pending {c['pending']:<6} delivered {c['delivered']:<8} dead {c['dead']:<6}"
+                f"  {c['name']:<24} pending {c['pending']:<6} delivered {c['delivered']:<8} dead {str(c['dead']) + _answered_late(c):<6}"
                 f" paused {c['paused']:<6}"
                 + (f" oldest pending since {since:%Y-%m-%d %H:%M:%S}Z" if since else "")
                 + (f"  (paused by {c['pausedBy']}: {c['pausedReason']})" if c["isPaused"] else "")
             )
         self.stdout.write("(delivered counts every delivery made, including rows retention has deleted)")
+        if counts["deadLateSuccesses"]:
+            self.stdout.write(
+                "(answered 2xx late: dead, but a late attempt reached the consumer, which has them; "
+                "odal outbox show <delivery-id> says when)"
+            )
+
+    # -- show ----------------------------------------------------------------------------------
+
+    def do_show(self, *, delivery, json: bool, **_):
+        row = (
+            Delivery.objects.select_related("event", "consumer")
+            .prefetch_related("attempt_log")
+            .filter(pk=delivery)
+            .first()
+        )
+        if row is None:
+            raise CommandError(f"No delivery {delivery}.")
+        if json:
+            self.stdout.write(_dumps(delivery_json(row)))
+            return
+        self.stdout.write(
+            f"delivery {row.pk}: {row.event.type} (event {row.event_id}) to {row.consumer.name}"
+        )
+        self.stdout.write(f"  status {row.status}, attempts {row.attempts} of {row.max_attempts}")
+        if row.status == Delivery.Status.PENDING:
+            self.stdout.write(f"  next attempt {row.next_attempt_at:%Y-%m-%d %H:%M:%S}Z")
+        for label, at in (("delivered", row.delivered_at), ("dead since", row.dead_at)):
+            if at:
+                self.stdout.write(f"  {label} {at:%Y-%m-%d %H:%M:%S}Z")
+        if row.last_error:
+            self.stdout.write(f"  last error: {row.last_error}")
+        if row.late_success_at:
+            said = (
+                f"  the consumer answered 2xx to a late attempt at {row.late_success_at:%Y-%m-%d %H:%M:%S}Z"
+            )
+            if row.status == Delivery.Status.DEAD:
+                said += ": it has this delivery although it is dead, and a replay or resend sends it again"
+            self.stdout.write(said + ".")
+        for a in row.attempt_log.all():
+            self.stdout.write(
+                f"  attempt {a.number} {a.started_at:%Y-%m-%d %H:%M:%S}Z {a.outcome}"
+                + (f" HTTP {a.http_status}" if a.http_status else "")
+                + (" (late: written to the log only)" if a.late else "")
+                + (f": {a.error}" if a.error else "")
+            )
 
     # -- replay --------------------------------------------------------------------------------
 
@@ -202,14 +251,17 @@ class Command(BaseCommand):
                 )
         else:
             rows = deliveries_matching(consumer=consumer, event_type=event_type, dead_since=since)
+        late = service.late_success_preview(rows, verb="replaying")["warning"]
         if dry_run:
             self.stdout.write(
                 f"Would replay {rows.filter(status=Delivery.Status.DEAD).count()} dead deliveries."
             )
+            self._warn(late)
             return
         selected = rows.count()
         replayed = rows.replay(actor=actor, reason=reason, at=timezone.now())
         self.stdout.write(f"Replayed {replayed} of {selected} selected.")
+        self._warn(late if replayed else None)
         if ids and replayed < selected:
             raise CommandError(f"{selected - replayed} were not dead and were left as they are.")
 
@@ -240,15 +292,23 @@ class Command(BaseCommand):
                 consumer=consumer, event_type=event_type, status=status, since=since, until=until
             )
             selected = None
+        late = service.late_success_preview(rows, verb="resending")["warning"]
         if dry_run:
             self.stdout.write(f"Would resend {rows.count()} deliveries.")
+            self._warn(late)
             return
         resent = rows.resend(actor=actor, reason=reason)
         self.stdout.write(f"Resent {resent} deliveries" + (f" of {selected} named." if selected else "."))
+        self._warn(late if resent else None)
         if ids and resent < selected:
             raise CommandError(
                 f"{selected - resent} were pending or paused (on their way) and were left as they are."
             )
+
+    def _warn(self, warning: str | None) -> None:
+        """A replay's or resend's warning (dead deliveries their consumer answered 2xx late), on stderr."""
+        if warning:
+            self.stderr.write(f"Warning: {warning}")
 
     # -- purge ---------------------------------------------------------------------------------
 
@@ -397,6 +457,12 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"  old secret signs until {consumer.previous_secret_expires_at:%Y-%m-%d %H:%M:%S}Z"
             )
+
+
+def _answered_late(counts: dict) -> str:
+    """`odal outbox status`'s mark on a dead count: how many of them the consumer has after all."""
+    n = counts["deadLateSuccesses"]
+    return f" ({n} answered 2xx late)" if n else ""
 
 
 def _consumer_line(c) -> str:

@@ -241,7 +241,9 @@ class DeliveryQuerySet(ClaimQuerySet):
 
     def replay(self, *, actor: str, reason: str, at: datetime | None = None) -> int:
         """Dead -> pending with a fresh attempt budget, due now. Only dead rows are taken; one
-        audit entry per row taken (who, why, previous attempts, last error). Returns the count."""
+        audit entry per row taken (who, why, previous attempts, last error, and lateSuccessAt:
+        whether its consumer had answered 2xx late). Returns the count. late_success_at stays:
+        the consumer did have it then, whatever becomes of the row."""
         return self._send_again(
             (Delivery.Status.DEAD,), "delivery_replayed", actor=actor, reason=reason, at=at
         )
@@ -267,7 +269,9 @@ class DeliveryQuerySet(ClaimQuerySet):
             before = list(
                 self.filter(status__in=statuses)
                 .select_for_update()
-                .values("pk", "status", "attempts", "last_error", "dead_at", "delivered_at")
+                .values(
+                    "pk", "status", "attempts", "last_error", "dead_at", "delivered_at", "late_success_at"
+                )
             )
             if not before:
                 return 0
@@ -299,6 +303,10 @@ class DeliveryQuerySet(ClaimQuerySet):
                         "lastError": row["last_error"],
                         "deadAt": row["dead_at"].isoformat() if row["dead_at"] else None,
                         "deliveredAt": row["delivered_at"].isoformat() if row["delivered_at"] else None,
+                        # The consumer had it already (a late 2xx): the trail says it was sent again anyway.
+                        "lateSuccessAt": row["late_success_at"].isoformat()
+                        if row["late_success_at"]
+                        else None,
                     },
                 )
                 for row in before

@@ -17,6 +17,7 @@ from django.db import connection, connections
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
+from odal.models import AuditEntry
 from outbox.events import emit
 from outbox.models import Delivery, DeliveryAttempt
 from outbox.sweep import sweep_once
@@ -390,3 +391,15 @@ def test_odal_outbox_replay_and_resend_of_named_deliveries_warn_too_and_a_plain_
     assert "Warning: 1 of these dead deliveries was answered 2xx" in warned
     assert quiet == ""
     assert set(Delivery.objects.values_list("status", flat=True)) == {"pending"}
+
+
+@pytest.mark.parametrize("verb", ["replay", "resend"])
+def test_the_audit_trail_of_a_replay_or_resend_keeps_late_success_at_and_the_row_keeps_it_too(verb):
+    marked, plain = answered_late(), DeadDeliveryFactory()
+
+    taken = getattr(Delivery.objects.filter(pk__in=[marked.pk, plain.pk]), verb)(actor="test", reason="fixed")
+
+    assert taken == 2
+    details = dict(AuditEntry.objects.values_list("object_id", "details__lateSuccessAt"))
+    assert details == {str(marked.pk): marked.late_success_at.isoformat(), str(plain.pk): None}
+    assert Delivery.objects.get(pk=marked.pk).late_success_at == marked.late_success_at  # history: kept

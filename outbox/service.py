@@ -374,7 +374,7 @@ def late_success_warning(n: int, *, verb: str) -> str | None:
         return None
     one = n == 1
     return (
-        f"{n:,} of these dead deliveries {'was' if one else 'were'} answered 2xx by {'its' if one else 'their'} "
+        f"{n:,} of the dead deliveries here {'was' if one else 'were'} answered 2xx by {'its' if one else 'their'} "
         f"consumer after all, by an attempt that outlived its claim (lateSuccessAt): the consumer already "
         f"has {'it' if one else 'them'}, and {verb} sends {'it' if one else 'them'} again (harmless only if "
         "it deduplicates on webhook-id)."

@@ -172,13 +172,19 @@ def test_the_migration_notes_dead_letters_whose_attempt_log_holds_a_late_2xx():
     answered = delivery("dead", ("delivered", True, 2), ("delivered", True, 1), ("failed", False, 3))
     failed_late = delivery("dead", ("failed", True, 1), ("failed", False, 2))
     delivered = delivery("delivered", ("delivered", True, 1), ("delivered", False, 2))
+    resent_then_dead = delivery("dead", ("delivered", False, 1), ("failed", False, 2))  # on time, not late
 
     with connection.cursor() as cursor:
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # (no ALTER TABLE with foreign-key checks pending)
     MigrationExecutor(connection).migrate([("outbox", "0011_delivery_late_success_at")])
 
     noted = dict(Delivery.objects.values_list("pk", "late_success_at"))
-    assert noted == {answered: at + timedelta(minutes=2), failed_late: None, delivered: None}
+    assert noted == {
+        answered: at + timedelta(minutes=2),
+        failed_late: None,
+        delivered: None,
+        resent_then_dead: None,
+    }
 
 
 # -- the API -----------------------------------------------------------------------------------------
@@ -221,7 +227,7 @@ def test_the_api_replay_and_resend_dry_runs_warn_of_dead_deliveries_answered_2xx
     assert (replay["wouldReplay"], replay["lateSuccesses"]) == (2, 1)
     assert (resend["wouldResend"], resend["lateSuccesses"]) == (3, 1)
     assert replay["warning"].startswith(
-        "1 of these dead deliveries was answered 2xx by its consumer after all"
+        "1 of the dead deliveries here was answered 2xx by its consumer after all"
     )
     assert "replaying sends it again" in replay["warning"]
     assert "resending sends it again" in resend["warning"]
@@ -255,6 +261,16 @@ def test_replaying_or_resending_one_delivery_answered_2xx_late_says_so(admin_api
     )
     assert f"and {verb}ing sends it again" in answer.json()["warning"]
     assert quiet.status_code == 200 and quiet.json()["warning"] is None
+
+
+def test_resending_a_delivered_delivery_whose_consumer_also_answered_late_is_no_warning(admin_api):
+    """Its consumer had it anyway (it is delivered): a resend is asked for exactly that."""
+    delivered = DeliveryFactory(status="delivered")
+    assert Delivery.objects.filter(pk=delivered.pk).note_late_success(at=timezone.now())
+
+    answer = admin_api.post(f"outbox/deliveries/{delivered.pk}/resend", {"reason": "they lost it"})
+
+    assert answer.status_code == 200 and answer.json()["warning"] is None
 
 
 # -- the admin ---------------------------------------------------------------------------------------
@@ -301,7 +317,7 @@ def test_the_admin_replay_and_resend_pages_warn_of_dead_deliveries_answered_2xx_
     quiet = admin_client.post(changelist, {**selected, helpers.ACTION_CHECKBOX_NAME: [str(plain.pk)]})
 
     assert 'name="reason"' in page
-    assert '<li class="warning">1 of these dead deliveries was answered 2xx by its consumer' in page
+    assert '<li class="warning">1 of the dead deliveries here was answered 2xx by its consumer' in page
     assert f"and {verb} sends it again" in page
     assert f"<td>dead — consumer answered 2xx late at {shown(marked.late_success_at)}</td>" in page
     assert "<td>dead</td>" in page  # the other one
@@ -376,7 +392,7 @@ def test_odal_outbox_replay_and_resend_dry_runs_warn_of_dead_deliveries_answered
     out, err = outbox(verb, *which, "--reason", "the endpoint is fixed", "--dry-run")
 
     assert f"Would {verb} 2" in out
-    assert err.startswith("Warning: 1 of these dead deliveries was answered 2xx by its consumer after all")
+    assert err.startswith("Warning: 1 of the dead deliveries here was answered 2xx by its consumer after all")
     assert f"and {verb}ing sends it again" in err
     assert Delivery.objects.filter(status="dead").count() == 2
 
@@ -388,7 +404,7 @@ def test_odal_outbox_replay_and_resend_of_named_deliveries_warn_too_and_a_plain_
     _, warned = outbox(verb, str(marked.pk), "--reason", "the endpoint is fixed")
     _, quiet = outbox(verb, str(plain.pk), "--reason", "the endpoint is fixed")
 
-    assert "Warning: 1 of these dead deliveries was answered 2xx" in warned
+    assert "Warning: 1 of the dead deliveries here was answered 2xx" in warned
     assert quiet == ""
     assert set(Delivery.objects.values_list("status", flat=True)) == {"pending"}
 

@@ -85,6 +85,7 @@ MALFORMED = {
     ],
     ("registry", "drain"): [["--batch", "0"], ["--batch", "1e3"]],
     ("registry", "status"): [["--bogus"]],
+    ("registry", "show"): [[], ["not-a-uuid"], [ID], [ID, "--bogus"]],
     ("registry", "abandon"): [["42", "--reason", "r"], [ID]],
     ("registry", "handle"): [[ID, "h", "--reason", "r", "--actor", "a\nb"]],
     ("registry", "simulate"): [

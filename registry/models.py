@@ -29,6 +29,21 @@ def later_unknown(at: datetime):
     return Greatest(Coalesce(F("last_unknown_at"), Value(at)), Value(at))
 
 
+def owed_afresh(operation: str, now: datetime) -> dict:
+    """A row that owes `operation` afresh, due now: no attempt made, no claim, nothing known of
+    what the registry did before (requeue, reregister, find_and_deactivate)."""
+    return {
+        "operation": operation,
+        "attempts": 0,
+        "next_attempt_at": now,
+        "queued_at": now,
+        "claim_token": None,
+        "correlation_id": "",
+        "handle": "",
+        "last_error": "",
+    }
+
+
 class RegistrationQuerySet(ClaimQuerySet):
     claimable_statuses = ("pending", "submitted")
 
@@ -132,16 +147,7 @@ class RegistrationQuerySet(ClaimQuerySet):
             status=Registration.Status.PENDING,
             operation=Registration.Operation.REGISTER,
             claim_token=token,
-        ).update(
-            operation=Registration.Operation.DEACTIVATE,
-            attempts=0,
-            next_attempt_at=now,
-            queued_at=now,
-            claim_token=None,
-            correlation_id="",
-            handle="",
-            last_error="",
-        )
+        ).update(**owed_afresh(Registration.Operation.DEACTIVATE, now))
 
     def mark_checked(self, *, token, next_check_at: datetime) -> bool:
         """A check found the request still being checked: ask again later."""
@@ -288,17 +294,7 @@ class RegistrationQuerySet(ClaimQuerySet):
                 Registration.Status.SUSPENDED,
                 Registration.Status.DEACTIVATED,
             ]
-        ).update(
-            status=Registration.Status.PENDING,
-            operation=Registration.Operation.REGISTER,
-            attempts=0,
-            next_attempt_at=now,
-            queued_at=now,
-            claim_token=None,
-            correlation_id="",
-            handle="",
-            last_error="",
-        )
+        ).update(status=Registration.Status.PENDING, **owed_afresh(Registration.Operation.REGISTER, now))
 
     def cancel_deactivation(self, *, token=None) -> int:
         """The passport is published again while a deactivation that never reached the registry is
@@ -334,16 +330,7 @@ class RegistrationQuerySet(ClaimQuerySet):
             status=Registration.Status.PENDING,
             operation=Registration.Operation.DEACTIVATE,
             claim_token=token,
-        ).update(
-            operation=Registration.Operation.REGISTER,
-            attempts=0,
-            next_attempt_at=now,
-            queued_at=now,
-            claim_token=None,
-            correlation_id="",
-            handle="",
-            last_error="",
-        )
+        ).update(**owed_afresh(Registration.Operation.REGISTER, now))
 
     def withdraw_unsent(self, *, now: datetime) -> int:
         """Suspending: a pending register never attempted (attempts 0: none claimed, or each given

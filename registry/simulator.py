@@ -55,7 +55,24 @@ everything). The faults:
 - hostile_upi_containing (text): only register and check answers for such UPIs are spoiled
   (the task list, which names many UPIs, is spoiled whenever it is in hostile_on);
 - hostile_count (count): only the next N answers are spoiled, then hostile_answer switches
-  itself off; 0 (the default) spoils every one.
+  itself off; 0 (the default) spoils every one;
+- late_landing (count): the next N register calls land late, as behind a gateway that passes a
+  request on after its client gave up: the registry stores nothing now, holds the connection
+  until the request lands and then answers 504 GATEWAY_TIMEOUT (which the client, its timeout
+  shorter than landing_delay, no longer reads);
+- late_landing_upi_containing (text): the first register call for each UPI containing this lands
+  late too (the UPI's later calls are answered as usual);
+- landing_delay (seconds, default 15: longer than odal's default ODAL_REGISTRY_TIMEOUT_SECONDS):
+  how long after it arrived a late register lands. It then meets the registry as a register
+  arriving at that moment would: a request held for its UPI (a retry that came meanwhile, say)
+  makes it DUPLICATE_UPI and it stores nothing, as does its Idempotency-Key under
+  honour_idempotency_key or reject_upi_containing; register_5xx, lost_reply and
+  refuse_upi_containing, the registry being unavailable when a request arrives, do not refuse it
+  (it got through, later). The answer it gets there reaches nobody (RegistryState.landings keeps
+  it, for tests). RegistryState.land_pending() lands every late register now, and reset()
+  forgets them: none lands after it;
+- late_landing_reset (bool): a late register's connection is reset at once instead of held (a
+  connection broken after the request was sent); it still lands landing_delay later.
 Duplicates need no switch: a second request for a UPI the registry holds answers 409
 DUPLICATE_UPI with the held requestId.
 """
@@ -102,6 +119,10 @@ DEFAULT_FAULTS = {
     "hostile_on": "register,check,task_list",
     "hostile_upi_containing": "",
     "hostile_count": 0,
+    "late_landing": 0,
+    "late_landing_upi_containing": "",
+    "landing_delay": 15.0,
+    "late_landing_reset": False,
 }
 HOSTILE_ANSWERS = (
     "nul", "invalid_utf8", "huge", "trickle", "redirect", "reset", "malformed_json",
@@ -129,8 +150,16 @@ def fault_problem(name: str, value) -> str | None:
         return (
             f"{name} is a whole number, 0 or more (0: {'no limit' if name == 'rate_limit' else 'computed'})"
         )
-    if name == "retry_after_http_date" and not isinstance(value, bool):
-        return "retry_after_http_date is true or false"
+    if name in ("retry_after_http_date", "late_landing_reset") and not isinstance(value, bool):
+        return f"{name} is true or false"
+    if name == "late_landing" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        return "late_landing is a whole number, 0 or more (how many register calls land late)"
+    if name == "landing_delay" and (
+        isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 3600
+    ):
+        return "landing_delay is seconds, from 0 to 3600"
+    if name == "late_landing_upi_containing" and not isinstance(value, str):
+        return "late_landing_upi_containing is text (empty: off)"
     return None
 
 
@@ -150,6 +179,18 @@ def spelt(upi, spelling: str):
     )
 
 
+class LateRegister:
+    """A register call that lands late (the fault late_landing): what it asked, and when."""
+
+    def __init__(self, body: dict, key: str | None, delay: float, reset: bool):
+        self.body, self.key, self.reset = body, key, reset
+        self.upi = body.get("upi")
+        self.arrived = time.monotonic()
+        self.lands_at = self.arrived + delay
+        self.done = False  # landed, or forgotten by a reset
+        self.woken = threading.Event()  # set by land_pending and reset: stop waiting
+
+
 class RegistryState:
     def __init__(self, token: str, faults: dict | None = None):
         self.token = token
@@ -160,6 +201,12 @@ class RegistryState:
         self.registrations: dict[str, dict] = {}  # registrationId -> {"requestId", "active"}
         self.calls: list[tuple[str, str]] = []
         self.generation = 0  # bumped by reset()
+        self.late: list[LateRegister] = []  # late registers on their way (not yet landed)
+        self.late_upis: set[str] = set()  # UPIs whose first register late_landing_upi_containing took
+        # How each late register landed: {"upi", "status" (what the registry answered then),
+        # "requestId" (the one it made, or met: DUPLICATE_UPI, its Idempotency-Key; None if
+        # refused), "afterSeconds" (since it arrived)}
+        self.landings: list[dict] = []
         self._forget_traffic()
 
     def _forget_traffic(self) -> None:
@@ -177,6 +224,12 @@ class RegistryState:
             self.by_key.clear()
             self.registrations.clear()
             self.calls.clear()
+            for late in self.late:  # forgotten: it lands in no later test or demo
+                late.done = True
+                late.woken.set()
+            self.late.clear()
+            self.late_upis.clear()
+            self.landings.clear()
             self._forget_traffic()
 
     def arrive(self) -> tuple[int, dict, float] | None:
@@ -273,39 +326,99 @@ class RegistryState:
         return False
 
     def register(self, body: dict, key: str | None) -> tuple[int, dict]:
+        with self.lock:
+            return self._register(body, key)
+
+    def _register(self, body: dict, key: str | None, *, landing: bool = False) -> tuple[int, dict]:
+        """A register call, under the lock. One `landing` late got through: the faults of a
+        registry unavailable when a request arrives (register_5xx, refuse_upi_containing,
+        lost_reply) are not its."""
         upi = body.get("upi")
         if not isinstance(upi, str) or not upi or not body.get("operatorId"):
             return 422, {
                 "code": "INVALID_REQUEST",
                 "errors": [{"message": "upi and operatorId are required"}],
             }
+        honour = self.faults["honour_idempotency_key"]
+        if honour and key in self.by_key and self.requests[self.by_key[key]]["status"] != "rejected":
+            held = self.requests[self.by_key[key]]
+            if held["upi"] == upi:
+                return 202, {"requestId": held["requestId"], "status": held["status"]}
+        refuse = self.faults["refuse_upi_containing"]
+        if not landing and ((refuse and refuse in upi) or self._take("register_5xx")):
+            return 503, {"code": "UNAVAILABLE"}
+        reject = self.faults["reject_upi_containing"]
+        if reject and reject in upi:
+            return 422, {
+                "code": "VALIDATION_FAILED",
+                "errors": [{"message": f"upi {upi} fails validation"}],
+            }
+        for held in self.requests.values():
+            if held["upi"] == upi and held["status"] != "rejected":
+                return 409, {"code": "DUPLICATE_UPI", "requestId": held["requestId"]}
+        request_id = self._new_id("req")
+        self.requests[request_id] = {
+            "requestId": request_id, "upi": upi, "status": "checking", "checks": 0, "registrationId": None,
+        }  # fmt: skip
+        if key:
+            self.by_key[key] = request_id
+        if not landing and self._take("lost_reply"):
+            return 503, {"code": "UNAVAILABLE"}
+        return 202, {"requestId": request_id, "status": "checking"}
+
+    # -- late landings (the fault late_landing) -------------------------------------------------
+
+    def lands_late(self, body: dict, key: str | None) -> LateRegister | None:
+        """Whether this register call lands late (late_landing, late_landing_upi_containing):
+        the late register, now on its way, or None."""
+        upi = body.get("upi")
         with self.lock:
-            honour = self.faults["honour_idempotency_key"]
-            if honour and key in self.by_key and self.requests[self.by_key[key]]["status"] != "rejected":
-                held = self.requests[self.by_key[key]]
-                if held["upi"] == upi:
-                    return 202, {"requestId": held["requestId"], "status": held["status"]}
-            refuse = self.faults["refuse_upi_containing"]
-            if (refuse and refuse in upi) or self._take("register_5xx"):
-                return 503, {"code": "UNAVAILABLE"}
-            reject = self.faults["reject_upi_containing"]
-            if reject and reject in upi:
-                return 422, {
-                    "code": "VALIDATION_FAILED",
-                    "errors": [{"message": f"upi {upi} fails validation"}],
-                }
-            for held in self.requests.values():
-                if held["upi"] == upi and held["status"] != "rejected":
-                    return 409, {"code": "DUPLICATE_UPI", "requestId": held["requestId"]}
-            request_id = self._new_id("req")
-            self.requests[request_id] = {
-                "requestId": request_id, "upi": upi, "status": "checking", "checks": 0, "registrationId": None,
-            }  # fmt: skip
-            if key:
-                self.by_key[key] = request_id
-            if self._take("lost_reply"):
-                return 503, {"code": "UNAVAILABLE"}
-            return 202, {"requestId": request_id, "status": "checking"}
+            marker = self.faults["late_landing_upi_containing"]
+            if marker and isinstance(upi, str) and marker in upi and upi not in self.late_upis:
+                self.late_upis.add(upi)
+            elif not self._take("late_landing"):
+                return None
+            late = LateRegister(
+                body, key, float(self.faults["landing_delay"]), bool(self.faults["late_landing_reset"])
+            )
+            self.late.append(late)
+            return late
+
+    def await_landing(self, late: LateRegister) -> None:
+        """Wait until `late` is due to land (or land_pending or reset says so), then land it."""
+        while not late.woken.is_set() and (left := late.lands_at - time.monotonic()) > 0:
+            late.woken.wait(left)
+        self.land(late)
+
+    def land(self, late: LateRegister) -> bool:
+        """`late` reaches the registry now, unless it landed already or a reset forgot it."""
+        with self.lock:
+            if late.done:
+                return False
+            late.done = True
+            self.late.remove(late)
+            status, answer = self._register(late.body, late.key, landing=True)
+            self.landings.append({
+                "upi": late.upi, "status": status, "requestId": answer.get("requestId"),
+                "afterSeconds": round(time.monotonic() - late.arrived, 3),
+            })  # fmt: skip
+            return True
+
+    def land_pending(self) -> int:
+        """Land every late register still on its way, now (a test need not wait landing_delay for
+        it); returns how many landed."""
+        with self.lock:
+            pending = list(self.late)
+        landed = 0
+        for late in pending:
+            landed += self.land(late)
+            late.woken.set()
+        return landed
+
+    def landing(self, upi: str | None = None) -> int:
+        """How many late registers (for `upi`, if given) are still on their way."""
+        with self.lock:
+            return sum(1 for late in self.late if upi is None or late.upi == upi)
 
     def check(self, request_id: str) -> tuple[int, dict]:
         with self.lock:
@@ -369,18 +482,23 @@ def write_answer(
     if reset_after is not None:
         handler.wfile.write(data[:reset_after])
         time.sleep(0.05)  # let the client read the status line first: the reset comes mid-body
-        handler.close_connection = True
-        sock = handler.connection
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        # Close the descriptor itself now (the handler's files still hold the socket object);
-        # with a zero linger that sends a reset rather than a FIN.
-        os.close(sock.detach())
+        reset_connection(handler)
     elif trickle:
         for i in range(0, len(data), chunk):
             handler.wfile.write(data[i : i + chunk])
             time.sleep(trickle)
     else:
         handler.wfile.write(data)
+
+
+def reset_connection(handler) -> None:
+    """End a BaseHTTPRequestHandler's connection with a TCP reset."""
+    handler.close_connection = True
+    sock = handler.connection
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    # Close the descriptor itself now (the handler's files still hold the socket object);
+    # with a zero linger that sends a reset rather than a FIN.
+    os.close(sock.detach())
 
 
 def _spiked(value, spike: str):
@@ -503,6 +621,8 @@ def make_server(host: str = "127.0.0.1", port: int = 8100, *, token: str, faults
                     return self._answer(
                         422, {"code": "INVALID_JSON", "errors": ["body is not a JSON object"]}
                     )
+                if late := state.lands_late(body, self.headers.get("Idempotency-Key")):
+                    return self._late(late)
                 answer = state.register(body, self.headers.get("Idempotency-Key"))
                 return self._answer(*answer, state.hostile("register", body.get("upi")))
             if path == "/dpp-registration-requests" and method == "GET":
@@ -516,6 +636,15 @@ def make_server(host: str = "127.0.0.1", port: int = 8100, *, token: str, faults
             if (match := re.fullmatch(r"/registrations/([\w-]+)/deactivate", path)) and method == "POST":
                 return self._answer(*state.deactivate(match.group(1)))
             return self._answer(404, {"code": "NOT_FOUND"})
+
+        def _late(self, late: LateRegister) -> None:
+            """A register that lands late: its connection held until it lands, then a 504 (the
+            gateway's, not the registry's answer), or reset at once (late_landing_reset)."""
+            if late.reset:
+                reset_connection(self)
+            state.await_landing(late)
+            if not late.reset:
+                self._answer(504, {"code": "GATEWAY_TIMEOUT"})
 
         def do_GET(self):
             self._route("GET")

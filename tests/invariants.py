@@ -8,9 +8,12 @@ status, attempts, claim token, note (the end of last_error, or "late success not
 set late_success_at, the sweep's note that must change nothing else). check() then reads that
 history, the attempt logs and the audit trail and answers the violations: something lost, a
 settled row changed by a late writer, attempts differing from the claims made or past the
-budget, an abandoned registration the registry holds, an audit entry missing or extra for a
-person's write, a tally differing from its rows. It needs in `figures`: "replayed" (what replay_dead took), "person_writes" (the outcomes
-person_registry_write counted) and "registry_holds" (registry_holds of the simulator).
+budget, an abandoned registration the registry holds, a registration abandoned or suspended
+while the registry holds an unrevoked submission for it, an audit entry missing or extra for a
+person's write, a tally differing from its rows. It needs in `figures`: "replayed" (what
+replay_dead took), "person_writes" (the outcomes person_registry_write counted),
+"registry_holds" (registry_holds of the simulator) and "registry_unrevoked" (registry_unrevoked
+of the simulator, read once every late register landed).
 """
 
 from collections import Counter, defaultdict
@@ -103,6 +106,19 @@ def registry_holds(sim) -> list[str]:
     return sorted({r["upi"] for r in sim.state.requests.values() if r["status"] != "rejected"})
 
 
+def registry_unrevoked(sim) -> list[str]:
+    """The UPIs the registry simulator holds an unrevoked submission for: a request it is still
+    checking, or one it registered whose registration was not deactivated (rejected ones, and
+    registrations deactivated, do not count)."""
+    state = sim.state
+    with state.lock:
+        return sorted({
+            r["upi"] for r in state.requests.values()
+            if r["status"] == "checking"
+            or (r["status"] == "registered" and state.registrations.get(r["registrationId"], {}).get("active"))
+        })  # fmt: skip
+
+
 # -- the checks ---------------------------------------------------------------------------------------
 
 # The invariants, as the runs print them; every violation is a sentence under one of them.
@@ -111,27 +127,38 @@ SETTLED = "no settled delivery changed, but dead -> pending by a replay"
 ATTEMPTS = "every claim counts one attempt; attempts = claims, within the budget"
 LATE = "late writes changed nothing; the attempt log matches the history"
 ABANDONED = "abandoned stays abandoned, and the registry holds nothing for it"
+WITHDRAWN = (
+    "no registration ends abandoned or suspended while the registry holds an unrevoked submission for it"
+)
 AUDIT = "one audit entry per person's write that took a row"
 TALLY = "the tallies equal the rows they count"
-INVARIANTS = (LOST, SETTLED, ATTEMPTS, LATE, ABANDONED, AUDIT, TALLY)
+INVARIANTS = (LOST, SETTLED, ATTEMPTS, LATE, ABANDONED, WITHDRAWN, AUDIT, TALLY)
 LATE_SUCCESS_NOTED = "late success noted"  # the history's note of a change to late_success_at only
 
 
 class Violations(list):
-    """The violations' sentences, in the order found, and how many each invariant had."""
+    """The violations' sentences, in the order found, and how many each invariant had; and apart
+    from them, those of an invariant not enforced (`unenforced`, `unenforced_by_invariant`)."""
 
     def __init__(self):
         super().__init__()
         self.by_invariant = Counter()
+        self.unenforced: list[str] = []
+        self.unenforced_by_invariant = Counter()
 
-    def add(self, invariant: str, sentence: str) -> None:
+    def add(self, invariant: str, sentence: str, *, enforced: bool = True) -> None:
+        if not enforced:
+            self.unenforced_by_invariant[invariant] += 1
+            self.unenforced.append(sentence)
+            return
         self.by_invariant[invariant] += 1
         self.append(sentence)
 
 
-def check(figures, *, max_attempts: int) -> Violations:
+def check(figures, *, max_attempts: int, withdrawn_enforced: bool = True) -> Violations:
     """Every invariant, from the history, the attempt logs and the audit trail; returns the
-    violations (sentences) and adds what it counted to `figures`."""
+    violations (sentences) and adds what it counted to `figures`. With `withdrawn_enforced` false,
+    what WITHDRAWN finds is reported apart (Violations.unenforced), not as violations."""
     from django.db import connection
     from django.db.models import Count
 
@@ -230,6 +257,21 @@ def check(figures, *, max_attempts: int) -> Violations:
     for upi in sorted(abandoned_upis & held):
         violations.add(
             ABANDONED, f"registration of {upi} abandoned while the registry holds a submission for it"
+        )
+
+    # Registrations: none ends abandoned or suspended (given up, or withdrawn as never accepted)
+    # while the registry holds a submission it may still grant, or granted and still has active.
+    unrevoked = set(figures.pop("registry_unrevoked", []))
+    withdrawn = Registration.objects.filter(
+        status__in=["abandoned", "suspended"], passport__upi__in=unrevoked
+    )
+    found = sorted(withdrawn.values_list("passport__upi", "status"))
+    figures["withdrawn_while_the_registry_holds_it"] = dict(Counter(status for _, status in found))
+    for upi, status in found:
+        violations.add(
+            WITHDRAWN,
+            f"registration of {upi} ended {status} while the registry holds an unrevoked submission for it",
+            enforced=withdrawn_enforced,
         )
 
     # Registrations: abandoned stays abandoned; people's writes audited once each.

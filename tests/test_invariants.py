@@ -1,9 +1,11 @@
 """The long runs' end-of-run check (tests/invariants.py) must be able to fail: here it reads a
 history made by real guarded writes (the registry's, and the sweep's note of a late 2xx), then
 one made by a writer that ignores its guard, inside a test's transaction (the history table and
-its triggers are rolled back with it)."""
+its triggers are rolled back with it); and registrations abandoned or suspended against what a
+registry simulator's state holds."""
 
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.utils import timezone
@@ -12,6 +14,7 @@ from outbox import consumers
 from outbox.models import Delivery, DeliveryAttempt
 from outbox.sweep import Finished, finish_attempts
 from registry.models import Registration, RegistrationAttempt
+from registry.simulator import RegistryState
 from tests import invariants
 from tests.factories import DeliveryFactory, RegistrationFactory
 
@@ -112,3 +115,69 @@ def test_a_late_success_note_that_changed_the_row_is_a_violation():
 
     found = delivery_violations()
     assert len(found) == 1 and found[0].startswith("noting a late success changed delivery")
+
+
+# -- no registration ends abandoned or suspended while the registry holds an unrevoked submission
+
+
+def registry(*submissions):
+    """A registry simulator's state holding, per (upi, what): a request it is "checking", one it
+    "registered" (its registration active), one it registered and "deactivated", or "rejected"."""
+    state = RegistryState(token="t")
+    for n, (upi, what) in enumerate(submissions):
+        state.hold(upi, f"req-{n}", status="rejected" if what == "rejected" else "checking")
+        if what in ("registered", "deactivated"):
+            state.check(f"req-{n}")
+        if what == "deactivated":
+            state.deactivate(state.requests[f"req-{n}"]["registrationId"])
+    return SimpleNamespace(state=state)
+
+
+def withdrawn_found(sim, *, enforced=True):
+    invariants.install_history()
+    figures = {"replayed": 0, "person_writes": {}, "registry_holds": [],
+               "registry_unrevoked": invariants.registry_unrevoked(sim)}  # fmt: skip
+    found = invariants.check(figures, max_attempts=8, withdrawn_enforced=enforced)
+    return [v for v in found if "unrevoked" in v], found, figures
+
+
+@pytest.mark.parametrize("status", ["abandoned", "suspended"])
+@pytest.mark.parametrize("submission", ["checking", "registered"])
+def test_a_registration_withdrawn_while_the_registry_holds_an_unrevoked_submission_is_a_violation(
+    status, submission
+):
+    reg = RegistrationFactory(status=status)
+    upi = reg.passport.upi
+    found, violations, figures = withdrawn_found(registry((upi, submission)))
+    assert found == [
+        f"registration of {upi} ended {status} while the registry holds an unrevoked submission for it"
+    ]
+    assert violations.by_invariant[invariants.WITHDRAWN] == 1
+    assert figures["withdrawn_while_the_registry_holds_it"] == {status: 1}
+
+
+@pytest.mark.parametrize(
+    "status, submission",
+    [("suspended", "deactivated"), ("abandoned", "rejected"), ("suspended", "rejected"), ("registered", "registered"),
+     ("pending", "checking"), ("deactivated", "deactivated")],
+)  # fmt: skip
+def test_what_the_registry_revoked_or_a_registration_that_stands_is_no_violation(status, submission):
+    reg = RegistrationFactory(status=status)
+    found, _, figures = withdrawn_found(registry((reg.passport.upi, submission)))
+    assert found == [] and figures["withdrawn_while_the_registry_holds_it"] == {}
+
+
+def test_another_passports_submission_is_no_violation():
+    RegistrationFactory(status="suspended")
+    found, _, _ = withdrawn_found(registry(("https://id.example.eu/01/1/21/SOMEONE-ELSE", "checking")))
+    assert found == []
+
+
+def test_a_withdrawn_registration_not_enforced_is_reported_apart():
+    reg = RegistrationFactory(status="suspended")
+    _, violations, figures = withdrawn_found(registry((reg.passport.upi, "checking")), enforced=False)
+    assert list(violations) == [] and violations.by_invariant[invariants.WITHDRAWN] == 0
+    assert violations.unenforced == [
+        f"registration of {reg.passport.upi} ended suspended while the registry holds an unrevoked submission for it"
+    ]
+    assert figures["withdrawn_while_the_registry_holds_it"] == {"suspended": 1}

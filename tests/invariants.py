@@ -4,16 +4,16 @@ and end with the same check().
 
 install_history() puts an AFTER UPDATE trigger on `outbox_delivery` and `registry_registration`
 of the run's own database (never the test database) that records every change: old and new
-status, attempts, claim token, note (the end of last_error, or "late success noted" when the write
-set late_success_at, the sweep's note that must change nothing else). check() then reads that
-history, the attempt logs and the audit trail and answers the violations: something lost, a
-settled row changed by a late writer, attempts differing from the claims made or past the
-budget, an abandoned registration the registry holds, a registration abandoned or suspended
-while the registry holds an unrevoked submission for it, an audit entry missing or extra for a
-person's write, a tally differing from its rows. It needs in `figures`: "replayed" (what
-replay_dead took), "person_writes" (the outcomes person_registry_write counted),
-"registry_holds" (registry_holds of the simulator) and "registry_unrevoked" (registry_unrevoked
-of the simulator, read once every late register landed).
+status, attempts, claim token, note (for a delivery the end of last_error, or "late success
+noted" when the write set late_success_at, the sweep's note that must change nothing else; for a
+registration the note its update wrote). check() then reads that history, the attempt logs and
+the audit trail and answers the violations: something lost, a settled row changed by a late
+writer, attempts differing from the claims made or past the budget, an abandoned registration
+the registry holds, a registration abandoned or suspended while the registry holds an unrevoked
+submission for it, an audit entry missing or extra for a person's write, a tally differing from
+its rows. It needs in `figures`: "replayed" (what replay_dead took), "person_writes" (the
+outcomes person_registry_write counted), "registry_holds" (registry_holds of the simulator) and
+"registry_unrevoked" (registry_unrevoked of the simulator, read once every late register landed).
 """
 
 from collections import Counter, defaultdict
@@ -39,7 +39,10 @@ BEGIN
     INSERT INTO torture_history (tbl, row_id, old_status, new_status, old_attempts, new_attempts,
                                  old_token, new_token, note)
     VALUES (TG_TABLE_NAME, NEW.id, OLD.status, NEW.status, OLD.attempts, NEW.attempts,
-            OLD.claim_token, NEW.claim_token, left(NEW.note, 60));
+            OLD.claim_token, NEW.claim_token,
+            -- the note this update wrote (none if it left the note as it was): a note outlives the
+            -- write that made it ("handle recorded by ..." stays through deactivation and a publish)
+            CASE WHEN NEW.note IS DISTINCT FROM OLD.note THEN left(NEW.note, 60) END);
     RETURN NEW;
 END $$ LANGUAGE plpgsql;
 CREATE TRIGGER torture_delivery AFTER UPDATE ON outbox_delivery
@@ -91,8 +94,10 @@ def person_registry_write(rng, outcomes: Counter, *, actor: str) -> None:
     pid, status = rng.choice(regs)
     try:
         if status == "submitted" and rng.random() < 0.3:
+            # Each reason its own, so each recorded handle writes a note of its own (the history
+            # tells a person's handle from the drain's by the note the update wrote).
             service.record_handle(pid, handle=f"reg-hand-{rng.randrange(10**6)}", actor=actor,
-                                  reason="read off the registry portal")  # fmt: skip
+                                  reason=f"read off the registry portal (#{outcomes['handle recorded'] + 1})")  # fmt: skip
             outcomes["handle recorded"] += 1
         else:
             result = service.abandon(pid, actor=actor, reason="the registry keeps refusing it")

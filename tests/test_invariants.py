@@ -75,6 +75,19 @@ def test_a_registry_write_logged_as_taken_must_be_in_the_history():
     assert found == ["1 registry writes logged as taken are not in the history"]
 
 
+def test_a_drain_write_on_a_row_whose_note_a_person_wrote_earlier_is_the_drains():
+    """A note outlives its write: "handle recorded by …" stays on the row through a suspend's
+    deactivation (and a publish again). The drain's write then is still the drain's, not a person's."""
+    invariants.install_history()
+    reg = RegistrationFactory(status="pending", operation="deactivate", note="handle recorded by ops: seen")
+    claim = Registration.objects.claim(limit=1)
+    assert Registration.objects.filter(pk=reg.pk).mark_deactivated(token=claim.token)
+    line(reg, claim.token, "deactivated", late=False)
+
+    found, figures = registry_late_violations()
+    assert found == [] and figures["audit_entries"]["registry_handle_recorded"] == 0
+
+
 # -- deliveries: a late 2xx's note (lateSuccessAt) ---------------------------------------------------
 
 

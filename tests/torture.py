@@ -4,18 +4,28 @@ Phase 1: several real `odal outbox sweep` processes deliver thousands of deliver
 webhook server that at random answers fast, fails, or stalls past the claim hold, while this
 driver SIGKILLs and restarts sweeps and replays dead rows.
 Phase 2: `odal registry drain` processes work against the registry simulator with faults on
-(lost replies, a slow task list read newest first), while the driver races abandon and
-record-handle against them (and keeps killing drains).
+(lost replies, a slow task list read newest first), while the driver races abandon,
+record-handle, suspend and publish-again against them (and keeps killing drains). With
+--late-landings (tests/invariants.py: LATE_LANDINGS says whether by default), the first register
+of some passports reaches the registry seconds after the drain gave up on it.
+
+What the run must show it makes happen (tests/invariants.py, and the STRAGGLER below): a
+delivery that dies and is replayed, a late write refused, a registration abandoned, and with late
+landings an abandon and a suspend made while such a register is on its way. Each phase goes on
+past its time (killing nothing, at most SCENARIO_GRACE seconds) until they happened; a run that
+still misses one says NOT EXERCISED and fails.
 
 A database-side history (tests/invariants.py: triggers installed in the torture database only)
 records every UPDATE of a delivery or registration. At the end the driver checks (the same
 invariants.check as make partition), and prints, that nothing was lost,
 no late writer changed a settled row, every row's attempts equal the claims made on it (less the
 claims given back unstarted) and stay within budget, every abandoned registration stayed
-abandoned and is held by the registry under no request, and the audit trail has exactly
+abandoned and is held by the registry under no request, no registration ended abandoned or
+suspended while the registry holds an unrevoked submission for it (once every late register
+landed; without late landings this is only reported), and the audit trail has exactly
 one entry per person's write that took a row. Exit 1 on any violation.
 
-Usage: python tests/torture.py [--seconds 60] [--registry-seconds 40] [--events 1000]
+Usage: python tests/torture.py [--seconds 60] [--registry-seconds 40] [--events 1000] [--late-landings]
 (DATABASE_URL must name a PostgreSQL server; tests/pg.py finds one.)
 """
 
@@ -34,12 +44,15 @@ from pathlib import Path
 from urllib.parse import urlparse, urlunparse
 
 try:  # run as `python tests/torture.py`
-    from invariants import check, install_history, person_registry_write, registry_holds, replay_dead
+    import invariants
 except ModuleNotFoundError:  # imported as tests.torture (bench/run.py takes its database helpers)
-    from tests.invariants import check, install_history, person_registry_write, registry_holds, replay_dead
+    from tests import invariants
 
 ROOT = Path(__file__).resolve().parent.parent
-HOLD = 1  # seconds: stalls of 2.5 s outlive it
+HOLD = 1  # seconds: stalls outlive it
+STRAGGLER = "straggler"  # in an event's payload: its deliveries' first attempts all stall...
+STRAGGLER_STALL = 8.0  # ...until another attempt delivered their row, or this long (consumers: 10 s)
+REGISTRY_HOLD = 2  # seconds: the drains' hold, past the registry's timeout (invariants.REGISTRY_TIMEOUT)
 MAX_ATTEMPTS = 3
 
 
@@ -94,25 +107,38 @@ class Workers:
                 proc.kill()
 
 
-def webhook_server(rng: random.Random, stall: float):
+def webhook_server(rng: random.Random, stall: float, straggler_stall: float):
     lock = threading.Lock()
     seen = Counter()
     first_attempts: set[str] = set()
+    delivered: dict[str, threading.Event] = {}  # webhook-id: answered 2xx by an attempt that did not stall
+    doomed = invariants.Doomed(MAX_ATTEMPTS)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def do_POST(self):
-            self.rfile.read(int(self.headers.get("content-length") or 0))
+            body = self.rfile.read(int(self.headers.get("content-length") or 0))
+            webhook_id = self.headers.get("webhook-id")
             with lock:
                 roll = rng.random()
-                first = self.headers.get("webhook-id") not in first_attempts
-                first_attempts.add(self.headers.get("webhook-id"))
-            # Only a first attempt stalls: its hold runs out, another sweep delivers the row, and
-            # the stalled attempt then reports late (retries do not stall again).
-            if first and roll < 0.10:
+                first = webhook_id not in first_attempts
+                first_attempts.add(webhook_id)
+                answered = delivered.setdefault(webhook_id, threading.Event())
+            # Only a first attempt stalls (a tenth of them, and every one of a STRAGGLER event's
+            # deliveries): its hold runs out, another attempt delivers the row, and only then (or
+            # after `stall` seconds, `straggler_stall` for a straggler) is the stalled one
+            # answered, so it reports late. Retries do not stall again.
+            if doomed.fails(webhook_id, body):
+                seen["failed (doomed until replayed)"] += 1
+                status = 500
+            elif first and invariants.payload_says(body, STRAGGLER):
+                seen["straggler: stalled until another attempt delivered it"] += 1
+                answered.wait(straggler_stall)
+                status = 204
+            elif first and roll < 0.10:
                 seen["stalled past the hold"] += 1
-                time.sleep(stall)
+                answered.wait(stall)
                 status = 204
             elif roll < 0.40:
                 seen["failed"] += 1
@@ -120,6 +146,7 @@ def webhook_server(rng: random.Random, stall: float):
             else:
                 seen["fast"] += 1
                 status = 204
+                answered.set()
             self.send_response(status)
             self.send_header("content-length", "0")
             self.end_headers()
@@ -160,9 +187,9 @@ def phase_deliveries(args, env, rng, figures):
     from django.db import transaction
 
     from outbox.events import emit
-    from outbox.models import Consumer, Delivery
+    from outbox.models import Consumer, Delivery, DeliveryAttempt
 
-    server, seen = webhook_server(rng, stall=HOLD + 2.0)
+    server, seen = webhook_server(rng, stall=HOLD + 2.0, straggler_stall=STRAGGLER_STALL)
     url = f"http://127.0.0.1:{server.server_address[1]}/hooks"
     for name in ("site-builder", "billing", "deployer"):
         Consumer.objects.create(name=name, url=url, max_attempts=MAX_ATTEMPTS, timeout_seconds=10)
@@ -173,6 +200,7 @@ def phase_deliveries(args, env, rng, figures):
     # stalls are claimed again while it stalls and it reports late (a handful of late writes in
     # the short form, not 0 to 3 depending on how fast the machine drains the backlog).
     burst = args.events // 2
+    invariants.Doomed.emit()  # dies for sure: the run replays it
     for start in range(0, burst, 250):
         with transaction.atomic():
             for i in range(start, min(burst, start + 250)):
@@ -191,21 +219,40 @@ def phase_deliveries(args, env, rng, figures):
             sweeps.kill_one(rng)
             next_kill = now + rng.uniform(1.0, 3.0)
         if now >= next_replay:
-            replayed += replay_dead(actor="torture:driver", reason="torture replay")
+            replayed += invariants.replay_dead(actor="torture:driver", reason="torture replay")
             next_replay = now + rng.uniform(1.0, 3.0)
         time.sleep(0.1)
     waves.join()
     created = Delivery.objects.count()
-    # Let the survivors settle what is due (still replaying dead rows, no more kills), then stop.
+    # Let the survivors settle what is due (still replaying dead rows, no more kills), then stop;
+    # not before what the run must show happened (at most SCENARIO_GRACE seconds more): the doomed
+    # deliveries dead and replayed, and a late write refused. A machine so busy that no stalled
+    # attempt's row was claimed again in time (or each stalled sweep was killed) had none: then,
+    # once nothing else is due, a STRAGGLER event, whose first attempts are answered only once
+    # another attempt delivered their row.
     settle = time.monotonic() + args.settle
-    while time.monotonic() < settle and Delivery.objects.filter(status__in=["pending", "dead"]).exists():
-        replayed += replay_dead(actor="torture:driver", reason="torture replay")
+    grace = time.monotonic() + invariants.SCENARIO_GRACE
+    stragglers = 0
+    next_straggler = time.monotonic()
+    while (
+        time.monotonic() < settle and Delivery.objects.filter(status__in=["pending", "dead"]).exists()
+    ) or (not (replayed and DeliveryAttempt.objects.filter(late=True).exists()) and time.monotonic() < grace):
+        replayed += invariants.replay_dead(actor="torture:driver", reason="torture replay")
+        if (
+            time.monotonic() >= next_straggler
+            and not DeliveryAttempt.objects.filter(late=True).exists()
+            and not Delivery.objects.due().exists()
+        ):
+            with transaction.atomic():
+                emit("passport.published", {"dppId": f"straggler-{stragglers}", STRAGGLER: True})
+            stragglers += 1
+            next_straggler = time.monotonic() + STRAGGLER_STALL + HOLD
         time.sleep(0.5)
     sweeps.stop()
     server.shutdown()
     figures.update(
         deliveries_created=created, sweep_processes=args.sweeps, sweep_kills=sweeps.kills, replayed=replayed,
-        webhook_answers=dict(seen),
+        webhook_answers=dict(seen), straggler_events=stragglers,
     )  # fmt: skip
 
 
@@ -220,25 +267,21 @@ def phase_registry(args, env, rng, figures):
     from registry.models import Registration
     from registry.simulator import make_server
 
-    # A slow task list read newest first: a register whose reply is lost during an abandon's
-    # lookup lands on a page the lookup has read already (the race abandon's guard closes).
-    sim = make_server(port=0, token="torture", faults={"latency": 0.05, "refuse_upi_containing": "REFUSE",
-                                                        "checks_until_registered": 3, "page_size": 20,
-                                                        "task_list_newest_first": True,
-                                                        "task_list_latency": 0.02})  # fmt: skip
+    late = args.late_landings
+    sim = make_server(port=0, token="torture", faults=invariants.simulator_faults(late_landings=late))
     threading.Thread(target=sim.serve_forever, daemon=True).start()
     sim_url = f"http://127.0.0.1:{sim.server_address[1]}"
     settings.ODAL_REGISTRY_URL, settings.ODAL_REGISTRY_TOKEN = sim_url, "torture"
+    # The registry's timeout (invariants.REGISTRY_ENV, in env) below the drains' hold, as in production.
     drain_env = {**env, "ODAL_REGISTRY_URL": sim_url, "ODAL_REGISTRY_TOKEN": "torture",
-                 "ODAL_BACKOFF_BASE_SECONDS": "1", "ODAL_REGISTRY_CHECK_SECONDS": "0"}  # fmt: skip
+                 "ODAL_BACKOFF_BASE_SECONDS": "1", "ODAL_REGISTRY_CHECK_SECONDS": "0",
+                 "ODAL_CLAIM_HOLD_SECONDS": str(REGISTRY_HOLD)}  # fmt: skip
     for i in range(args.passports):
-        kind = "REFUSE" if i % 3 == 0 else "OK"
-        passport = Passport.objects.create(
-            upi=f"https://id.example.eu/01/1/21/{kind}-{i}", operator_id="OP-T"
-        )
+        passport = Passport.objects.create(upi=invariants.run_upi(i, late_landings=late), operator_id="OP-T")
         lifecycle.publish(passport.pk, actor="torture:driver")
-    drains = Workers("drain", ["registry", "drain", "--batch", "10"], drain_env, args.drains)
     outcomes = Counter()
+    scenarios = invariants.Scenarios(sim, outcomes, actor="torture:person", late_landings=late)
+    drains = Workers("drain", ["registry", "drain", "--batch", "10"], drain_env, args.drains)
     deadline = time.monotonic() + args.registry_seconds
     next_kill = time.monotonic()
     while time.monotonic() < deadline:
@@ -248,16 +291,36 @@ def phase_registry(args, env, rng, figures):
         roll = rng.random()
         if roll < 0.1:
             sim.state.faults.update(lost_reply=rng.randint(0, 2), register_5xx=rng.randint(0, 3))
-        person_registry_write(rng, outcomes, actor="torture:person")
+        elif roll < 0.15:
+            invariants.person_lifecycle_write(rng, outcomes, actor="torture:person")
+        invariants.person_registry_write(rng, outcomes, actor="torture:person")
+        scenarios.tick()
         time.sleep(0.02)
+    # No more kills, faults or people. What the run must show and has not yet (a machine so busy
+    # that killed drains were still starting when killed again) is made to happen now, then the
+    # drains settle what they still owe (a late register on its way, a deactivation, a submission
+    # being checked) and stop.
+    sim.state.faults.update(lost_reply=0, register_5xx=0)
+    past = time.monotonic()
+    while not scenarios.done() and time.monotonic() < past + invariants.SCENARIO_GRACE:
+        scenarios.tick()
+        time.sleep(0.02)
+    figures["registry_seconds_past_their_time"] = round(time.monotonic() - past, 1)
+    settle = time.monotonic() + args.settle + invariants.LANDING_DELAY + invariants.SETTLE_SECONDS
+    while time.monotonic() < settle and not invariants.registry_settled(sim):
+        time.sleep(0.2)
     drains.stop()
+    sim.state.land_pending()  # what is still on its way lands now: nothing else happens any more
     sim.shutdown()
-    # What the registry holds, for the check that no abandoned registration is held there.
-    figures["registry_holds"] = registry_holds(sim)
+    # What the registry holds, for the checks that no abandoned (or suspended) registration is held there.
+    figures["registry_holds"] = invariants.registry_holds(sim)
+    figures["registry_unrevoked"] = invariants.registry_unrevoked(sim)
     figures.update(
         registrations=Registration.objects.count(), drain_processes=args.drains, drain_kills=drains.kills,
-        person_writes=dict(sorted(outcomes.items())),
+        person_writes=dict(sorted(outcomes.items())), late_landings=late, scenarios=scenarios.figures(),
+        registry_settled=invariants.registry_settled(sim),
     )  # fmt: skip
+    return scenarios.shortfalls()
 
 
 def main() -> int:
@@ -272,6 +335,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--database", default="odal_torture")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--late-landings", action=argparse.BooleanOptionalAction, default=invariants.LATE_LANDINGS,
+        help="registers that reach the registry after the drain gave up on them, and the invariant that no "
+        "registration ends abandoned or suspended while the registry holds it enforced (without: reported)",
+    )  # fmt: skip
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
         print("torture needs DATABASE_URL naming PostgreSQL (run it through make torture)", file=sys.stderr)
@@ -281,7 +349,7 @@ def main() -> int:
     recreate_database(args.database)
     url = database_url(args.database)
     env = {**os.environ, "DATABASE_URL": url, "ODAL_CLAIM_HOLD_SECONDS": str(HOLD), "ODAL_BACKOFF_BASE_SECONDS": "0",
-           "ODAL_KICK_SWEEP": "false", "ODAL_LOG_LEVEL": "ERROR"}  # fmt: skip
+           "ODAL_KICK_SWEEP": "false", "ODAL_LOG_LEVEL": "ERROR", **invariants.REGISTRY_ENV}  # fmt: skip
     subprocess.run([sys.executable, "-m", "odal", "migrate", "-v", "0"], env=env, cwd=ROOT, check=True)
     os.environ.update(env)
     os.environ["DJANGO_SETTINGS_MODULE"] = "odal.settings"
@@ -291,26 +359,36 @@ def main() -> int:
     django.setup()
     from django.db import connection
 
-    install_history()
+    invariants.install_history()
     figures = {"seed": seed}
     started = time.monotonic()
     try:
         phase_deliveries(args, env, rng, figures)
-        phase_registry(args, env, rng, figures)
-        violations = check(figures, max_attempts=MAX_ATTEMPTS)
+        shortfalls = phase_registry(args, env, rng, figures)
+        violations = invariants.check(
+            figures, max_attempts=MAX_ATTEMPTS, withdrawn_enforced=args.late_landings
+        )
     finally:
         connection.close()
+    if not figures["replayed"]:
+        shortfalls.append("a dead delivery replayed: none was")
+    if not figures["late_writes_refused"]:
+        shortfalls.append("a late delivery write refused: none was")
     figures["wall_seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(figures, indent=2, default=str))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)  # var/ is not there in a fresh clone
         Path(args.json).write_text(json.dumps(figures, indent=2, default=str))
+    for line in violations.unenforced:
+        print(f"NOT ENFORCED (without --late-landings): {line}")
     for line in violations:
         print(f"VIOLATION: {line}")
+    for line in shortfalls:
+        print(f"NOT EXERCISED: {line}")
     print(f"torture: {len(violations)} violations (seed {seed})")
-    if not violations:
+    if not violations and not shortfalls:
         drop_database(args.database)
-    return 1 if violations else 0
+    return 1 if violations or shortfalls else 0
 
 
 if __name__ == "__main__":

@@ -18,18 +18,24 @@ with a seed:
 - SIGKILLs a host's sweep, its whole django-q2 cluster, or one process of a cluster (worker,
   monitor or pusher, which the cluster replaces), and restarts what it killed; a process that
   exits on its own is restarted too (as a supervisor would) and counted;
-- publishes passports, replays dead deliveries, abandons registrations and records handles,
-  as people would.
+- publishes passports, suspends and publishes them again, replays dead deliveries, abandons
+  registrations and records handles, as people would;
+- makes happen what it must show (tests/invariants.py's Scenarios): a delivery that dies and is
+  replayed, a registration abandoned, and with --late-landings (invariants.LATE_LANDINGS says
+  whether by default; the first register of some passports then reaches the registry seconds
+  after its drain gave up on it) an abandon and a suspend made while such a register is on its
+  way; it goes on (at most SCENARIO_GRACE seconds) until they happened.
 Then it heals everything, lets the hosts settle, stops them and checks the torture run's
 invariants (tests/invariants.py) and its own: the backends of a host cut off for long ended.
 Prints the figures, every invariant's result and `partition: N violations (seed S)`; exit 1
-on any violation (or when the run made fewer partitions or kills than asked for).
+on any violation (or when the run made fewer partitions or kills than asked for, or missed a
+scenario).
 
 Needs root, `ip netns`, PostgreSQL's initdb/pg_ctl (run as the postgres user) and
 redis-server. One run at a time on a machine (a lock file); leftovers of a killed run (names
 odp-…, folders /tmp/odal_partition-…) are removed at the start.
 
-Usage: python tests/partition.py [--hosts 3] [--seconds 240] [--settle 30] [--seed N]
+Usage: python tests/partition.py [--hosts 3] [--seconds 240] [--settle 30] [--seed N] [--late-landings]
 """
 
 import argparse
@@ -250,6 +256,7 @@ class Receiver:
         self.by_host = Counter()
         self.seen = Counter()
         self.first_attempts: set = set()
+        self.doomed = invariants.Doomed(MAX_ATTEMPTS)
         hosts = {Network.client_addr(h, "service"): h for h in range(1, 10)}
         receiver = self
 
@@ -258,7 +265,7 @@ class Receiver:
             disable_nagle_algorithm = True
 
             def do_POST(self):
-                self.rfile.read(int(self.headers.get("content-length") or 0))
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 host = hosts.get(self.client_address[0], 0)
                 with receiver.lock:
                     receiver.in_flight[host] += 1
@@ -267,7 +274,10 @@ class Receiver:
                     first = self.headers.get("webhook-id") not in receiver.first_attempts
                     receiver.first_attempts.add(self.headers.get("webhook-id"))
                 try:
-                    if first and roll < 0.10:
+                    if receiver.doomed.fails(self.headers.get("webhook-id"), body):
+                        receiver.seen["failed (doomed until replayed)"] += 1
+                        status = 500
+                    elif first and roll < 0.10:
                         receiver.seen["stalled past the hold"] += 1
                         time.sleep(HOLD + 1.5)
                         status = 204
@@ -521,21 +531,24 @@ class Killer(threading.Thread):
             self.error = exc
 
 
-def people(args, sim, rng: random.Random, figures: dict, until: float) -> None:
-    """What people do while the hosts work: publish passports, replay dead deliveries, abandon
-    registrations and record handles; the registry's faults come and go."""
+def people(args, sim, rng: random.Random, figures: dict, until: float) -> "invariants.Scenarios":
+    """What people do while the hosts work: publish passports, suspend and publish them again,
+    replay dead deliveries, abandon registrations and record handles; the registry's faults come
+    and go. Returns the scenarios they make happen as they go (make_happen finishes them)."""
     from odal import lifecycle
     from odal.models import Passport
 
+    late = args.late_landings
     outcomes = Counter()
+    scenarios = invariants.Scenarios(sim, outcomes, actor="partition:person", late_landings=late)
+    invariants.Doomed.emit()  # dies for sure: replayed below
     published = replayed = 0
     next_publish = next_replay = time.monotonic()
     while time.monotonic() < until:
         now = time.monotonic()
         if now >= next_publish:
-            kind = "REFUSE" if published % 3 == 0 else "OK"
             passport = Passport.objects.create(
-                upi=f"https://id.example.eu/01/1/21/{kind}-{published}", operator_id="OP-P"
+                upi=invariants.run_upi(published, late_landings=late), operator_id="OP-P"
             )
             lifecycle.publish(passport.pk, actor="partition:driver")
             published += 1
@@ -547,22 +560,49 @@ def people(args, sim, rng: random.Random, figures: dict, until: float) -> None:
             sim.state.faults.update(lost_reply=rng.randint(0, 2), register_5xx=rng.randint(0, 3))
         if rng.random() < 0.5:
             invariants.person_registry_write(rng, outcomes, actor="partition:person")
+        if rng.random() < 0.15:
+            invariants.person_lifecycle_write(rng, outcomes, actor="partition:person")
+        scenarios.tick()
         time.sleep(0.05)
-    figures.update(publishes=published, replayed=replayed, person_writes=dict(sorted(outcomes.items())))
+    sim.state.faults.update(lost_reply=0, register_5xx=0)
+    figures.update(publishes=published, replayed=replayed, late_landings=late)
+    return scenarios
 
 
-def settle(seconds: float, figures: dict) -> None:
-    """Everything healed, no more kills: replay what is dead until nothing is pending or dead."""
+def make_happen(scenarios: "invariants.Scenarios", hosts: "Hosts", figures: dict) -> None:
+    """Healed, nothing killed any more: what the run must show and has not yet (a replay, the
+    scenarios: a machine so busy that killed processes were still starting when killed again) is
+    made to happen now, for SCENARIO_GRACE seconds at most; processes that end are restarted."""
+    started = time.monotonic()
+    while (
+        not (scenarios.done() and figures["replayed"])
+        and time.monotonic() - started < invariants.SCENARIO_GRACE
+    ):
+        hosts.restart_the_ended()
+        figures["replayed"] += invariants.replay_dead(actor="partition:driver", reason="partition replay")
+        scenarios.tick()
+        time.sleep(0.1)
+    figures["people_seconds_past_their_time"] = round(time.monotonic() - started, 1)
+    figures["person_writes"] = dict(sorted(scenarios.outcomes.items()))
+
+
+def settle(seconds: float, figures: dict, sim) -> None:
+    """Everything healed, no more kills: replay what is dead until nothing is pending or dead, and
+    let the hosts settle what the registrations still owe (invariants.registry_settled: a late
+    register on its way, a deactivation, a submission being checked)."""
     from outbox.models import Delivery
 
     started = time.monotonic()
+    deliveries_settled = False
     while time.monotonic() - started < seconds:
         figures["replayed"] += invariants.replay_dead(actor="partition:driver", reason="partition replay")
-        if not Delivery.objects.filter(status__in=["pending", "dead"]).exists():
+        deliveries_settled = not Delivery.objects.filter(status__in=["pending", "dead"]).exists()
+        if deliveries_settled and invariants.registry_settled(sim):
             break
         time.sleep(0.5)
-    else:
+    if not deliveries_settled:
         figures["unsettled_database_activity"] = activity()
+    figures["registry_settled"] = invariants.registry_settled(sim)
     figures["settle_seconds"] = round(time.monotonic() - started, 1)
 
 
@@ -645,8 +685,11 @@ def report(figures: dict, results: Counter, violations: list, shortfalls: list, 
     print(f"deliveries by status: {figures['deliveries']} (owed {figures['deliveries_owed']}); "
           f"registrations by status: {figures['registrations_by_status']}")  # fmt: skip
     for invariant in (*invariants.INVARIANTS, SETTLED_ALL, BACKENDS_END):
-        n = results.get(invariant, 0)
-        print(f"  {'ok' if not n else f'VIOLATED x{n}':>13}  {invariant}")
+        n, unenforced = results.get(invariant, 0), violations.unenforced_by_invariant.get(invariant, 0)
+        said = f"VIOLATED x{n}" if n else f"not enforced x{unenforced}" if unenforced else "ok"
+        print(f"  {said:>20}  {invariant}")
+    for line in violations.unenforced:
+        print(f"NOT ENFORCED (without --late-landings): {line}")
     for line in violations:
         print(f"VIOLATION: {line}")
     for line in shortfalls:
@@ -697,17 +740,15 @@ def drive(args, seed, rng, network, folder, pg_port, redis_port, began) -> int:
     receiver = Receiver(random.Random(f"{seed}-receiver"))
     from registry.simulator import make_server
 
-    sim = make_server(SERVICE_ADDR, 0, token=TOKEN, faults={"latency": 0.05, "refuse_upi_containing": "REFUSE",
-                                                         "checks_until_registered": 3, "page_size": 20,
-                                                         "task_list_newest_first": True,
-                                                         "task_list_latency": 0.02})  # fmt: skip
+    faults = invariants.simulator_faults(late_landings=args.late_landings)
+    sim = make_server(SERVICE_ADDR, 0, token=TOKEN, faults=faults)
     threading.Thread(target=sim.serve_forever, args=(0.1,), daemon=True).start()
     # A short hold and budget, as the torture run has them; the registry's timeout below the hold,
     # as in production (10 s against 300 s). Webhook consumers time out after 8 s, past the hold,
     # so attempts outlive their claims and late writers come back.
     common = {"ODAL_CLAIM_HOLD_SECONDS": str(HOLD), "ODAL_BACKOFF_BASE_SECONDS": "1", "ODAL_REGISTRY_CHECK_SECONDS": "0",
               "ODAL_REGISTRY_URL": f"http://{SERVICE_ADDR}:{sim.server_address[1]}", "ODAL_REGISTRY_TOKEN": TOKEN,
-              "ODAL_REGISTRY_TIMEOUT_SECONDS": "1", "ODAL_Q_WORKERS": "2", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+              **invariants.REGISTRY_ENV, "ODAL_Q_WORKERS": "2", "PYTHONUNBUFFERED": "1"}  # fmt: skip
     driver_env = {**os.environ, **common, "ODAL_LOG_LEVEL": "ERROR",
                   "DATABASE_URL": f"postgres://postgres@127.0.0.1:{pg_port}/{DATABASE}",
                   "ODAL_BROKER_URL": f"redis://127.0.0.1:{redis_port}/0"}  # fmt: skip
@@ -740,7 +781,7 @@ def drive(args, seed, rng, network, folder, pg_port, redis_port, began) -> int:
     try:
         partitions.start()
         killer.start()
-        people(args, sim, rng, figures, until=started + args.seconds)
+        scenarios = people(args, sim, rng, figures, until=started + args.seconds)
         halt.set()
         partitions.join()
         killer.join()
@@ -749,7 +790,8 @@ def drive(args, seed, rng, network, folder, pg_port, redis_port, began) -> int:
             if thread.error:
                 raise thread.error
         hosts.restart_the_ended(pause=0)
-        settle(args.settle, figures)
+        make_happen(scenarios, hosts, figures)
+        settle(args.settle, figures, sim)
         stopping = time.monotonic()
         figures["not_stopped_by_sigterm"] = dict(hosts.stop())
         figures["stop_seconds"] = round(time.monotonic() - stopping, 1)
@@ -757,15 +799,18 @@ def drive(args, seed, rng, network, folder, pg_port, redis_port, began) -> int:
         halt.set()
         network.heal_all()
         hosts.stop(seconds=0)
+    sim.state.land_pending()  # what is still on its way lands now: nothing else happens any more
     sim.shutdown()
     receiver.server.shutdown()
+    figures["scenarios"] = scenarios.figures()
     figures.update(
         partitions=dict(partitions.cuts), cuts_mid_attempt=partitions.mid_attempt, long_database_cuts=partitions.long_cuts,
         kills=dict(hosts.kills), exits=dict(hosts.exits), exit_reasons=dict(hosts.exit_reasons.most_common(8)),
         webhook_answers=dict(receiver.seen), webhook_requests_by_host=dict(sorted(receiver.by_host.items())),
     )  # fmt: skip
     figures["registry_holds"] = invariants.registry_holds(sim)
-    violations = invariants.check(figures, max_attempts=MAX_ATTEMPTS)
+    figures["registry_unrevoked"] = invariants.registry_unrevoked(sim)
+    violations = invariants.check(figures, max_attempts=MAX_ATTEMPTS, withdrawn_enforced=args.late_landings)
     results = Counter(violations.by_invariant)
     for cut in partitions.long_cuts:
         if cut["ended_after_seconds"] is None and cut["backends_when_cut"]:
@@ -785,6 +830,9 @@ def drive(args, seed, rng, network, folder, pg_port, redis_port, began) -> int:
         shortfalls.append(f"{sum(partitions.cuts.values())} partitions, {args.require_partitions} asked for")
     if sum(hosts.kills.values()) < args.require_kills:
         shortfalls.append(f"{sum(hosts.kills.values())} process kills, {args.require_kills} asked for")
+    shortfalls += scenarios.shortfalls() + (
+        [] if figures["replayed"] else ["a dead delivery replayed: none was"]
+    )
     report(figures, results, violations, shortfalls, seed)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -830,6 +878,11 @@ def main() -> int:
     parser.add_argument("--require-kills", type=int, default=0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--late-landings", action=argparse.BooleanOptionalAction, default=invariants.LATE_LANDINGS,
+        help="registers that reach the registry after the drain gave up on them, and the invariant that no "
+        "registration ends abandoned or suspended while the registry holds it enforced (without: reported)",
+    )  # fmt: skip
     args = parser.parse_args()
     try:
         preconditions()

@@ -129,7 +129,7 @@ def person_lifecycle_write(rng, outcomes: Counter, *, actor: str) -> None:
     makes registrations suspended, deactivated and queued afresh), counted in `outcomes`. The
     runs' scenario passports are left alone, and so is a passport whose registration was
     abandoned (publishing it queues the registration afresh, which the history's "abandoned stays
-    abandoned" would read as a late write)."""
+    abandoned" would count as a violation)."""
     from odal import lifecycle
     from odal.models import Passport
 
@@ -158,7 +158,7 @@ def person_lifecycle_write(rng, outcomes: Counter, *, actor: str) -> None:
 REFUSED = "REFUSE"
 SIMULATOR_FAULTS = {"latency": 0.05, "refuse_upi_containing": REFUSED, "checks_until_registered": 3,
                     "page_size": 20, "task_list_newest_first": True, "task_list_latency": 0.02}  # fmt: skip
-# With late landings (--late-landings), the first register of each passport with LANDS_LATE in
+# With late landings (LATE_LANDINGS), the first register of each passport with LANDS_LATE in
 # its UPI reaches the registry LANDING_DELAY seconds after the drain gave up on it (its timeout,
 # REGISTRY_TIMEOUT, is shorter): the simulator's late_landing. The settle window is longer than
 # the delay, so a register odal no longer waits for has landed by the time it ends.
@@ -166,12 +166,13 @@ LANDS_LATE = "LANDS-LATE"
 LANDING_DELAY = 3.0
 REGISTRY_TIMEOUT = 1
 SETTLE_SECONDS = 5
+SETTLING = LANDING_DELAY + SETTLE_SECONDS  # seconds more a run's settle time gives the registrations
 REGISTRY_ENV = {"ODAL_REGISTRY_TIMEOUT_SECONDS": str(REGISTRY_TIMEOUT), "ODAL_REGISTRY_SETTLE_SECONDS": str(SETTLE_SECONDS)}  # fmt: skip
-# Late landings meet today's abandon and suspend as issue 22 says: abandon answers 200 abandoned,
-# suspend ends the registration suspended, and the register lands after; WITHDRAWN (and
-# ABANDONED) then fail. So they are off unless asked for (--late-landings), and WITHDRAWN is then
-# reported apart, not enforced. Once outcomes that are not known are handled, this goes True.
-LATE_LANDINGS = False
+# Late landings, and WITHDRAWN enforced, unless a run says --no-late-landings (WITHDRAWN is then
+# reported apart). Before issue 22's outcomes that are not known (c0656fd), abandon answered 200
+# between a register that timed out and its landing, and suspend ended the registration
+# suspended: with late landings WITHDRAWN and ABANDONED failed (docs/reliability.md).
+LATE_LANDINGS = True
 SCENARIO = "SCENARIO"  # in the UPIs of the passports the scenarios make (the churn leaves them be)
 SCENARIO_GRACE = 45.0  # seconds a run goes on past its time while a scenario is still to happen
 SCENARIO_TRIES = 3  # a late-landing scenario whose request landed before it could act: made again
@@ -379,7 +380,11 @@ class Scenarios:
         return [f"{scenario.what}: not made to happen" for scenario in self.each if not scenario.done]
 
     def figures(self) -> dict:
-        found = {scenario.what: scenario.figures() for scenario in self.each}
+        """What each scenario made, and how its (last) passport's registration ended."""
+        found = {
+            scenario.what: {**scenario.figures(), "ended": "{status} ({operation})".format(**registration_of(scenario.passport))}
+            for scenario in self.each
+        }  # fmt: skip
         with self.sim.state.lock:
             found["late landings (registry's answer: count)"] = dict(
                 Counter(str(landing["status"]) for landing in self.sim.state.landings)

@@ -3089,6 +3089,60 @@ GUARDS = [
         "            if False:\n",
         "tests/test_invariants.py::test_a_late_success_note_that_changed_the_row_is_a_violation",
     ),
+    # The registry simulator's late landing (issue 22) and the long runs' check of it: test
+    # infrastructure, but a fault that does not land, or a check that cannot fail, proves nothing.
+    Guard(
+        "simulator late landing: a late register lands though the registry refused it on arrival",
+        "registry/simulator.py",
+        '        if not landing and ((refuse and refuse in upi) or self._take("register_5xx")):\n',
+        '        if (refuse and refuse in upi) or self._take("register_5xx"):\n',
+        "tests/test_late_landing.py::test_a_late_register_lands_though_the_registry_refused_the_upi_meanwhile",
+    ),
+    Guard(
+        "simulator late landing: it lands landing_delay after it arrived, not at once",
+        "registry/simulator.py",
+        "        while not late.woken.is_set() and (left := late.lands_at - time.monotonic()) > 0:\n"
+        "            late.woken.wait(left)\n",
+        "",
+        "tests/test_late_landing.py::test_a_late_register_lands_by_itself_landing_delay_after_it_arrived",
+    ),
+    Guard(
+        "simulator late landing: a reset forgets the late registers on their way",
+        "registry/simulator.py",
+        "            for late in self.late:  # forgotten: it lands in no later test or demo\n"
+        "                late.done = True\n",
+        "            for late in self.late:  # forgotten: it lands in no later test or demo\n"
+        "                pass\n",
+        "tests/test_late_landing.py::test_a_reset_forgets_the_late_registers_on_their_way",
+    ),
+    Guard(
+        "long runs' check: a suspended registration the registry holds is a violation, as an abandoned one",
+        "tests/invariants.py",
+        'status__in=["abandoned", "suspended"], passport__upi__in=unrevoked',
+        'status__in=["abandoned"], passport__upi__in=unrevoked',
+        "tests/test_invariants.py -k withdrawn",
+    ),
+    Guard(
+        "long runs' check: a request the registry is still checking is unrevoked",
+        "tests/invariants.py",
+        '            if r["status"] == "checking"\n',
+        "            if False\n",
+        "tests/test_invariants.py -k withdrawn",
+    ),
+    Guard(
+        "long runs' check: a registration the registry deactivated is revoked",
+        "tests/invariants.py",
+        '.get(r["registrationId"], {}).get("active"))',
+        '.get(r["registrationId"], {}) is not None)',
+        "tests/test_invariants.py -k revoked",
+    ),
+    Guard(
+        "long runs' history: a note the update left as it was is not the update's",
+        "tests/invariants.py",
+        "CASE WHEN NEW.note IS DISTINCT FROM OLD.note THEN left(NEW.note, 60) END",
+        "left(NEW.note, 60)",
+        "tests/test_invariants.py::test_a_drain_write_on_a_row_whose_note_a_person_wrote_earlier_is_the_drains",
+    ),
 ]
 
 

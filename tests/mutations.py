@@ -1132,8 +1132,8 @@ GUARDS = [
     Guard(
         "terminal writes clear the claim token: registry reregister (the drain's)",
         "registry/models.py",
-        "        ).update(\n            operation=Registration.Operation.REGISTER,\n            attempts=0,\n            next_attempt_at=now,\n            queued_at=now,\n            claim_token=None,\n",
-        "        ).update(\n            operation=Registration.Operation.REGISTER,\n            attempts=0,\n            next_attempt_at=now,\n            queued_at=now,\n",
+        "        ).update(\n            operation=Registration.Operation.REGISTER,\n            attempts=1,\n            next_attempt_at=now,\n            queued_at=now,\n            claim_token=None,\n",
+        "        ).update(\n            operation=Registration.Operation.REGISTER,\n            attempts=1,\n            next_attempt_at=now,\n            queued_at=now,\n",
         "tests/test_guards.py::test_every_drain_write_that_takes_its_row_leaves_it_unclaimed[reregister]",
     ),
     Guard(
@@ -3088,6 +3088,40 @@ GUARDS = [
         "            if (old_s, old_a, old_t) != (new_s, new_a, new_t):\n",
         "            if False:\n",
         "tests/test_invariants.py::test_a_late_success_note_that_changed_the_row_is_a_violation",
+    ),
+    # Hostile review of issue 22 (tests/test_hostile_22.py)
+    Guard(
+        "hostile 22: a fresh register after an attempted deactivation or a finding starts at one attempt",
+        "registry/models.py",
+        "            operation=Registration.Operation.REGISTER,\n            attempts=1,\n",
+        "            operation=Registration.Operation.REGISTER,\n            attempts=0,\n",
+        "tests/test_hostile_22.py::"
+        "test_suspend_after_publishing_again_never_drops_a_registration_whose_deactivation_failed "
+        "tests/test_hostile_22.py::"
+        "test_suspend_after_publishing_again_during_a_finding_never_drops_what_landed",
+    ),
+    Guard(
+        "hostile 22: a finding reads the task list on every pass, not the request found before alone",
+        "registry/drain.py",
+        "    try:\n        found = adapter.find_submission(reg.passport.upi)\n",
+        "    try:\n        found = (\n            adapters.NotFound(exhaustive=True) if reg.correlation_id else adapter.find_submission(reg.passport.upi)\n        )\n",
+        "tests/test_hostile_22.py::"
+        "test_a_finding_proves_absence_with_a_lookup_made_once_settled_not_with_a_remembered_request_id",
+    ),
+    Guard(
+        "hostile 22: /metrics shows the find operation",
+        "registry/metrics.py",
+        'OPERATIONS = ("check", "deactivate", "find", "register")',
+        'OPERATIONS = ("check", "deactivate", "register")',
+        "tests/test_hostile_22.py::test_late_answers_and_protocol_errors_of_a_finding_are_in_the_metrics",
+    ),
+    Guard(
+        "hostile 22: a withdrawal written after a publish again requeues the registration",
+        "registry/drain.py",
+        "        service.reregister_if_published(attempt.reg)\n",
+        "        pass\n",
+        "tests/test_hostile_22.py::"
+        "test_a_withdrawal_written_after_a_publish_again_leaves_the_passport_owing_its_registration",
     ),
 ]
 

@@ -376,10 +376,18 @@ def withdraw(attempt: Attempt) -> None:
     after earlier attempts the registry may hold one of them, so the row owes a deactivation that
     first finds what it holds."""
     token, rows, now = attempt.token, attempt.rows, timezone.now()
+
+    def after_withdrawn():
+        service.kick_drain_on_commit()
+        # Published again since the passport was read (the write waits for the pass's flush):
+        # a row just suspended owes its registration again. (One now finding sees the publish
+        # when the drain claims it, and registers afresh.)
+        service.reregister_if_published(attempt.reg)
+
     attempt.finish(
         "register", "withdrawn", "passport no longer published; nothing sent",
         lambda: rows.mark_withdrawn(token=token, now=now) or rows.find_and_deactivate(token=token, now=now) == 1,
-        on_taken=service.kick_drain_on_commit,
+        on_taken=after_withdrawn,
     )  # fmt: skip
 
 
@@ -512,28 +520,31 @@ def find_held(adapter, reg: Registration) -> Finding:
     """On a pool thread: the task list (or the request id found before), then a check of each
     submission found, then a deactivation of each the registry granted. A lookup that is not
     proof (unreadable, not exhaustive, a registry that cannot be searched) is Retryable."""
-    if reg.correlation_id:
-        ids = [reg.correlation_id]
+    # The task list on every pass, the request found before (correlation_id) or not: a register
+    # whose outcome is unknown may land while that one is still checking, and land as a request
+    # of its own once the registry has rejected it; checking only the one found before would end
+    # the row on its rejection while the registry holds the other.
+    try:
+        found = adapter.find_submission(reg.passport.upi)
+    except adapters.RegistryUnreadable as exc:
+        raise adapters.Retryable(f"the registry's task list could not be read: {exc}") from None
+    if isinstance(found, adapters.Found):
+        ids = [found.correlation_id]
+    elif isinstance(found, adapters.Ambiguous):
+        ids = list(found.candidates)
+    elif isinstance(found, adapters.Unsupported):
+        raise adapters.Retryable(
+            f"the registry cannot be searched ({found.why}): what it holds for this passport cannot be "
+            "found; ask the registry, or publish the passport again to register it afresh"
+        )
+    elif not found.exhaustive:
+        raise adapters.Retryable(f"the registry could not be shown not to hold this passport ({found.why})")
     else:
-        try:
-            found = adapter.find_submission(reg.passport.upi)
-        except adapters.RegistryUnreadable as exc:
-            raise adapters.Retryable(f"the registry's task list could not be read: {exc}") from None
-        if isinstance(found, adapters.Found):
-            ids = [found.correlation_id]
-        elif isinstance(found, adapters.Ambiguous):
-            ids = list(found.candidates)
-        elif isinstance(found, adapters.Unsupported):
-            raise adapters.Retryable(
-                f"the registry cannot be searched ({found.why}): what it holds for this passport cannot be "
-                "found; record its handle or ask the registry"
-            )
-        elif not found.exhaustive:
-            raise adapters.Retryable(
-                f"the registry could not be shown not to hold this passport ({found.why})"
-            )
-        else:
-            return Finding("nothing", "the task list, every page read, holds no submission for this UPI")
+        ids = []
+    if reg.correlation_id and reg.correlation_id not in ids:
+        ids.append(reg.correlation_id)  # found before; a rejection of it shows only in its check
+    if not ids:
+        return Finding("nothing", "the task list, every page read, holds no submission for this UPI")
     checking, deactivated, rejected = [], [], []
     for request_id in ids:
         answer = adapter.check(request_id)

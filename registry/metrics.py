@@ -4,7 +4,7 @@ size (the tally the writes keep, the pending rows, the heartbeats)."""
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-OPERATIONS = ("check", "deactivate", "register")
+OPERATIONS = ("check", "deactivate", "find", "register")  # find: a deactivation that first finds
 
 
 class RegistryCollector:

@@ -324,13 +324,16 @@ class RegistrationQuerySet(ClaimQuerySet):
         """The passport is published again while a deactivation that was attempted is owed: the
         registry may or may not still hold the registration (a reply may have been lost), so a
         fresh register follows, due now (a registry that still holds it answers DUPLICATE_UPI,
-        which is adopted). From publishing: no claim holds the row; from the drain: its claim."""
+        which is adopted). From publishing: no claim holds the row; from the drain: its claim.
+        The register starts at one attempt, not none: the registry may hold what the row's
+        earlier writes left there, so a suspend before the drain gets to it must find that, not
+        withdraw the row as never sent (withdraw_unsent, mark_withdrawn)."""
         return self.filter(
             Q(attempts__gte=1 if token is None else 2) | Q(handle=""),
             status=Registration.Status.PENDING,
             operation=Registration.Operation.DEACTIVATE,
             claim_token=token,
-        ).update(**owed_afresh(Registration.Operation.REGISTER, now))
+        ).update(**{**owed_afresh(Registration.Operation.REGISTER, now), "attempts": 1})
 
     def withdraw_unsent(self, *, now: datetime) -> int:
         """Suspending: a pending register never attempted (attempts 0: none claimed, or each given

@@ -3143,6 +3143,40 @@ GUARDS = [
         "left(NEW.note, 60)",
         "tests/test_invariants.py::test_a_drain_write_on_a_row_whose_note_a_person_wrote_earlier_is_the_drains",
     ),
+    # Hostile review of issue 22 (tests/test_hostile_22.py)
+    Guard(
+        "hostile 22: a fresh register after an attempted deactivation or a finding starts at one attempt",
+        "registry/models.py",
+        '"attempts": 1})',
+        '"attempts": 0})',
+        "tests/test_hostile_22.py::"
+        "test_suspend_after_publishing_again_never_drops_a_registration_whose_deactivation_failed "
+        "tests/test_hostile_22.py::"
+        "test_suspend_after_publishing_again_during_a_finding_never_drops_what_landed",
+    ),
+    Guard(
+        "hostile 22: a finding reads the task list on every pass, not the request found before alone",
+        "registry/drain.py",
+        "    try:\n        found = adapter.find_submission(reg.passport.upi)\n",
+        "    try:\n        found = (\n            adapters.NotFound(exhaustive=True) if reg.correlation_id else adapter.find_submission(reg.passport.upi)\n        )\n",
+        "tests/test_hostile_22.py::"
+        "test_a_finding_proves_absence_with_a_lookup_made_once_settled_not_with_a_remembered_request_id",
+    ),
+    Guard(
+        "hostile 22: /metrics shows the find operation",
+        "registry/metrics.py",
+        'OPERATIONS = ("check", "deactivate", "find", "register")',
+        'OPERATIONS = ("check", "deactivate", "register")',
+        "tests/test_hostile_22.py::test_late_answers_and_protocol_errors_of_a_finding_are_in_the_metrics",
+    ),
+    Guard(
+        "hostile 22: a withdrawal written after a publish again requeues the registration",
+        "registry/drain.py",
+        "        service.reregister_if_published(attempt.reg)\n",
+        "        pass\n",
+        "tests/test_hostile_22.py::"
+        "test_a_withdrawal_written_after_a_publish_again_leaves_the_passport_owing_its_registration",
+    ),
 ]
 
 

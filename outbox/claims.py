@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 
@@ -63,9 +63,10 @@ class ClaimQuerySet(models.QuerySet):
         hold_seconds: int | None = None,
         now: datetime | None = None,
         select_related: tuple[str, ...] = (),
+        skip: Q | None = None,
     ) -> Claim:
-        """Claim up to `limit` due rows; returns the claim with the rows it took (their
-        `attempts` already counts this attempt)."""
+        """Claim up to `limit` due rows, none matching `skip`; returns the claim with the rows it
+        took (their `attempts` already counts this attempt)."""
         now = now or timezone.now()
         hold = timedelta(seconds=settings.ODAL_CLAIM_HOLD_SECONDS if hold_seconds is None else hold_seconds)
         held_until = now + hold
@@ -74,9 +75,9 @@ class ClaimQuerySet(models.QuerySet):
             # Two statements on purpose. A single UPDATE … WHERE pk IN (SELECT … LIMIT n FOR UPDATE
             # SKIP LOCKED) may take far more than n rows while others claim (PostgreSQL can run
             # the subquery more than once); tests/test_outbox_claims.py shows it.
+            claimable = self.claimable(now) if skip is None else self.claimable(now).exclude(skip)
             ids = list(
-                self.claimable(now)
-                .order_by("next_attempt_at")
+                claimable.order_by("next_attempt_at")
                 .select_for_update(skip_locked=True)
                 .values_list("pk", flat=True)[:limit]
             )

@@ -6,6 +6,7 @@ owns which row, and the terminal writes refuse whoever no longer owns it.
 """
 
 import logging
+import threading
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 import httpx
 from django.conf import settings
 from django.db import close_old_connections, connection, connections, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from odal import reconnect, tally
@@ -69,6 +71,8 @@ FLUSH_SECONDS = 1.0  # ...or sooner (a quarter of the hold if that is less), so 
 SWEEP_THREADS = 32  # webhook requests in flight per sweep process, all consumers together
 REFRESH_SECONDS = 0.5  # a pass re-reads its consumers' pause and secrets at most this often
 HOUSEKEEPING_SECONDS = 1.0  # a run of passes parks and unparks paused consumers' rows this often
+PYTHON_OVERRUNS_PER_CONSUMER = 4  # threads of one Python consumer left running past its timeout
+# before this process stops taking that consumer's rows (see Overruns)
 
 
 @dataclass
@@ -245,6 +249,106 @@ def attempt(consumer, delivery: Delivery, client: httpx.Client, claim) -> Finish
     return Finished(delivery, outcome, started_at, timezone.now())
 
 
+class Overruns:
+    """Threads of Python attempts that ran past their consumer's timeout and still run, per
+    consumer, in this process (a Python thread cannot be stopped, only left to finish). With
+    PYTHON_OVERRUNS_PER_CONSUMER of one consumer still running, this process takes none of its
+    rows until one returns, so a consumer that hangs costs at most that many threads; other
+    processes, and the rows of other consumers, go on."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.threads: dict[int, set] = {}
+
+    def add(self, consumer, thread: threading.Thread) -> None:
+        with self.lock:
+            running = self.threads.setdefault(consumer.pk, set())
+            running.add(thread)
+            if len(running) == PYTHON_OVERRUNS_PER_CONSUMER:
+                log.error(
+                    "Python consumer %s: %s attempts still running past its timeout of %ss; this process "
+                    "takes none of its deliveries until one returns",
+                    consumer.name, len(running), consumer.timeout_seconds, extra={"consumer": consumer.name},
+                )  # fmt: skip
+
+    def done(self, consumer, thread: threading.Thread) -> None:
+        with self.lock:
+            running = self.threads.get(consumer.pk, set())
+            running.discard(thread)
+            if len(running) == PYTHON_OVERRUNS_PER_CONSUMER - 1:
+                log.warning(
+                    "Python consumer %s: an overrunning attempt returned; this process takes its deliveries again",
+                    consumer.name, extra={"consumer": consumer.name},
+                )  # fmt: skip
+            if not running:
+                self.threads.pop(consumer.pk, None)
+
+    def full(self, consumer_id: int) -> bool:
+        with self.lock:
+            return len(self.threads.get(consumer_id, ())) >= PYTHON_OVERRUNS_PER_CONSUMER
+
+    def skip(self) -> Q | None:
+        """The rows this process must not claim: those of consumers whose threads piled up."""
+        with self.lock:
+            full = [
+                pk for pk, running in self.threads.items() if len(running) >= PYTHON_OVERRUNS_PER_CONSUMER
+            ]
+        return Q(consumer_id__in=full) if full else None
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the overrunning threads to return (for tests)."""
+        with self.lock:
+            threads = [t for running in self.threads.values() for t in running]
+        for thread in threads:
+            thread.join(timeout)
+
+
+OVERRUNS = Overruns()
+
+
+def attempt_python(consumer, delivery: Delivery, client: httpx.Client, claim) -> Finished | None:
+    """A Python consumer's attempt, on a thread of its own, waited for up to the consumer's
+    timeoutSeconds, as a webhook's request is. Past it the attempt is failed ("timed out after
+    Ns", written by the pass like any failure) and the thread is left to finish, counted in
+    OVERRUNS. What it returns later is written then, as a late write: guarded by the claim like
+    every outcome, so once the timeout's failure is written it takes nothing and goes to the
+    attempt log as late (a late success noted as lateSuccessAt), as a late webhook answer does."""
+    box: dict = {}
+    lock = threading.Lock()
+
+    def run() -> None:
+        try:
+            f = attempt(consumer, delivery, client, claim)
+            with lock:
+                box["finished"], abandoned = f, box.get("abandoned", False)
+            if abandoned:
+                try:
+                    finish_attempts(claim.token, [f] if f else [])
+                except Exception:
+                    log.exception("delivery %s: the late outcome could not be written", delivery.pk)
+                OVERRUNS.done(consumer, thread)
+        finally:
+            connections.close_all()  # this thread's own connection, if the consumer opened one
+
+    thread = threading.Thread(target=run, name=f"odal-python-{consumer.pk}", daemon=True)
+    started_at = timezone.now()
+    thread.start()
+    thread.join(consumer.timeout_seconds)
+    with lock:
+        if "finished" in box:
+            return box["finished"]
+        box["abandoned"] = True
+        OVERRUNS.add(consumer, thread)  # (under the lock: the thread's done() comes after it)
+    error = f"timed out after {consumer.timeout_seconds}s (the Python consumer still runs; what it returns is late)"
+    log.warning(
+        "delivery %s attempt %s (claim %s) to Python consumer %s: %s",
+        delivery.pk, delivery.attempts, claim.token, consumer.name, error,
+        extra={"delivery": delivery.pk, "consumer": consumer.name, "claim": claim.token},
+    )  # fmt: skip
+    outcome = consumers.Outcome(False, error, duration_ms=consumer.timeout_seconds * 1000)
+    return Finished(delivery, outcome, started_at, timezone.now())
+
+
 def run_python_consumers(jobs: list, client: httpx.Client, claim, run=None) -> None:
     """Python consumers of one claim, one after another, on the sweep's Python thread (they may
     use the database, through that thread's own connection). Each job's future gets its result,
@@ -260,7 +364,10 @@ def run_python_consumers(jobs: list, client: httpx.Client, claim, run=None) -> N
                 if consumer.pk in run.paused:
                     future.set_result(None)
                     continue
-            future.set_result(attempt(consumer, delivery, client, claim))
+            if OVERRUNS.full(consumer.pk):  # its threads piled up during this pass: given back
+                future.set_result(None)
+                continue
+            future.set_result(attempt_python(consumer, delivery, client, claim))
         except BaseException as exc:
             future.set_exception(exc)
 
@@ -458,7 +565,7 @@ def sweep_once(
             Delivery.objects.unpark(consumer_id=consumer_id)
     report.dead_lettered = Delivery.objects.dead_letter_exhausted(now=now)
     # The hold runs from the claim's own clock reading, not from before the dead-lettering.
-    claim = Delivery.objects.claim(limit=batch, select_related=("event",))
+    claim = Delivery.objects.claim(limit=batch, select_related=("event",), skip=OVERRUNS.skip())
     report.claimed = len(claim.rows)
     if not claim.rows:
         tally.beat(tally.SWEEP)

@@ -39,3 +39,10 @@ def waits_for_a_delivered_webhook(event, delivery_id):
             return
         time.sleep(0.05)
     calls.append("webhook outcome not written yet")
+
+
+def blocks(event, delivery_id):
+    """Waits for the test to open `gate` (at most 10 s, so a sweep that waits for it still ends)."""
+    opened = gate.wait(10)
+    calls.append("returned" if opened else "gate never opened")
+    return "late answer"

@@ -1,8 +1,14 @@
 """Python consumers in a sweep pass: they run on a thread of their own, so webhook outcomes are
-written while they run, and none starts after the claim's hold ran out (issue 12)."""
+written while they run, and none starts after the claim's hold ran out (issue 12); one past its
+timeoutSeconds fails its attempt and the pass goes on, and a process whose overrunning threads
+of one consumer piled up takes none of its rows (issue 23)."""
+
+import logging
 
 import pytest
+from django.utils import timezone
 
+from outbox import sweep
 from outbox.events import emit
 from outbox.models import Delivery
 from outbox.sweep import sweep_once
@@ -14,6 +20,10 @@ from tests.webhook_server import WebhookServer
 @pytest.fixture(autouse=True)
 def _calls():
     consumers.calls.clear()
+    consumers.gate.clear()
+    yield
+    consumers.gate.set()  # no consumer thread outlives its test
+    sweep.OVERRUNS.join(15)
 
 
 @pytest.mark.django_db(transaction=True)  # the Python consumer reads what the sweep committed
@@ -46,3 +56,68 @@ def test_no_python_consumer_starts_after_the_claims_hold_ran_out(settings):
     waiting = Delivery.objects.get(status="pending")
     assert (waiting.attempts, waiting.claim_token) == (0, None)
     assert not waiting.attempt_log.exists()
+
+
+@pytest.mark.django_db(transaction=True)  # the late outcome is written from the consumer's own thread
+def test_a_python_consumer_past_its_timeout_fails_its_attempt_and_the_pass_goes_on():
+    """A Python consumer that blocks (until the test opens its gate), timeoutSeconds=1, beside a
+    webhook and another Python consumer: the pass ends with the blocked attempt failed as timed
+    out and the others delivered. When the consumer returns later, its outcome takes nothing:
+    it is an attempt-log line marked late (its success noted as lateSuccessAt)."""
+    with WebhookServer() as server:
+        WebhookConsumerFactory(url=server.url)
+        ConsumerFactory()
+        blocked = ConsumerFactory(target="tests.consumers.blocks", timeout_seconds=1)
+        emit("passport.published", {"n": 1})
+
+        report = sweep_once()
+
+    assert (report.claimed, report.delivered, report.failed, report.late) == (3, 2, 1, 0)
+    row = Delivery.objects.get(consumer=blocked)
+    assert (row.status, row.attempts, row.claim_token) == ("pending", 1, None)
+    assert row.last_error.startswith("timed out after 1s")
+    assert list(row.attempt_log.values_list("outcome", "late")) == [("failed", False)]
+    assert "returned" not in consumers.calls  # still blocked: the pass did not wait for it
+
+    consumers.gate.set()
+    sweep.OVERRUNS.join(15)
+
+    assert "returned" in consumers.calls
+    assert list(row.attempt_log.order_by("late").values_list("outcome", "late")) == [
+        ("failed", False),
+        ("delivered", True),
+    ]
+    row.refresh_from_db()
+    assert (row.status, row.attempts, row.claim_token) == ("pending", 1, None)
+    assert row.late_success_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consumers_rows(monkeypatch, caplog):
+    """The bound at 1: the blocked consumer's first attempt times out and leaves its thread
+    running, so its second delivery of the pass is given back unstarted, and the next pass claims
+    none of its rows (only the other consumer's), saying so once in the log. Once the thread
+    returns, its rows are claimed again."""
+    monkeypatch.setattr(sweep, "PYTHON_OVERRUNS_PER_CONSUMER", 1)
+    blocked = ConsumerFactory(target="tests.consumers.blocks", timeout_seconds=1)
+    ConsumerFactory()
+    emit("passport.published", {"n": 1})
+    emit("passport.published", {"n": 2})
+
+    with caplog.at_level(logging.WARNING, logger="outbox.sweep"):
+        first = sweep_once()
+        emit("passport.published", {"n": 3})
+        second = sweep_once()
+
+    assert (first.claimed, first.delivered, first.failed, first.not_started) == (4, 2, 1, 1)
+    assert (second.claimed, second.delivered) == (1, 1)  # the other consumer's row only
+    due = Delivery.objects.filter(consumer=blocked, status="pending", next_attempt_at__lte=timezone.now())
+    assert due.filter(claim_token=None).count() == 2  # due, and left alone
+    said = [r for r in caplog.records if "takes none of its deliveries" in r.getMessage()]
+    assert len(said) == 1
+
+    consumers.gate.set()
+    sweep.OVERRUNS.join(15)
+    third = sweep_once()
+
+    assert (third.claimed, third.delivered) == (2, 2)  # the blocked consumer's two due rows

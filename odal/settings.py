@@ -231,6 +231,10 @@ ODAL_REGISTRY_TIMEOUT_SECONDS = env_int("ODAL_REGISTRY_TIMEOUT_SECONDS", 10, min
 # The whole of a lookup (every page of the registry's task list) runs under this deadline: abandon's,
 # and the drain's before a deactivation (under its claim: odal.W001 warns of a hold not longer).
 ODAL_REGISTRY_LOOKUP_SECONDS = env_int("ODAL_REGISTRY_LOOKUP_SECONDS", 60, minimum=1, maximum=3600)
+# The admin's "Abandon…" asks the registry about every selected row at once (ODAL_REGISTRY_CONCURRENCY
+# threads) within this many seconds in all, well below the web server's timeout (`odal serve` lowers
+# it to two thirds of gunicorn's, if that is shorter): rows not checked in time are not written.
+ODAL_ADMIN_REGISTRY_SECONDS = env_int("ODAL_ADMIN_REGISTRY_SECONDS", 20, minimum=1, maximum=3600)
 # After a registry attempt whose outcome is unknown (its request may have reached the registry,
 # no answer of the registry's own came back), absence in the task list proves nothing until this
 # long has passed: a gateway or queue may still pass the request on (abandon, suspend).

@@ -443,13 +443,16 @@ class NoneRegistry:
         pass
 
 
-def get_adapter():
+def get_adapter(*, lookup_seconds: float | None = None):
+    """The configured adapter; `lookup_seconds` shortens find_submission's deadline (the admin's
+    abandon gives each lookup what is left of its own)."""
     if settings.ODAL_REGISTRY_ADAPTER == "none":
         return NoneRegistry()
     return HttpRegistry(
         base_url=settings.ODAL_REGISTRY_URL,
         token=settings.ODAL_REGISTRY_TOKEN,
         timeout=settings.ODAL_REGISTRY_TIMEOUT_SECONDS,
+        lookup_seconds=lookup_seconds,
         connections=settings.ODAL_REGISTRY_CONCURRENCY,
     )
 

@@ -2,6 +2,8 @@
 owe the registry, and the counts. The API, the admin and the `odal` command all call these, so
 they cannot disagree about what is refused and why."""
 
+import time
+from concurrent import futures
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -256,6 +258,59 @@ def abandon(dpp_id, *, actor: str, reason, adapter=None) -> AbandonResult:
     reason = clean_reason(reason)
     ask_registry(reg, adapter)
     return finish_abandon(reg, actor=actor, reason=reason)
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """What the registry was found to hold for one registration within a lookup's deadline:
+    `checked` False when the lookup did not finish in time (nothing is known, nothing may be
+    written); else `refusal`, the Refused that the registry's answer makes (None: it provably
+    holds nothing, the row can be abandoned)."""
+
+    checked: bool
+    refusal: Refused | None = None
+
+
+NOT_CHECKED = Lookup(checked=False)
+
+
+def ask_registry_within(regs: list[Registration], *, seconds: float, threads: int) -> dict:
+    """ask_registry() for each of `regs` at once, on `threads` threads, all within `seconds` in
+    total: each lookup's own deadline is what is left of it, and a lookup that has not finished by
+    then (or not started) is NOT_CHECKED. The threads use no database: each registration (with its
+    passport) was read before. Returns {registration pk: Lookup}."""
+    deadline = time.monotonic() + seconds
+
+    def lookup(reg: Registration) -> Lookup:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return NOT_CHECKED
+        adapter = None
+        if settings.ODAL_REGISTRY_ADAPTER != "none":
+            adapter = adapters.get_adapter(lookup_seconds=left)
+        try:
+            ask_registry(reg, adapter)
+        except Refused as exc:
+            if exc.code == "registry_unreadable" and time.monotonic() >= deadline - 0.05:
+                return NOT_CHECKED  # cut short by the deadline: nothing is known
+            return Lookup(checked=True, refusal=exc)
+        finally:
+            if adapter is not None:
+                adapter.close()
+        return Lookup(checked=True)
+
+    pool = futures.ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="odal-abandon-lookup")
+    try:
+        asked = {pool.submit(lookup, reg): reg.pk for reg in regs}
+        # Each lookup ends by the deadline (its requests are bounded by what is left); the margin
+        # only covers a thread's last step after it.
+        futures.wait(asked, timeout=max(0.0, deadline - time.monotonic()) + 1.0)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # never wait on a straggler past the deadline
+    return {
+        pk: (future.result() if future.done() and not future.cancelled() else NOT_CHECKED)
+        for future, pk in asked.items()
+    }
 
 
 def finish_abandon(seen: Registration, *, actor: str, reason: str) -> AbandonResult:

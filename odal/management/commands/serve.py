@@ -19,6 +19,15 @@ from odal.cli import serving, usage_error
 SLOWEST_REQUEST_MARGIN_SECONDS = 30
 
 
+def admin_registry_seconds(web_timeout: float) -> int:
+    """The admin's abandon asks the registry within ODAL_ADMIN_REGISTRY_SECONDS in all, and at
+    most two thirds of the worker timeout gunicorn runs with (GUNICORN_CMD_ARGS may shorten it),
+    so that its page comes before gunicorn kills the worker (0: gunicorn never does)."""
+    if web_timeout <= 0:
+        return settings.ODAL_ADMIN_REGISTRY_SECONDS
+    return max(1, min(settings.ODAL_ADMIN_REGISTRY_SECONDS, int(web_timeout * 2 // 3)))
+
+
 class OdalApplication(BaseApplication):
     """gunicorn's documented way to run an application from Python ("Custom Application"). Its
     configuration, each layer over the one before: odal's (ODAL_BIND, ODAL_WEB_WORKERS and the
@@ -99,13 +108,17 @@ class Command(BaseCommand):
         app = gunicorn_application(overrides)
         for address in app.cfg.bind:
             self.check_free(address)
+        # Read by the forked workers (they inherit the settings as the master holds them).
+        settings.ODAL_ADMIN_REGISTRY_SECONDS = admin_registry_seconds(app.cfg.timeout)
         if no_collectstatic:
             self.check_collected()
         else:
             call_command("collectstatic", interactive=False, verbosity=0)  # copies only what changed
         self.stdout.write(
             f"odal serve: {app.cfg.workers} workers on {', '.join(app.cfg.bind)} "
-            "(admin at /admin/, API at /vault/api/v1/); SIGTERM stops it gracefully."
+            "(admin at /admin/, API at /vault/api/v1/); SIGTERM stops it gracefully. "
+            f"Worker timeout {app.cfg.timeout:g}s; the admin's registry lookups end within "
+            f"{settings.ODAL_ADMIN_REGISTRY_SECONDS}s."
         )
         self.stdout.flush()
         connections.close_all()  # forked workers must not share the master's connections

@@ -7,9 +7,14 @@ The scenario is made, not hoped for: with 8 lookup threads and pages of 5 s, the
 end at 5 s and the next 8 could not end before 10 s, so a deadline of 8 s checks exactly 8 rows
 (3 s to spare on a slow machine) and leaves 12 not checked. The bounds asserted are generous."""
 
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
 
+import httpx
 import pytest
 from django.contrib.admin import helpers
 from django.contrib.auth.models import Permission
@@ -17,6 +22,8 @@ from django.contrib.auth.models import Permission
 from odal.models import AuditEntry
 from registry.models import Registration
 from tests.factories import UserFactory, backed_off_registration
+from tests.pg import free_port
+from tests.test_serve import HOST, START_SECONDS, Browser, production
 
 CHANGELIST = "/admin/registry/registration/"
 PAGE_SECONDS = 5  # the registry's answer to each task-list page
@@ -77,3 +84,101 @@ def test_abandon_of_20_rows_against_a_slow_registry_answers_within_its_deadline(
             after = Registration.objects.get(pk=reg.pk)
             assert (after.status, after.attempts, after.note) == ("pending", reg.attempts, reg.note)
             assert reg.passport.upi in said  # named in the "not checked in time" message
+
+
+@pytest.fixture
+def served(tmp_path, slow_registry, registry_simulator):
+    """`odal serve` in production, its registry the slow simulator, gunicorn's worker timeout
+    12 s (GUNICORN_CMD_ARGS): the admin's lookups must end within two thirds of it, 8 s."""
+    port = free_port()
+    log = (tmp_path / "serve.log").open("w+")
+    env = production(
+        tmp_path / "static",
+        ODAL_REGISTRY_URL=f"http://127.0.0.1:{registry_simulator.server_address[1]}",
+        ODAL_REGISTRY_TOKEN="sim-token",
+        ODAL_REGISTRY_TIMEOUT_SECONDS="10",
+        ODAL_REGISTRY_CONCURRENCY=str(THREADS),
+        GUNICORN_CMD_ARGS=f"--timeout {DEADLINE * 3 // 2}",
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "odal", "serve", "--bind", f"127.0.0.1:{port}", "--workers", "2"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: the workers go with it if the test fails
+    )
+    deadline = time.monotonic() + START_SECONDS
+    try:
+        while process.poll() is None and time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", headers={"Host": HOST}).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        else:
+            log.seek(0)
+            pytest.fail(f"odal serve did not answer within {START_SECONDS} s:\n{log.read()[-3000:]}")
+        yield port, log
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        log.close()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)  # the server's workers read what this test commits
+def test_abandon_of_20_rows_under_odal_serve_never_outlives_the_worker(served):
+    port, log = served
+    staff = UserFactory(username="night-shift", is_superuser=True)
+    regs = [backed_off_registration() for _ in range(ROWS)]
+    browser = Browser(port)
+    login = browser.request("GET", "/admin/login/?next=/admin/")
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login.text).group(1)
+    https = {"Origin": f"https://{HOST}", "Referer": f"https://{HOST}{CHANGELIST}"}
+    logged_in = browser.request(
+        "POST",
+        "/admin/login/?next=/admin/",
+        data={"username": staff.username, "password": "pw-for-tests", "csrfmiddlewaretoken": csrf},
+        headers=https,
+    )
+    assert logged_in.status_code == 302, logged_in.text[:1000]
+    data = {
+        "action": "abandon_selected",
+        helpers.ACTION_CHECKBOX_NAME: [str(r.pk) for r in regs],
+        "csrfmiddlewaretoken": browser.cookie("csrftoken").value,
+    }
+
+    started = time.monotonic()
+    try:
+        page = browser.request("POST", CHANGELIST, data=data, headers=https)
+    except httpx.TransportError as exc:  # gunicorn killed the worker mid-request
+        log.seek(0)
+        pytest.fail(f"no page after {time.monotonic() - started:.1f}s ({exc!r}):\n{log.read()[-2000:]}")
+    took = time.monotonic() - started
+    print(f"serve, confirmation page: {took:.1f}s, HTTP {page.status_code}, {counts(page.text)}")
+    assert page.status_code == 200, page.text[:500]
+    assert took < DEADLINE + MARGIN
+    assert counts(page.text) == (THREADS, ROWS - THREADS)
+
+    started = time.monotonic()
+    done = browser.request(
+        "POST", CHANGELIST, data={**data, "post": "yes", "reason": "never taken"}, headers=https
+    )
+    took = time.monotonic() - started
+    print(f"serve, confirm: {took:.1f}s, HTTP {done.status_code}")
+    assert done.status_code == 302 and took < DEADLINE + MARGIN
+    listed = re.sub(r"\s+", " ", browser.request("GET", CHANGELIST).text)
+    assert (
+        f"Abandoned {THREADS} of {ROWS} selected; {ROWS - THREADS} not checked in time: try again" in listed
+    )
+    assert Registration.objects.filter(status="abandoned").count() == THREADS
+    assert Registration.objects.filter(status="pending").count() == ROWS - THREADS
+    log.seek(0)
+    assert "WORKER TIMEOUT" not in log.read()

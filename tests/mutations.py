@@ -3212,6 +3212,37 @@ GUARDS = [
         "tests/test_hostile_22.py::"
         "test_a_withdrawal_written_after_a_publish_again_leaves_the_passport_owing_its_registration",
     ),
+    Guard(
+        "admin abandon deadline: the selected rows' lookups run at once, not one after the other",
+        "registry/admin.py",
+        "to_ask, seconds=settings.ODAL_ADMIN_REGISTRY_SECONDS, threads=settings.ODAL_REGISTRY_CONCURRENCY",
+        "to_ask, seconds=settings.ODAL_ADMIN_REGISTRY_SECONDS, threads=1",
+        "tests/test_admin_abandon_deadline.py::"
+        "test_abandon_of_20_rows_against_a_slow_registry_answers_within_its_deadline",
+    ),
+    Guard(
+        "admin abandon deadline: a row not checked in time is not written",
+        "registry/admin.py",
+        "elif reg.status != Registration.Status.ABANDONED and lookups[reg.pk].checked:",
+        "elif reg.status != Registration.Status.ABANDONED:",
+        "tests/test_admin_abandon_deadline.py::"
+        "test_abandon_of_20_rows_against_a_slow_registry_answers_within_its_deadline",
+    ),
+    Guard(
+        "admin abandon deadline: each lookup's own deadline is what is left of the total",
+        "registry/service.py",
+        "adapter = adapters.get_adapter(lookup_seconds=left)",
+        "adapter = adapters.get_adapter()",
+        "tests/test_admin_abandon_deadline.py::test_no_lookup_outlives_the_deadline",
+    ),
+    Guard(
+        "admin abandon deadline: odal serve keeps it under two thirds of gunicorn's worker timeout",
+        "odal/management/commands/serve.py",
+        "        settings.ODAL_ADMIN_REGISTRY_SECONDS = admin_registry_seconds(app.cfg.timeout)\n",
+        "",
+        "tests/test_admin_abandon_deadline.py::"
+        "test_abandon_of_20_rows_under_odal_serve_never_outlives_the_worker",
+    ),
 ]
 
 

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -182,3 +183,20 @@ def test_abandon_of_20_rows_under_odal_serve_never_outlives_the_worker(served):
     assert Registration.objects.filter(status="pending").count() == ROWS - THREADS
     log.seek(0)
     assert "WORKER TIMEOUT" not in log.read()
+
+
+@pytest.mark.django_db
+def test_no_lookup_outlives_the_deadline(slow_registry):
+    """A lookup's own deadline is what is left of the total: when the page is answered, no thread
+    is still waiting on the registry (each page takes 5 s; the deadline here is 2 s)."""
+    from registry import service
+
+    reg = backed_off_registration()
+    started = time.monotonic()
+    lookups = service.ask_registry_within([reg], seconds=2, threads=1)
+    assert lookups == {reg.pk: service.NOT_CHECKED}
+    # A thread whose request still waits for its 5 s page would be alive for 3 s more.
+    for thread in threading.enumerate():
+        if thread.name.startswith("odal-abandon-lookup"):
+            thread.join(timeout=max(0.0, started + 3.5 - time.monotonic()))
+            assert not thread.is_alive(), f"a lookup still running {time.monotonic() - started:.1f}s in"

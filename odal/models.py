@@ -296,3 +296,46 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.route} {self.key!r} by {self.caller} ({self.status_code})"
+
+
+class RetentionPositionQuerySet(models.QuerySet):
+    def open(self, walks, *, now) -> None:
+        """A position, at the start, for each walk that has none yet (one INSERT … ON CONFLICT DO
+        NOTHING: several purges starting at once make each row once)."""
+        self.bulk_create(
+            [RetentionPosition(walk=walk, moved_at=now) for walk in walks], ignore_conflicts=True
+        )
+
+    def where(self, walks) -> dict:
+        """{walk: (key, id) where it stopped, or None at the start} (a walk with no row: None)."""
+        rows = self.filter(walk__in=walks).values_list("walk", "after_key", "after_id")
+        return {walk: None if key is None else (key, pk) for walk, key, pk in rows}
+
+    def advance(self, walk: str, *, at, to, now) -> bool:
+        """Move `walk` from `at` to `to` ((key, id) or None, the start), only while it is still at
+        `at`: a purge claims the stretch of its index between the two, in the transaction that
+        deletes what the stretch holds. Another purge walking the same index from `at` then takes
+        no row and leaves the stretch, and the walk, to this one. True if it took the row."""
+        (at_key, at_id), (to_key, to_id) = at or (None, ""), to or (None, "")
+        rows = self.filter(walk=walk, after_key=at_key, after_id=at_id)
+        return rows.update(after_key=to_key, after_id=to_id, moved_at=now) == 1
+
+
+class RetentionPosition(models.Model):
+    """Where each of retention's walks (outbox.retention) stopped: its next run starts after that
+    entry of its index, so that rows retention must keep at the front of an index are walked past
+    once a lap, not at every run. (key, id) of the last entry walked; both empty at the start."""
+
+    walk = models.CharField(max_length=64, primary_key=True)
+    after_key = models.DateTimeField(null=True, blank=True)
+    after_id = models.CharField(max_length=64, blank=True, default="")  # the primary key, as text
+    moved_at = models.DateTimeField()
+
+    objects = RetentionPositionQuerySet.as_manager()
+
+    def __str__(self) -> str:
+        return (
+            f"{self.walk}: after {self.after_key} {self.after_id}"
+            if self.after_key
+            else f"{self.walk}: start"
+        )

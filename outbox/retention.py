@@ -26,13 +26,34 @@ The walks, each over the rows that may hold candidates (the rule is checked when
 - dead: `delivery_dead_idx` (dead_at, partial on status='dead');
 - events: the index on Event.created_at;
 - registry attempt lines: `regattempt_finished_idx` (finished_at, id).
+
+Each walk resumes where it stopped, so that rows retention must keep at the front of an index
+(young dead letters and long-parked rows among the oldest deliveries, their events) are walked
+past once a lap, not at every run:
+- Its position, the last (key, id) it walked, is a row of odal.models.RetentionPosition: it
+  survives restarts, and every process resumes from it. A run starts after it, walks to the end
+  of the range, goes back to the start and on to where it began, unless its time runs out first:
+  a run walks each entry at most once, and one with time enough (`odal outbox purge`) walks them
+  all. A position past the end of the range (the cutoff differs, the rows went) simply wraps.
+- A batch claims its stretch by moving the position on from where the walk was (one guarded
+  UPDATE, RetentionPositionQuerySet.advance), in the transaction that deletes what the stretch
+  holds: a batch that fails leaves its stretch unclaimed, and a purge that finds the position
+  moved by another purge running at the same time takes nothing and leaves the walk to it.
+- No row moves behind a position: the keys never change once written (created_at, finished_at;
+  dead_at is set when a delivery becomes dead, and a replayed one that dies again is a new entry)
+  and rows are written at about now, ahead of every position, which is behind a cutoff. A row
+  that becomes purgeable behind a position (the last delivery of its event went, a dead letter
+  aged past its period) goes when the walk comes round.
+- With a time limit, each walk has its own share: the time left divided among the walks not yet
+  done, in turn and round after round. A walk with more to do than its share stops there, the
+  others still have theirs, and what a walk does not need goes to those after it.
 """
 
 import logging
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.apps import apps
@@ -42,6 +63,7 @@ from django.db.models import BooleanField, Exists, F, Func, OuterRef, Q, QuerySe
 from django.utils import timezone
 
 from odal import tally
+from odal.models import RetentionPosition
 from outbox.models import Delivery, DeliveryAttempt, Event
 
 log = logging.getLogger(__name__)
@@ -58,6 +80,15 @@ IDLE_WORKERS = timedelta(days=7)
 REST = 1.0
 
 
+# The walks, by the name of their position, and what a person calls them.
+WALKS = {
+    "delivered": "delivered deliveries",
+    "dead": "dead letters",
+    "events": "events",
+    "registry_attempts": "registry attempt lines",
+}
+
+
 @dataclass
 class PurgeReport:
     deliveries: int = 0
@@ -65,13 +96,19 @@ class PurgeReport:
     events: int = 0
     registry_attempts: int = 0
     batches: int = 0
+    walked: int = 0  # index entries walked
     seconds: float = 0.0
     dry_run: bool = False
-    finished: bool = True  # False when max_seconds stopped it with candidates left
+    stopped: list[str] = field(default_factory=list)  # walks max_seconds stopped before their lap ended
+    yielded: list[str] = field(default_factory=list)  # walks another purge moved on meanwhile
 
     @property
     def rows(self) -> int:
         return self.deliveries + self.attempts + self.events + self.registry_attempts
+
+    @property
+    def finished(self) -> bool:
+        return not self.stopped
 
     def summary(self) -> str:
         verb = "would delete" if self.dry_run else "deleted"
@@ -81,7 +118,15 @@ class PurgeReport:
             f"{_count(self.registry_attempts, 'registry attempt line')} "
             f"in {_count(self.batches, 'batch', 'batches')} ({self.seconds:.1f} s)"
         )
-        return text if self.finished else text + "; stopped at its time limit, the rest goes next run"
+        if self.yielded:
+            text += f"; left {_walks(self.yielded)} to another purge running at the same time"
+        if self.stopped:
+            text += f"; stopped at its time limit in {_walks(self.stopped)}, the rest goes next run"
+        return text
+
+
+def _walks(names: list[str]) -> str:
+    return " and ".join(", ".join(WALKS[n] for n in names).rsplit(", ", 1))
 
 
 def _count(n: int, one: str, many: str | None = None) -> str:
@@ -147,14 +192,21 @@ class AmongIds(Func):
         return f"{column} IN ({', '.join(['%s'] * len(values))})", [*params, *values]
 
 
-def _walk_step(index_range: QuerySet, key: str, after: tuple | None, size: int) -> list:
-    """The next `size` (key, pk) of `index_range` after `after`, in (key, pk) order: one bounded
-    stretch of the index on `key`, never a scan from its start, whatever the rows turn out to be."""
+def _walk_step(
+    index_range: QuerySet, key: str, after: tuple | None, size: int, upto: tuple | None = None
+) -> list:
+    """The next `size` (key, pk) of `index_range` after `after` (and up to `upto`, included), in
+    (key, pk) order: one bounded stretch of the index on `key`, never a scan from its start,
+    whatever the rows turn out to be."""
     rows = index_range
     if after is not None:
         # The first condition is the index range; the second drops the ties already seen.
         rows = rows.filter(**{f"{key}__gte": after[0]}).filter(
             Q(**{f"{key}__gt": after[0]}) | Q(pk__gt=after[1])
+        )
+    if upto is not None:  # a lap's end, where it began
+        rows = rows.filter(**{f"{key}__lte": upto[0]}).filter(
+            Q(**{f"{key}__lt": upto[0]}) | Q(pk__lte=upto[1])
         )
     return list(rows.order_by(key, "pk").values_list(key, "pk")[:size])
 
@@ -168,6 +220,23 @@ def _pick(candidates: QuerySet, walked: list, *, lock: bool) -> list:
     return list(rows.order_by().values_list("pk", flat=True))
 
 
+class _Walk:
+    """One walk through a run: where the run began (`origin`, the stored position), where it is
+    (`cursor`), whether it went past the end of its range back to the start (`wrapped`: it then
+    stops where it began), whether its lap is done. Positions are (key, pk), None at the start."""
+
+    def __init__(self, name: str, index_range: QuerySet, key: str, take: Callable, stored: tuple | None):
+        self.name, self.index_range, self.key, self.take = name, index_range, key, take
+        pk = index_range.model._meta.pk
+        self.origin = self.cursor = None if stored is None else (stored[0], pk.to_python(stored[1]))
+        self.wrapped = self.origin is None  # a lap begun at the start ends at the end
+        self.done = False
+
+    @staticmethod
+    def stored(position: tuple | None) -> tuple | None:
+        return None if position is None else (position[0], str(position[1]))
+
+
 class _Purge:
     def __init__(self, *, batch: int, dry_run: bool, progress, max_seconds: float | None):
         self.report = PurgeReport(dry_run=dry_run)
@@ -175,33 +244,67 @@ class _Purge:
         self.started = time.monotonic()
         self.deadline = None if max_seconds is None else self.started + max_seconds
 
-    def walk(self, index_range: QuerySet, key: str, take: Callable[[list], dict[str, int]]) -> None:
-        """Walk `index_range` a batch at a time to its end (or until the time is up). `take(ids)`
-        picks the rows of a batch the rule takes, deletes (or counts) them and returns
-        {what: n}; each batch is one transaction, with its tally."""
-        after = None
-        while self.report.finished:
+    def run(self, walks: list[tuple[str, QuerySet, str, Callable]]) -> None:
+        """Each walk from its stored position until its lap is done or its share of the time is
+        up (the time left divided among the walks not done yet), round after round."""
+        names = [name for name, *_ in walks]
+        if not self.dry_run:
+            RetentionPosition.objects.open(names, now=timezone.now())
+        where = RetentionPosition.objects.where(names)
+        walks = [_Walk(*walk, stored=where.get(walk[0])) for walk in walks]
+        while not all(walk.done for walk in walks):
+            left = [walk for walk in walks if not walk.done]
+            for i, walk in enumerate(left):
+                share_ends = None
+                if self.deadline is not None:
+                    now = time.monotonic()
+                    if now >= self.deadline:
+                        break
+                    share_ends = now + (self.deadline - now) / (len(left) - i)
+                self.walk(walk, until=share_ends)
             if self.deadline is not None and time.monotonic() >= self.deadline:
-                self.report.finished = False
+                break
+        self.report.stopped = [walk.name for walk in walks if not walk.done]
+
+    def walk(self, walk: _Walk, *, until: float | None) -> None:
+        """Batches of `walk` until its lap is done (or `until`). Each walks the next stretch of
+        its index, claims it (moves the stored position past it) and deletes what the rule takes
+        there, in one transaction with its tally."""
+        while not walk.done:
+            if until is not None and time.monotonic() >= until:
                 return
             began = time.monotonic()
-            walked = _walk_step(index_range, key, after, self.batch)
-            if not walked:
-                return
+            stretch = _walk_step(
+                walk.index_range,
+                walk.key,
+                walk.cursor,
+                self.batch,
+                upto=walk.origin if walk.wrapped else None,
+            )
+            end = len(stretch) < self.batch  # the range ends here (or, once wrapped, the lap)
+            to = (walk.origin if walk.wrapped else None) if end else stretch[-1]
             with nullcontext() if self.dry_run else transaction.atomic():
-                counts = take([pk for _, pk in walked])
+                if not self.dry_run and not RetentionPosition.objects.advance(
+                    walk.name, at=walk.stored(walk.cursor), to=walk.stored(to), now=timezone.now()
+                ):
+                    walk.done = True  # another purge moved the walk on: this stretch, and the walk, are its
+                    self.report.yielded.append(walk.name)
+                    return
+                counts = walk.take([pk for _, pk in stretch]) if stretch else {}
                 if not self.dry_run:
                     tally.bump(PURGED, counts)  # commits with the deletion, or not at all
+            self.report.walked += len(stretch)
             if counts:
                 for what, n in counts.items():
                     setattr(self.report, what, getattr(self.report, what) + n)
                 self.report.batches += 1
-            if self.progress is not None:
+            if stretch and self.progress is not None:
                 self.progress(self.report.rows)
-            if len(walked) < self.batch:
-                return
-            after = walked[-1]
-            time.sleep(REST * (time.monotonic() - began))
+            walk.cursor = to
+            if end:  # past the end, back to the start; a lap that began there is done
+                walk.done, walk.wrapped = walk.wrapped, True
+            if not walk.done:
+                time.sleep(REST * (time.monotonic() - began))
 
     def deliveries(self, rule: Q) -> Callable[[list], dict[str, int]]:
         def take(walked: list) -> dict[str, int]:
@@ -252,16 +355,28 @@ def purge(
     it between batches."""
     run = _Purge(batch=batch, dry_run=dry_run, progress=progress, max_seconds=max_seconds)
     delivered, dead = delivered_rule(delivered_before), dead_rule(dead_before)
-    # delivery_listing_idx: a delivery delivered before the cutoff was created before it.
-    run.walk(
-        Delivery.objects.filter(created_at__lt=delivered_before), "created_at", run.deliveries(delivered)
-    )
-    # delivery_dead_idx: the rule holds its condition (status='dead') and its key.
-    run.walk(Delivery.objects.filter(dead), "dead_at", run.deliveries(dead))
     events = events_to_purge(delivered_before, going=(delivered | dead) if dry_run else None)
-    run.walk(old_events(delivered_before), "created_at", run.rows(events, "events"))
     lines = registry_attempts_to_purge(delivered_before)
-    run.walk(old_registry_attempts(delivered_before), "finished_at", run.rows(lines, "registry_attempts"))
+    run.run(
+        [
+            # delivery_listing_idx: a delivery delivered before the cutoff was created before it.
+            (
+                "delivered",
+                Delivery.objects.filter(created_at__lt=delivered_before),
+                "created_at",
+                run.deliveries(delivered),
+            ),
+            # delivery_dead_idx: the rule holds its condition (status='dead') and its key.
+            ("dead", Delivery.objects.filter(dead), "dead_at", run.deliveries(dead)),
+            ("events", old_events(delivered_before), "created_at", run.rows(events, "events")),
+            (
+                "registry_attempts",
+                old_registry_attempts(delivered_before),
+                "finished_at",
+                run.rows(lines, "registry_attempts"),
+            ),
+        ]
+    )
     run.report.seconds = time.monotonic() - run.started
     return run.report
 

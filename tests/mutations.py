@@ -1719,6 +1719,73 @@ GUARDS = [
         "tests/test_retention.py::test_a_dry_run_counts_what_a_purge_then_deletes_and_deletes_nothing",
     ),
     Guard(
+        "retention: a walk resumes from where it stopped (its stored position), not from its start",
+        "outbox/retention.py",
+        "        self.origin = self.cursor = None if stored is None else (stored[0], pk.to_python(stored[1]))\n",
+        "        self.origin = self.cursor = None\n",
+        "tests/test_retention.py::test_retention_makes_progress_over_a_table_whose_oldest_rows_must_all_be_kept "
+        "tests/test_retention.py::test_where_a_walk_stopped_is_kept_in_the_database_and_the_next_run_starts_after_it",
+    ),
+    Guard(
+        "retention: each walk has its own share of a run's time (a walk out of time starves no other)",
+        "outbox/retention.py",
+        "                    share_ends = now + (self.deadline - now) / (len(left) - i)\n",
+        "                    share_ends = self.deadline\n",
+        "tests/test_retention.py::test_retention_makes_progress_over_a_table_whose_oldest_rows_must_all_be_kept",
+    ),
+    Guard(
+        "retention: a batch claims its stretch only while the walk is still where it read it",
+        "odal/models.py",
+        "        rows = self.filter(walk=walk, after_key=at_key, after_id=at_id)\n",
+        "        rows = self.filter(walk=walk)\n",
+        "tests/test_retention.py::test_a_purge_that_finds_its_walk_moved_by_another_leaves_the_stretch_and_the_walk_to_it "
+        "tests/test_retention.py::test_a_position_moves_only_from_where_its_writer_read_it",
+    ),
+    Guard(
+        "retention: a purge whose claim took nothing leaves the stretch and the walk to the other purge",
+        "outbox/retention.py",
+        "                if not self.dry_run and not RetentionPosition.objects.advance(\n",
+        "                if not self.dry_run and None is RetentionPosition.objects.advance(\n",
+        "tests/test_retention.py::test_a_purge_that_finds_its_walk_moved_by_another_leaves_the_stretch_and_the_walk_to_it",
+    ),
+    Guard(
+        "retention: past the end of its range a walk goes on from the start to where the run began",
+        "outbox/retention.py",
+        "                walk.done, walk.wrapped = walk.wrapped, True\n",
+        "                walk.done, walk.wrapped = True, True\n",
+        "tests/test_retention.py::test_a_purge_with_time_enough_takes_everything_wherever_its_walks_stopped "
+        "tests/test_retention.py::test_a_row_that_becomes_purgeable_behind_a_walk_goes_when_the_walk_comes_round "
+        "tests/test_retention.py::test_a_position_past_the_end_of_its_range_wraps_to_the_start",
+    ),
+    Guard(
+        "retention: a lap ends where it began (a run walks each entry at most once)",
+        "outbox/retention.py",
+        "                upto=walk.origin if walk.wrapped else None,\n",
+        "                upto=None,\n",
+        "tests/test_retention.py::test_a_purge_with_time_enough_takes_everything_wherever_its_walks_stopped",
+    ),
+    Guard(
+        "retention: a lap's end includes the entry where it began",
+        "outbox/retention.py",
+        'Q(**{f"{key}__lt": upto[0]}) | Q(pk__lte=upto[1])',
+        'Q(**{f"{key}__lt": upto[0]}) | Q(pk__lt=upto[1])',
+        "tests/test_retention.py::test_a_purge_with_time_enough_takes_everything_wherever_its_walks_stopped",
+    ),
+    Guard(
+        "retention: a dry run moves no walk",
+        "outbox/retention.py",
+        "                if not self.dry_run and not RetentionPosition.objects.advance(\n",
+        "                if not RetentionPosition.objects.advance(\n",
+        "tests/test_retention.py::test_a_dry_run_moves_no_walk",
+    ),
+    Guard(
+        "retention: a dry run makes no position",
+        "outbox/retention.py",
+        "        if not self.dry_run:\n            RetentionPosition.objects.open(",
+        "        if True:\n            RetentionPosition.objects.open(",
+        "tests/test_retention.py::test_a_dry_run_makes_no_position",
+    ),
+    Guard(
         "settings: ODAL_RETENTION_DAYS is at least 1",
         "odal/settings.py",
         'ODAL_RETENTION_DAYS = env_int("ODAL_RETENTION_DAYS", 30, minimum=1, maximum=36_500)',

@@ -20,7 +20,7 @@ from django_q.models import Schedule
 
 from odal import tally
 from odal.cli import Progress
-from odal.models import AuditEntry, Heartbeat, Passport
+from odal.models import AuditEntry, Heartbeat, Passport, RetentionPosition
 from outbox import retention, tasks
 from outbox.models import Delivery, DeliveryAttempt, Event
 from outbox.service import outbox_counts
@@ -54,8 +54,8 @@ def delivered(at=OLD, *, created=None, lines=1, **fields) -> Delivery:
     return row
 
 
-def dead(at=ANCIENT, *, lines=3, **fields) -> Delivery:
-    created = at - timedelta(hours=2)
+def dead(at=ANCIENT, *, created=None, lines=3, **fields) -> Delivery:
+    created = created or at - timedelta(hours=2)
     row = DeliveryFactory(
         **{"status": "dead", "dead_at": at, "created_at": created, "attempts": lines, **fields},
         last_error="HTTP 500",
@@ -270,8 +270,7 @@ def test_the_time_limit_stops_between_batches():
 
 
 def test_each_batch_is_its_own_transaction(monkeypatch):
-    for _ in range(5):
-        delivered(OLD)
+    rows = sorted((row.created_at, row.pk) for row in [delivered(OLD) for _ in range(5)])
     real, seen = retention._pick, []
 
     def fails_on_the_third(*args, **kwargs):
@@ -285,6 +284,7 @@ def test_each_batch_is_its_own_transaction(monkeypatch):
         purge(batch=2)
     assert Delivery.objects.count() == 1  # the first two batches were kept
     assert tally.totals(retention.PURGED)[retention.PURGED]["deliveries"] == 4
+    assert position("delivered") == (rows[3][0], str(rows[3][1]))  # the third stretch is unclaimed
 
 
 def test_the_tally_and_the_deletion_commit_together(monkeypatch):
@@ -616,3 +616,212 @@ def test_the_periods_default_to_30_and_90_days():
 )
 def test_a_nonsense_period_stops_start_up_naming_the_variable(name, value):
     assert name in refusal(**{name: value})
+
+
+# -- progress: each walk resumes where it stopped, and has its own share of a run's time ----------
+
+
+class Clock:
+    """retention's clock (time.monotonic, time.sleep) for a test: each stretch of an index the purge
+    walks takes one second, and a rest takes what it asks, whatever the machine's speed."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    clock, real = Clock(), retention._walk_step
+
+    def one_second_a_stretch(*args, **kwargs):
+        clock.now += 1.0
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(retention, "time", clock)
+    monkeypatch.setattr(retention, "_walk_step", one_second_a_stretch)
+    return clock
+
+
+def kept_front(n: int) -> None:
+    """`n` deliveries older than everything else that retention must keep, each with its event:
+    dead letters dead only yesterday (young for their period), as a consumer that was broken for
+    weeks, then replayed and dead again, leaves them."""
+    consumer = ConsumerFactory()
+    events = Event.objects.bulk_create(
+        Event(type="passport.published", created_at=ANCIENT + timedelta(seconds=i)) for i in range(n)
+    )
+    Delivery.objects.bulk_create(
+        Delivery(
+            event=e, consumer=consumer, status="dead", dead_at=YOUNG, attempts=3, created_at=e.created_at
+        )
+        for e in events
+    )
+
+
+def scheduled_runs(n: int, **options) -> list[retention.PurgeReport]:
+    """`n` runs as the schedule makes them (50 s each), over stretches of 10 entries."""
+    return [purge(batch=10, max_seconds=retention.SCHEDULED_SECONDS, **options) for _ in range(n)]
+
+
+def test_retention_makes_progress_over_a_table_whose_oldest_rows_must_all_be_kept(clock):
+    kept_front(300)  # 30 stretches at the front of the deliveries' walk and of the events' walk
+    behind = [delivered(OLD) for _ in range(5)]
+    ancient_dead = dead(ANCIENT)  # the front of the dead letters' walk
+    bare = EventFactory(created_at=OLD)
+    reg = registry_lines("registered", OLD)
+
+    runs = scheduled_runs(6)  # a run is 25 stretches (each with its rest)
+
+    per_run = [(r.deliveries, r.events, r.registry_attempts) for r in runs]
+    said = f"deleted per run (deliveries, events, registry lines): {per_run}"
+    # No walk starves: the first run reaches the dead letters and the registry's lines.
+    assert (runs[0].deliveries, runs[0].registry_attempts) == (1, 2), said
+    assert not exists(ancient_dead) and not reg.attempt_log.exists(), said
+    # And each resumes where it stopped: what is behind the kept rows goes in a few runs.
+    assert not any(exists(row) or exists(row.event) for row in behind), said
+    assert not exists(bare), said
+    assert (Delivery.objects.count(), Event.objects.count()) == (300, 300), said
+    assert sum(r.deliveries for r in runs) == 6 and sum(r.events for r in runs) == 7, said
+
+
+@pytest.fixture
+def stretches(monkeypatch) -> list:
+    """Every stretch the purge walks: (model, key, after, rows walked), in order."""
+    walked, real = [], retention._walk_step
+
+    def recorded(index_range, key, after, size, **kwargs):
+        rows = real(index_range, key, after, size, **kwargs)
+        walked.append((index_range.model, key, after, rows))
+        return rows
+
+    monkeypatch.setattr(retention, "_walk_step", recorded)
+    return walked
+
+
+def position(walk: str) -> tuple | None:
+    """Where `walk` stopped, as the purge reads it: (key, primary key as text), None at the start."""
+    return RetentionPosition.objects.where([walk]).get(walk)
+
+
+def place(walk: str, row, key: str = "created_at") -> None:
+    """Store `walk`'s position at `row`, as a run that stopped there leaves it."""
+    RetentionPosition.objects.update_or_create(
+        walk=walk, defaults={"after_key": getattr(row, key), "after_id": str(row.pk), "moved_at": NOW}
+    )
+
+
+def test_where_a_walk_stopped_is_kept_in_the_database_and_the_next_run_starts_after_it(clock, stretches):
+    kept_front(30)
+    purge(batch=10, max_seconds=8)  # about a stretch for each walk
+    delivered_walk = [
+        (after, rows) for model, key, after, rows in stretches if key == "created_at" and model is Delivery
+    ]
+    last = delivered_walk[-1][1][-1]  # the last entry walked
+    assert len(delivered_walk) < 3  # it stopped at its share, before its end
+    assert position("delivered") == (last[0], str(last[1]))
+
+    stretches.clear()
+    purge(batch=10, max_seconds=8)  # another run, as another process starts it: only the database tells
+    [(after, _), *_] = [
+        (after, rows) for model, key, after, rows in stretches if key == "created_at" and model is Delivery
+    ]
+    assert after == last
+
+
+def test_a_purge_with_time_enough_takes_everything_wherever_its_walks_stopped(stretches):
+    front = [delivered(OLD - timedelta(days=1)) for _ in range(3)]
+    back = [delivered(OLD) for _ in range(3)]
+    middle = dead(OLD, created=OLD - timedelta(hours=12))  # kept: young for its period
+    last = dead(OLD, created=OLD + timedelta(hours=1))  # kept too
+    place("delivered", middle)  # a run stopped there, between the two
+
+    report = purge(batch=2)
+
+    assert not any(exists(row) or exists(row.event) for row in front + back)
+    assert all(exists(row) and exists(row.event) for row in (middle, last))
+    walked = [
+        pk for model, key, _, rows in stretches if model is Delivery and key == "created_at" for _, pk in rows
+    ]
+    assert sorted(walked) == sorted(row.pk for row in [*front, *back, middle, last])  # each entry once
+    assert report.walked == 8 + 8  # the deliveries' walk and the events'
+    assert position("delivered") == (middle.created_at, str(middle.pk))  # the lap ended where it began
+
+
+def test_a_row_that_becomes_purgeable_behind_a_walk_goes_when_the_walk_comes_round(clock):
+    kept_front(30)
+    waiting = pending(created=ANCIENT - timedelta(days=1))  # its event is the events' walk's first entry
+    purge(batch=10, max_seconds=8)  # the events' walk goes past it: its delivery is pending
+    assert position("events") is not None and exists(waiting.event)
+    Delivery.objects.filter(pk=waiting.pk).update(status="delivered", delivered_at=OLD)  # (as time goes by)
+
+    [run] = scheduled_runs(1)  # from where it stopped to the end, then from the start round to there
+
+    assert not exists(waiting) and not exists(waiting.event), run.summary()
+
+
+def test_a_position_past_the_end_of_its_range_wraps_to_the_start():
+    old = delivered(OLD)
+    young = delivered(YOUNG)
+    place("delivered", young)  # e.g. left by `odal outbox purge --older-than 1h`
+    place("events", young.event)
+    assert purge().deliveries == 1
+    assert not exists(old) and not exists(old.event) and exists(young)
+
+
+def test_a_purge_that_finds_its_walk_moved_by_another_leaves_the_stretch_and_the_walk_to_it(monkeypatch):
+    rows = [delivered(OLD) for _ in range(4)]
+    real, moved = retention._walk_step, []
+
+    def another_purge_claims_it_first(index_range, key, after, size, **kwargs):
+        stretch = real(index_range, key, after, size, **kwargs)
+        if index_range.model is Delivery and key == "created_at" and not moved:
+            # Another process walked the same stretch, and claimed it before this one could.
+            moved.append(
+                RetentionPosition.objects.advance(
+                    "delivered", at=None, to=(stretch[-1][0], str(stretch[-1][1])), now=NOW
+                )
+            )
+        return stretch
+
+    monkeypatch.setattr(retention, "_walk_step", another_purge_claims_it_first)
+    report = purge(batch=2)
+
+    assert moved == [True]
+    assert report.yielded == ["delivered"] and report.deliveries == 0
+    assert "left delivered deliveries to another purge running at the same time" in report.summary()
+    assert all(exists(row) for row in rows)  # the other purge's to delete
+    first_two = sorted((r.created_at, r.pk) for r in rows)[1]
+    assert position("delivered") == (first_two[0], str(first_two[1]))
+
+
+def test_a_position_moves_only_from_where_its_writer_read_it():
+    """Two purges read the same position; the first claims the stretch after it; the second's claim
+    of its own stretch from the same place takes nothing and the position stays the first's."""
+    a, b = delivered(OLD), delivered(OLD)
+    RetentionPosition.objects.open(["delivered"], now=NOW)
+    first, second = [RetentionPosition.objects.where(["delivered"])["delivered"] for _ in range(2)]
+    to_a, to_b = (a.created_at, str(a.pk)), (b.created_at, str(b.pk))
+    assert RetentionPosition.objects.advance("delivered", at=first, to=to_a, now=NOW)
+    assert not RetentionPosition.objects.advance("delivered", at=second, to=to_b, now=NOW)
+    assert position("delivered") == to_a
+
+
+def test_a_dry_run_moves_no_walk(clock):
+    kept_front(30)
+    delivered(OLD)
+    purge(batch=10, max_seconds=4)
+    before = list(RetentionPosition.objects.order_by("walk").values_list())
+    purge(batch=10, max_seconds=4, dry_run=True)
+    purge(batch=10, dry_run=True)
+    assert list(RetentionPosition.objects.order_by("walk").values_list()) == before
+
+
+def test_a_dry_run_makes_no_position():
+    purge(dry_run=True)
+    assert not RetentionPosition.objects.exists()

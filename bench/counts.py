@@ -411,6 +411,7 @@ def timed_purge(*, delivered_days: int = 30, dead_days: int = 90) -> dict:
         report = purge(
             delivered_before=now - timedelta(days=delivered_days),
             dead_before=now - timedelta(days=dead_days),
+            evidence_before=now - timedelta(days=3650),
             progress=analyzer,
         )
     seconds = time.monotonic() - started

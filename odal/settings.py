@@ -279,10 +279,14 @@ ODAL_AUTO_PAUSE_AFTER = env_duration("ODAL_AUTO_PAUSE_AFTER", "24h", low_seconds
 # /readyz answers 503 when deliveries are due and no sweep has finished a pass for this long.
 ODAL_READYZ_SWEEP_SECONDS = env_int("ODAL_READYZ_SWEEP_SECONDS", 300, minimum=1)
 # Retention (outbox.retention): delivered deliveries, events and the registry's attempt lines of
-# settled registrations go after ODAL_RETENTION_DAYS; dead letters, which a person may still need,
-# after ODAL_DEAD_RETENTION_DAYS. At most a century: a cutoff must stay a date.
+# registered or rejected registrations go after ODAL_RETENTION_DAYS; dead letters, which a person
+# may still need, after ODAL_DEAD_RETENTION_DAYS. At most a century: a cutoff must stay a date.
 ODAL_RETENTION_DAYS = env_int("ODAL_RETENTION_DAYS", 30, minimum=1, maximum=36_500)
 ODAL_DEAD_RETENTION_DAYS = env_int("ODAL_DEAD_RETENTION_DAYS", 90, minimum=1, maximum=36_500)
+# The registry's attempt lines that are evidence (of registrations that ended abandoned, suspended
+# or deactivated, and of a registration's earlier work: see outbox.retention) go after
+# ODAL_EVIDENCE_RETENTION_DAYS, ten years by default, and never before ODAL_RETENTION_DAYS.
+ODAL_EVIDENCE_RETENTION_DAYS = env_int("ODAL_EVIDENCE_RETENTION_DAYS", 3650, minimum=1, maximum=36_500)
 # `odal serve` (gunicorn): where it listens and how many worker processes it forks; gunicorn's
 # own GUNICORN_CMD_ARGS may change either, and --bind/--workers override both.
 ODAL_BIND = env_address("ODAL_BIND", "127.0.0.1:8000")

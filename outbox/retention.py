@@ -5,9 +5,12 @@ the DELETE that removes them):
 - delivered deliveries (no claim) delivered before `delivered_before`, with their attempt lines;
 - dead deliveries (no claim) dead-lettered before `dead_before`, with their attempt lines;
 - events created before `delivered_before` with no delivery left (or that never had one);
-- the registry's attempt lines finished before `delivered_before`, of registrations that are
-  settled (registered, rejected, suspended, deactivated, abandoned) and that no claim holds.
-Never: pending deliveries, claimed rows, passports, registrations, the audit trail.
+- the registry's attempt lines of registrations that no claim holds and that owe no work (see
+  registry_attempts_to_purge): finished before `delivered_before`, the lines of a registered or
+  rejected registration's current work; finished before `evidence_before` too, the evidence: the
+  lines of registrations that ended abandoned, suspended or deactivated, and of earlier work.
+Never: pending deliveries, claimed rows, the attempt lines of pending or submitted
+registrations, passports, registrations, the audit trail.
 
 Each batch is its own transaction: walk the next `batch` entries of an index (keyset: from
 where the last batch stopped, so each run visits an entry at most once and no batch scans a
@@ -71,7 +74,11 @@ log = logging.getLogger(__name__)
 PURGED = "outbox.purged"
 # Registrations whose attempt log is history: no work is owed on them (the registry's statuses
 # live in registry.models; read by name so that the outbox imports nothing of the registry).
-SETTLED_REGISTRATIONS = ("registered", "rejected", "suspended", "deactivated", "abandoned")
+# Those that hold, or were refused, a registration: their lines are ordinary lines.
+ORDINARY_REGISTRATIONS = ("registered", "rejected")
+# Those that ended without a registration the registry holds, given up by a person or withdrawn:
+# their lines are the evidence of what was sent and what the registry answered.
+EVIDENCE_REGISTRATIONS = ("abandoned", "suspended", "deactivated")
 SCHEDULED_SECONDS = 50.0  # a scheduled run stops between batches after this (django-q2 kills at 90 s)
 IDLE_WORKERS = timedelta(days=7)
 # After each batch the purge rests this many times as long as the batch took, so it keeps a CPU
@@ -162,9 +169,21 @@ def old_registry_attempts(before: datetime) -> QuerySet:
     return RegistrationAttempt.objects.filter(finished_at__lt=before)
 
 
-def registry_attempts_to_purge(before: datetime) -> QuerySet:
+def registry_attempts_to_purge(before: datetime, evidence_before: datetime) -> QuerySet:
+    """The registry's attempt lines finished before `before`, of registrations no claim holds:
+    - of a registered or rejected registration, the lines of its current work;
+    - finished before `evidence_before` too, the evidence: every line of an abandoned, suspended
+      or deactivated registration, and the lines of a registered or rejected one's earlier work
+      (attempts that started before its current work was queued: it was published again, or
+      suspended, after an outcome its status no longer shows, which may have been an abandon).
+    Never the lines of a pending or submitted registration: it owes work, its log is live. The
+    status is read when the purge runs (and restated in its DELETE). Evidence is never kept
+    shorter than ordinary lines: every line here finished before `before`."""
+    ordinary = Q(registration__status__in=ORDINARY_REGISTRATIONS)
+    this_work = Q(started_at__gte=F("registration__queued_at"))
+    evidence = Q(registration__status__in=EVIDENCE_REGISTRATIONS) | (ordinary & ~this_work)
     return old_registry_attempts(before).filter(
-        registration__status__in=SETTLED_REGISTRATIONS,
+        (ordinary & this_work) | (evidence & Q(finished_at__lt=evidence_before)),
         registration__claim_token__isnull=True,
     )
 
@@ -344,6 +363,7 @@ def purge(
     *,
     delivered_before: datetime,
     dead_before: datetime,
+    evidence_before: datetime,
     batch: int = 1000,
     dry_run: bool = False,
     progress=None,
@@ -356,7 +376,7 @@ def purge(
     run = _Purge(batch=batch, dry_run=dry_run, progress=progress, max_seconds=max_seconds)
     delivered, dead = delivered_rule(delivered_before), dead_rule(dead_before)
     events = events_to_purge(delivered_before, going=(delivered | dead) if dry_run else None)
-    lines = registry_attempts_to_purge(delivered_before)
+    lines = registry_attempts_to_purge(delivered_before, evidence_before)
     run.run(
         [
             # delivery_listing_idx: a delivery delivered before the cutoff was created before it.
@@ -390,16 +410,26 @@ def scheduled_purge() -> str:
     now = timezone.now()
     delivered_before = now - timedelta(days=settings.ODAL_RETENTION_DAYS)
     dead_before = now - timedelta(days=settings.ODAL_DEAD_RETENTION_DAYS)
-    report = purge(delivered_before=delivered_before, dead_before=dead_before, max_seconds=SCHEDULED_SECONDS)
+    # (Evidence goes never before the ordinary lines: the walk stops at delivered_before anyway.)
+    evidence_before = now - timedelta(
+        days=max(settings.ODAL_EVIDENCE_RETENTION_DAYS, settings.ODAL_RETENTION_DAYS)
+    )
+    report = purge(
+        delivered_before=delivered_before,
+        dead_before=dead_before,
+        evidence_before=evidence_before,
+        max_seconds=SCHEDULED_SECONDS,
+    )
     folded = tally.compact(now=now)
     forgotten = tally.forget_idle_workers(older_than=IDLE_WORKERS, now=now)
     keys = IdempotencyRecord.objects.forget_expired(now=now)  # a small table: one DELETE
     log.info(
-        "%s (delivered before %s, dead before %s); deleted %d expired idempotency keys; "
-        "folded %d tally buckets, forgot %d idle workers",
+        "%s (delivered before %s, dead before %s, registry evidence before %s); deleted %d expired "
+        "idempotency keys; folded %d tally buckets, forgot %d idle workers",
         report.summary(),
         f"{delivered_before:%Y-%m-%d %H:%M:%S}Z",
         f"{dead_before:%Y-%m-%d %H:%M:%S}Z",
+        f"{evidence_before:%Y-%m-%d %H:%M:%S}Z",
         keys,
         folded,
         forgotten,

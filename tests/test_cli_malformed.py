@@ -51,7 +51,12 @@ MALFORMED = {
         ["--dead", "--since", "0001-01-01T00:00:00+14:00", "--reason", "r"],
         ["--dead", "--reason", "r", "--actor", LONG],
     ],
-    ("outbox", "purge"): [["--older-than", "0d"], ["--dead-older-than", "90"], ["--batch", "0"]],
+    ("outbox", "purge"): [
+        ["--older-than", "0d"],
+        ["--dead-older-than", "90"],
+        ["--evidence-older-than", "10y"],
+        ["--batch", "0"],
+    ],
     ("outbox", "receive"): [["--port", "0"]],
     ("outbox", "resend"): [
         ["--reason", "r"],

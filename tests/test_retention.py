@@ -1,6 +1,8 @@
 """Issue 13.1: retention. Settled rows older than their period go, in bounded batches, each its
 own transaction with its tally; pending and claimed rows, passports, registrations and the
-audit trail stay; counters never go down."""
+audit trail stay; counters never go down. Issue 23.6: the registry's evidence has its own
+period, and retention always makes progress (each walk resumes where it stopped, with its own
+share of a run's time)."""
 
 import io
 import logging
@@ -36,11 +38,19 @@ DEAD_BEFORE = NOW - timedelta(days=90)
 OLD = NOW - timedelta(days=40)  # past the delivered period, within the dead one
 ANCIENT = NOW - timedelta(days=100)  # past both
 YOUNG = NOW - timedelta(days=1)
-SETTLED = ["registered", "rejected", "suspended", "deactivated", "abandoned"]
+EVIDENCE_BEFORE = NOW - timedelta(days=3650)
+FORGOTTEN = NOW - timedelta(days=3660)  # past the evidence period too
+ORDINARY = ["registered", "rejected"]
+EVIDENCE = ["abandoned", "suspended", "deactivated"]
 
 
 def purge(**options) -> retention.PurgeReport:
-    return retention.purge(delivered_before=DELIVERED_BEFORE, dead_before=DEAD_BEFORE, **options)
+    cutoffs = {
+        "delivered_before": DELIVERED_BEFORE,
+        "dead_before": DEAD_BEFORE,
+        "evidence_before": EVIDENCE_BEFORE,
+    }
+    return retention.purge(**{**cutoffs, **options})
 
 
 def delivered(at=OLD, *, created=None, lines=1, **fields) -> Delivery:
@@ -86,18 +96,28 @@ def add_lines(row: Delivery, n: int, at, outcome="delivered") -> None:
 
 
 def registry_lines(status: str, at=OLD, n: int = 2, **fields) -> Registration:
-    reg = RegistrationFactory(status=status, **fields)
-    for number in range(1, n + 1):
-        RegistrationAttempt.objects.create(
-            registration=reg,
-            number=number,
-            claim_token=uuid.uuid4(),
-            operation="register",
-            started_at=at - timedelta(seconds=1),
-            finished_at=at,
-            outcome="submitted",
-        )
+    """A registration with `n` attempt lines that finished at `at`, of the work it owes (or owed)
+    now: queued an hour before."""
+    reg = RegistrationFactory(**{"status": status, "queued_at": at - timedelta(hours=1), **fields})
+    add_registry_lines(reg, at, n)
     return reg
+
+
+def add_registry_lines(reg: Registration, at, n: int = 2) -> set:
+    made = set()
+    for number in range(1, n + 1):
+        made.add(
+            RegistrationAttempt.objects.create(
+                registration=reg,
+                number=number,
+                claim_token=uuid.uuid4(),
+                operation="register",
+                started_at=at - timedelta(seconds=1),
+                finished_at=at,
+                outcome="submitted",
+            ).pk
+        )
+    return made
 
 
 def exists(row) -> bool:
@@ -180,8 +200,8 @@ def test_old_events_without_deliveries_go_young_ones_and_ones_with_deliveries_st
 # -- the registry's attempt lines -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("status", SETTLED)
-def test_old_attempt_lines_of_settled_registrations_go_the_registrations_stay(status):
+@pytest.mark.parametrize("status", ORDINARY)
+def test_old_attempt_lines_of_registered_or_rejected_registrations_go_the_registrations_stay(status):
     reg = registry_lines(status, OLD)
     young = registry_lines(status, YOUNG)
     report = purge()
@@ -205,6 +225,36 @@ def test_attempt_lines_of_a_claimed_registration_stay():
     assert reg.attempt_log.count() == 2
 
 
+@pytest.mark.parametrize("status", EVIDENCE)
+def test_attempt_lines_of_registrations_that_ended_without_a_registration_are_kept_as_evidence(status):
+    kept = [registry_lines(status, at) for at in (OLD, ANCIENT, EVIDENCE_BEFORE)]  # the last at the cutoff
+    forgotten = registry_lines(status, FORGOTTEN)
+    assert purge().registry_attempts == 2
+    assert all(reg.attempt_log.count() == 2 for reg in kept)
+    assert not forgotten.attempt_log.exists() and exists(forgotten)
+
+
+@pytest.mark.parametrize("status", ORDINARY)
+def test_lines_of_earlier_work_stay_as_evidence_when_a_registration_was_queued_again(status):
+    """Abandoned, say, then published again (queued afresh) and now registered or rejected: its
+    status no longer says how the earlier work ended, so the lines of that work are evidence."""
+    reg = registry_lines(status, ANCIENT)  # the earlier work
+    earlier = set(reg.attempt_log.values_list("pk", flat=True))
+    Registration.objects.filter(pk=reg.pk).update(queued_at=OLD - timedelta(hours=1))
+    add_registry_lines(reg, OLD)  # the current work's
+    assert purge().registry_attempts == 2
+    assert set(reg.attempt_log.values_list("pk", flat=True)) == earlier
+    assert purge(evidence_before=OLD).registry_attempts == 2  # past the evidence period: they go too
+    assert not reg.attempt_log.exists()
+
+
+def test_evidence_is_never_kept_shorter_than_ordinary_lines():
+    young = registry_lines("abandoned", NOW - timedelta(days=20))
+    old = registry_lines("abandoned", OLD)
+    assert purge(evidence_before=NOW - timedelta(days=10)).registry_attempts == 2
+    assert young.attempt_log.count() == 2 and not old.attempt_log.exists()
+
+
 def test_passports_registrations_and_the_audit_trail_are_never_deleted():
     reg = registry_lines("registered", ANCIENT)
     AuditEntry.objects.record(actor="system", action="delivery_replayed", object_id="x")
@@ -212,7 +262,7 @@ def test_passports_registrations_and_the_audit_trail_are_never_deleted():
     dead(ANCIENT)
     before = (Passport.objects.count(), Registration.objects.count(), AuditEntry.objects.count())
     everything = NOW + timedelta(days=1)  # every settled row is past this cutoff
-    report = retention.purge(delivered_before=everything, dead_before=everything)
+    report = retention.purge(delivered_before=everything, dead_before=everything, evidence_before=everything)
     assert (report.deliveries, report.registry_attempts) == (2, 2)
     assert (Passport.objects.count(), Registration.objects.count(), AuditEntry.objects.count()) == before
     assert exists(reg) and exists(reg.passport)
@@ -444,7 +494,8 @@ def test_a_dry_run_counts_what_a_purge_then_deletes_and_deletes_nothing():
     world_in_one_instant()
     for _ in range(3):
         delivered(OLD, lines=2)
-    registry_lines("abandoned", OLD)
+    registry_lines("rejected", OLD)
+    registry_lines("abandoned", OLD)  # evidence: kept
     registry_lines("pending", OLD)
     rows = (Delivery.objects.count(), DeliveryAttempt.objects.count(), Event.objects.count())
     lines = RegistrationAttempt.objects.count()
@@ -513,6 +564,32 @@ def test_the_periods_come_from_the_settings(settings):
     assert exists(old) and exists(ancient)
 
 
+def test_the_evidence_period_comes_from_its_setting_and_is_logged(settings, caplog):
+    settings.ODAL_EVIDENCE_RETENTION_DAYS = 35
+    gone, kept = registry_lines("abandoned", OLD), registry_lines("suspended", NOW - timedelta(days=33))
+    ordinary = registry_lines("registered", NOW - timedelta(days=33))
+    with caplog.at_level(logging.INFO, logger="outbox.retention"):
+        ran = [timezone.now()]
+        tasks.purge()
+        ran.append(timezone.now())
+    assert not gone.attempt_log.exists() and not ordinary.attempt_log.exists()
+    assert kept.attempt_log.count() == 2
+    [logged] = [r.getMessage() for r in caplog.records if r.name == "outbox.retention"]
+    assert any(f"registry evidence before {at - timedelta(days=35):%Y-%m-%d}" in logged for at in ran)
+
+
+def test_an_evidence_period_shorter_than_the_ordinary_one_is_the_ordinary_one(settings, caplog):
+    settings.ODAL_EVIDENCE_RETENTION_DAYS = 5
+    kept = registry_lines("deactivated", NOW - timedelta(days=20))
+    with caplog.at_level(logging.INFO, logger="outbox.retention"):
+        ran = [timezone.now()]
+        tasks.purge()
+        ran.append(timezone.now())
+    assert kept.attempt_log.count() == 2
+    [logged] = [r.getMessage() for r in caplog.records if r.name == "outbox.retention"]
+    assert any(f"registry evidence before {at - timedelta(days=30):%Y-%m-%d}" in logged for at in ran)
+
+
 # -- the command line -----------------------------------------------------------------------------
 
 
@@ -548,6 +625,18 @@ def test_the_command_defaults_to_the_settings(settings):
     delivered(OLD)
     assert run().startswith("Deleted 0 deliveries")
     assert "older than 50d" in run()
+    assert "registry evidence older than 3650d (before " in run()
+
+
+def test_the_command_takes_the_evidence_period():
+    gone, kept = registry_lines("abandoned", OLD), registry_lines("abandoned", NOW - timedelta(days=33))
+    said = run("--evidence-older-than", "35d")
+    assert said.startswith("Deleted 0 deliveries with 0 attempt lines, 0 events and 2 registry attempt lines")
+    assert "registry evidence older than 35d (before " in said
+    assert not gone.attempt_log.exists() and kept.attempt_log.count() == 2
+    assert "registry evidence older than 40d (before " in run(
+        "--older-than", "40d", "--evidence-older-than", "1d"
+    )
 
 
 @pytest.mark.parametrize(
@@ -560,6 +649,8 @@ def test_the_command_defaults_to_the_settings(settings):
         ("--older-than", "soon"),
         ("--dead-older-than", "1.5d"),
         ("--dead-older-than", "30s"),
+        ("--evidence-older-than", "10y"),
+        ("--evidence-older-than", "3650"),
         ("--batch", "0"),
     ],
 )
@@ -600,8 +691,9 @@ def test_progress_without_a_total_counts_and_is_silent_off_a_terminal():
 # -- settings -------------------------------------------------------------------------------------
 
 
-def test_the_periods_default_to_30_and_90_days():
+def test_the_periods_default_to_30_and_90_days_and_evidence_to_ten_years():
     assert (django_settings.ODAL_RETENTION_DAYS, django_settings.ODAL_DEAD_RETENTION_DAYS) == (30, 90)
+    assert django_settings.ODAL_EVIDENCE_RETENTION_DAYS == 3650
 
 
 @pytest.mark.parametrize(
@@ -612,6 +704,9 @@ def test_the_periods_default_to_30_and_90_days():
         ("ODAL_RETENTION_DAYS", "1.5"),
         ("ODAL_DEAD_RETENTION_DAYS", "thirty"),
         ("ODAL_DEAD_RETENTION_DAYS", "36501"),
+        ("ODAL_EVIDENCE_RETENTION_DAYS", "0"),
+        ("ODAL_EVIDENCE_RETENTION_DAYS", "ten years"),
+        ("ODAL_EVIDENCE_RETENTION_DAYS", "36501"),
     ],
 )
 def test_a_nonsense_period_stops_start_up_naming_the_variable(name, value):

@@ -66,13 +66,19 @@ class Command(BaseCommand):
         purge.add_argument(
             "--older-than",
             type=argument(rules.retention_period),
-            help="delivered deliveries, events and settled registrations' attempt lines older than this, "
-            "e.g. 30d, 12h, 90m (default: ODAL_RETENTION_DAYS)",
+            help="delivered deliveries, events and the attempt lines of registered or rejected registrations "
+            "older than this, e.g. 30d, 12h, 90m (default: ODAL_RETENTION_DAYS)",
         )
         purge.add_argument(
             "--dead-older-than",
             type=argument(rules.retention_period),
             help="dead deliveries older than this (default: ODAL_DEAD_RETENTION_DAYS)",
+        )
+        purge.add_argument(
+            "--evidence-older-than",
+            type=argument(rules.retention_period),
+            help="the registry's evidence older than this: attempt lines of abandoned, suspended or deactivated "
+            "registrations, and of earlier work (default: ODAL_EVIDENCE_RETENTION_DAYS; never before --older-than)",
         )
         purge.add_argument(
             "--batch",
@@ -312,15 +318,20 @@ class Command(BaseCommand):
 
     # -- purge ---------------------------------------------------------------------------------
 
-    def do_purge(self, *, older_than, dead_older_than, batch, dry_run, **_):
+    def do_purge(self, *, older_than, dead_older_than, evidence_older_than, batch, dry_run, **_):
         older_than = older_than or timedelta(days=settings.ODAL_RETENTION_DAYS)
         dead_older_than = dead_older_than or timedelta(days=settings.ODAL_DEAD_RETENTION_DAYS)
+        evidence_older_than = max(  # evidence goes never before the ordinary lines
+            evidence_older_than or timedelta(days=settings.ODAL_EVIDENCE_RETENTION_DAYS), older_than
+        )
         now = timezone.now()
         delivered_before, dead_before = now - older_than, now - dead_older_than
+        evidence_before = now - evidence_older_than
         with Progress(self.stderr, what="rows checked" if dry_run else "rows deleted") as progress:
             report = retention.purge(
                 delivered_before=delivered_before,
                 dead_before=dead_before,
+                evidence_before=evidence_before,
                 batch=batch,
                 dry_run=dry_run,
                 progress=progress,
@@ -329,7 +340,9 @@ class Command(BaseCommand):
         self.stdout.write(
             f"{said[0].upper()}{said[1:]}: delivered older than {rules.duration_text(older_than)} "
             f"(before {delivered_before:%Y-%m-%d %H:%M:%S}Z), dead older than "
-            f"{rules.duration_text(dead_older_than)} (before {dead_before:%Y-%m-%d %H:%M:%S}Z)."
+            f"{rules.duration_text(dead_older_than)} (before {dead_before:%Y-%m-%d %H:%M:%S}Z), registry "
+            f"evidence older than {rules.duration_text(evidence_older_than)} "
+            f"(before {evidence_before:%Y-%m-%d %H:%M:%S}Z)."
             + (" Nothing was deleted (--dry-run)." if dry_run else "")
         )
 

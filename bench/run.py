@@ -19,10 +19,12 @@ docs/performance.md (and docs/performance.svg).
 - issue 16 (bench/bulk.py): bulk intake, `odal passport import --publish`, published passports/s;
 - issue 16 (bench/drain.py): the concurrent drain at 50 ms latency (1 and 2 processes, and with one
   request in flight), the rate the simulator sees under ODAL_REGISTRY_RATE_PER_SECOND, 429s
-  unheeded, and django-q2 tasks enqueued per 10,000 publishes.
+  unheeded, and django-q2 tasks enqueued per 10,000 publishes;
+- issue 23 (bench/retention.py): retention's progress per scheduled run over 10,000,000 deliveries
+  with the oldest 1,000,000 kept.
 
 Usage: python bench/run.py [--backlog 100000] [--processes 1,2,4] [--big-counts 10000000] [--quick]
-[--only counts|drain]
+[--only counts|drain|retention]
 (DATABASE_URL must name a PostgreSQL server; `make bench` finds one.) Exits 1 when a target is
 missed.
 """
@@ -43,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import bulk, counts, drain  # noqa: E402
+from bench import bulk, counts, drain, retention  # noqa: E402
 from tests.torture import database_url, drop_database, recreate_database  # noqa: E402
 
 DATABASE = os.environ.get("ODAL_BENCH_DATABASE", "odal_bench")  # (one per run that may overlap)
@@ -451,10 +453,16 @@ def main() -> int:
     parser.add_argument("--drain-registrations", type=int, default=3000, help="per concurrent drain row")
     parser.add_argument("--publishes", type=int, default=10_000, help="of the kicks row")
     parser.add_argument("--bulk-passports", type=int, default=20_000, help="passports of the bulk import")
+    parser.add_argument(
+        "--retention-rows", type=int, default=10_000_000, help="deliveries of the retention-progress table"
+    )
+    parser.add_argument(
+        "--retention-kept", type=int, default=1_000_000, help="the oldest of them, kept (parked)"
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes, to try the benchmark itself")
     parser.add_argument(
         "--only",
-        choices=["counts", "drain"],
+        choices=["counts", "drain", "retention"],
         help="run only this part (to work on it; the report then has only it)",
     )
     parser.add_argument("--out", default=str(ROOT / "docs" / "performance.md"))
@@ -465,6 +473,7 @@ def main() -> int:
         args.big_counts, args.beside_backlog = 200_000, 5000
         args.bulk_passports = 2000
         args.drain_registrations, args.publishes = 600, 1000
+        args.retention_rows, args.retention_kept = 100_000, 10_000
     if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
         print(
             "the benchmark needs DATABASE_URL naming PostgreSQL (run it through make bench)", file=sys.stderr
@@ -511,6 +520,19 @@ def main() -> int:
                 slow_registrations=max(60, args.drain_registrations // 15),
                 rate_registrations=max(300, args.drain_registrations // 4), publishes=args.publishes,
             )  # fmt: skip
+        if args.only in (None, "retention"):
+            # A scheduled run's 50 s; --quick runs of 1 s over its small table, to try the measurement.
+            from outbox.retention import SCHEDULED_SECONDS
+
+            seconds = 1.0 if args.quick else SCHEDULED_SECONDS
+            print(f"measuring retention's progress per run of {seconds:g} s over {args.retention_rows:,} "
+                  f"deliveries, the oldest {args.retention_kept:,} kept…", flush=True)  # fmt: skip
+            r["retention"] = retention.run(
+                rows=args.retention_rows,
+                kept=args.retention_kept,
+                seconds=seconds,
+                max_runs=8 if args.quick else 20,
+            )
         with connection.cursor() as cursor:
             cursor.execute("SHOW server_version")
             server = cursor.fetchone()[0]
@@ -559,8 +581,8 @@ def measure_issue_7(args, env: dict, psql_url: str, processes: list[int], base: 
 
 
 def report(args, processes: list[int], r: dict, server: str, fsync: str) -> int:
-    rows, targets, targets_13, targets_16, parts = [], [], [], [], []
-    counts_doc = drain_doc = ""
+    rows, targets, targets_13, targets_16, targets_23, parts = [], [], [], [], [], []
+    counts_doc = drain_doc = retention_doc = ""
     if "ceiling_1" in r:
         rows, targets, svg, how = issue_7_report(args, processes, r)
     if "counts" in r:
@@ -574,9 +596,12 @@ def report(args, processes: list[int], r: dict, server: str, fsync: str) -> int:
         more, more_16, drain_doc = drain.report(r["drain"])
         rows += more
         targets_16 += more_16
+    if "retention" in r:
+        more, targets_23, retention_doc = retention.report(r["retention"])
+        rows += more
     table = "\n".join(["| what | measured |", "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows])
     for title, listed in (("target (issue 7)", targets), ("target (issue 13)", targets_13),
-                          ("target (issue 16)", targets_16)):  # fmt: skip
+                          ("target (issue 16)", targets_16), ("target (issue 23)", targets_23)):  # fmt: skip
         if listed:
             parts.append("\n".join([f"| {title} | met |", "|---|---|"]
                                    + [f"| {a} | {'yes' if ok else '**NO**'} |" for a, ok in listed]))  # fmt: skip
@@ -596,14 +621,12 @@ def report(args, processes: list[int], r: dict, server: str, fsync: str) -> int:
         head += (f"Backlogs: {args.backlog:,} deliveries per sweep measurement, {args.registrations:,} "
                  f"registrations per drain measurement; the counts over 10,000 and {args.big_counts:,} "
                  "delivered rows.")  # fmt: skip
-        body = (
-            f"{head}\n\n{table}\n\n{goals}\n\n![rates](performance.svg)\n\n{how}\n{counts_doc}\n{drain_doc}"
-        )
+        body = f"{head}\n\n{table}\n\n{goals}\n\n![rates](performance.svg)\n\n{how}\n{counts_doc}\n{drain_doc}\n{retention_doc}"
     else:
-        body = f"{head}\n\n{table}\n\n{goals}\n\n{counts_doc}\n{drain_doc}"
+        body = f"{head}\n\n{table}\n\n{goals}\n\n{counts_doc}\n{drain_doc}\n{retention_doc}"
     out.write_text(body)
     print(f"wrote {out}{'' if not targets else ' and ' + str(out.with_name('performance.svg'))}")
-    missed = [a for a, ok in targets + targets_13 + targets_16 if not ok]
+    missed = [a for a, ok in targets + targets_13 + targets_16 + targets_23 if not ok]
     if missed:
         print("targets missed: " + "; ".join(missed), file=sys.stderr)
         return 1

@@ -136,8 +136,8 @@ def run(*, rows: int, kept: int, seconds: float, max_runs: int) -> dict:
         where = RetentionPosition.objects.where(["delivered", "events"])
         runs.append({"rows": report.rows, "deliveries": report.deliveries, "walked": report.walked,
                      "seconds": report.seconds, "stopped": report.stopped,
-                     "deliveries_at": days_ago(where.get("delivered"), now),
-                     "events_at": days_ago(where.get("events"), now)})  # fmt: skip
+                     "deliveries_at": days_ago(where["delivered"][1], now),
+                     "events_at": days_ago(where["events"][1], now)})  # fmt: skip
         log(f"run {len(runs)}: {report.summary()}; walked {report.walked:,} index entries; the deliveries' walk "
             f"at {at(runs[-1]['deliveries_at'])}, the events' at {at(runs[-1]['events_at'])}")  # fmt: skip
         if first_deleting is None and report.rows:

@@ -7,6 +7,7 @@ import uuid
 from datetime import timedelta
 
 from django.db import models, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from odal.rows import insert_rows
@@ -307,35 +308,38 @@ class RetentionPositionQuerySet(models.QuerySet):
         )
 
     def where(self, walks) -> dict:
-        """{walk: (key, id) where it stopped, or None at the start} (a walk with no row: None)."""
-        rows = self.filter(walk__in=walks).values_list("walk", "after_key", "after_id")
-        return {walk: None if key is None else (key, pk) for walk, key, pk in rows}
+        """{walk: (lap, (key, id) where it stopped, or None at the start)}; a walk with no row
+        yet is at the start of lap 0."""
+        rows = self.filter(walk__in=walks).values_list("walk", "laps", "after_key", "after_id")
+        found = {walk: (laps, None if key is None else (key, pk)) for walk, laps, key, pk in rows}
+        return {walk: found.get(walk, (0, None)) for walk in walks}
 
-    def advance(self, walk: str, *, at, to, now) -> bool:
-        """Move `walk` from `at` to `to` ((key, id) or None, the start), only while it is still at
-        `at`: a purge claims the stretch of its index between the two, in the transaction that
-        deletes what the stretch holds. Another purge walking the same index from `at` then takes
-        no row and leaves the stretch, and the walk, to this one. True if it took the row."""
+    def advance(self, walk: str, *, lap: int, at, to, now) -> bool:
+        """Move `walk` from `at` in `lap` to `to` ((key, id) or None: back to the start, which
+        begins its next lap), only while it is still there: a purge claims the stretch of its
+        index between the two, in the transaction that deletes what the stretch holds. Another
+        purge that read the same position (even one a whole lap ago) then takes no row and
+        leaves the stretch, and the walk, to this one. True if it took the row."""
         (at_key, at_id), (to_key, to_id) = at or (None, ""), to or (None, "")
-        rows = self.filter(walk=walk, after_key=at_key, after_id=at_id)
-        return rows.update(after_key=to_key, after_id=to_id, moved_at=now) == 1
+        rows = self.filter(walk=walk, laps=lap, after_key=at_key, after_id=at_id)
+        laps = F("laps") + 1 if to is None else F("laps")
+        return rows.update(after_key=to_key, after_id=to_id, laps=laps, moved_at=now) == 1
 
 
 class RetentionPosition(models.Model):
     """Where each of retention's walks (outbox.retention) stopped: its next run starts after that
     entry of its index, so that rows retention must keep at the front of an index are walked past
-    once a lap, not at every run. (key, id) of the last entry walked; both empty at the start."""
+    once a lap, not at every run. (key, id) of the last entry walked, both empty at the start;
+    `laps`, how many times it went back to the start."""
 
     walk = models.CharField(max_length=64, primary_key=True)
     after_key = models.DateTimeField(null=True, blank=True)
     after_id = models.CharField(max_length=64, blank=True, default="")  # the primary key, as text
+    laps = models.BigIntegerField(default=0)
     moved_at = models.DateTimeField()
 
     objects = RetentionPositionQuerySet.as_manager()
 
     def __str__(self) -> str:
-        return (
-            f"{self.walk}: after {self.after_key} {self.after_id}"
-            if self.after_key
-            else f"{self.walk}: start"
-        )
+        at = f"after {self.after_key} {self.after_id}" if self.after_key else "start"
+        return f"{self.walk}: lap {self.laps}, {at}"

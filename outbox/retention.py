@@ -38,10 +38,13 @@ past once a lap, not at every run:
   of the range, goes back to the start and on to where it began, unless its time runs out first:
   a run walks each entry at most once, and one with time enough (`odal outbox purge`) walks them
   all. A position past the end of the range (the cutoff differs, the rows went) simply wraps.
-- A batch claims its stretch by moving the position on from where the walk was (one guarded
-  UPDATE, RetentionPositionQuerySet.advance), in the transaction that deletes what the stretch
-  holds: a batch that fails leaves its stretch unclaimed, and a purge that finds the position
-  moved by another purge running at the same time takes nothing and leaves the walk to it.
+- A batch claims its stretch by moving the position on from where the walk was, in the lap it
+  was in (one guarded UPDATE, RetentionPositionQuerySet.advance; going back to the start begins
+  the next lap), in the transaction that deletes what the stretch holds: a batch that fails
+  leaves its stretch unclaimed, and a purge that finds the position moved by another purge
+  running at the same time (even all the way round, back to the start) takes nothing and leaves
+  the walk to it. Purges at once thus share the walks, never both walking a stretch; one may
+  pass an event before the other deleted its last delivery: it goes next lap.
 - No row moves behind a position: the keys never change once written (created_at, finished_at;
   dead_at is set when a delivery becomes dead, and a replayed one that dies again is a new entry)
   and rows are written at about now, ahead of every position, which is behind a cutoff. A row
@@ -241,13 +244,15 @@ def _pick(candidates: QuerySet, walked: list, *, lock: bool) -> list:
 
 class _Walk:
     """One walk through a run: where the run began (`origin`, the stored position), where it is
-    (`cursor`), whether it went past the end of its range back to the start (`wrapped`: it then
-    stops where it began), whether its lap is done. Positions are (key, pk), None at the start."""
+    (`cursor`, in its stored `lap`), whether it went past the end of its range back to the start
+    (`wrapped`: it then stops where it began), whether it is done. Positions are (key, pk), None
+    at the start."""
 
-    def __init__(self, name: str, index_range: QuerySet, key: str, take: Callable, stored: tuple | None):
+    def __init__(self, name: str, index_range: QuerySet, key: str, take: Callable, stored: tuple):
         self.name, self.index_range, self.key, self.take = name, index_range, key, take
         pk = index_range.model._meta.pk
-        self.origin = self.cursor = None if stored is None else (stored[0], pk.to_python(stored[1]))
+        self.lap, at = stored
+        self.origin = self.cursor = None if at is None else (at[0], pk.to_python(at[1]))
         self.wrapped = self.origin is None  # a lap begun at the start ends at the end
         self.done = False
 
@@ -270,7 +275,7 @@ class _Purge:
         if not self.dry_run:
             RetentionPosition.objects.open(names, now=timezone.now())
         where = RetentionPosition.objects.where(names)
-        walks = [_Walk(*walk, stored=where.get(walk[0])) for walk in walks]
+        walks = [_Walk(*walk, stored=where[walk[0]]) for walk in walks]
         while not all(walk.done for walk in walks):
             left = [walk for walk in walks if not walk.done]
             for i, walk in enumerate(left):
@@ -304,7 +309,11 @@ class _Purge:
             to = (walk.origin if walk.wrapped else None) if end else stretch[-1]
             with nullcontext() if self.dry_run else transaction.atomic():
                 if not self.dry_run and not RetentionPosition.objects.advance(
-                    walk.name, at=walk.stored(walk.cursor), to=walk.stored(to), now=timezone.now()
+                    walk.name,
+                    lap=walk.lap,
+                    at=walk.stored(walk.cursor),
+                    to=walk.stored(to),
+                    now=timezone.now(),
                 ):
                     walk.done = True  # another purge moved the walk on: this stretch, and the walk, are its
                     self.report.yielded.append(walk.name)
@@ -322,6 +331,7 @@ class _Purge:
             walk.cursor = to
             if end:  # past the end, back to the start; a lap that began there is done
                 walk.done, walk.wrapped = walk.wrapped, True
+                walk.lap += to is None
             if not walk.done:
                 time.sleep(REST * (time.monotonic() - began))
 

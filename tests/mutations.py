@@ -1770,8 +1770,8 @@ GUARDS = [
     Guard(
         "retention: a walk resumes from where it stopped (its stored position), not from its start",
         "outbox/retention.py",
-        "        self.origin = self.cursor = None if stored is None else (stored[0], pk.to_python(stored[1]))\n",
-        "        self.origin = self.cursor = None\n",
+        "        self.lap, at = stored\n",
+        "        self.lap, at = stored[0], None\n",
         "tests/test_retention.py::test_retention_makes_progress_over_a_table_whose_oldest_rows_must_all_be_kept "
         "tests/test_retention.py::test_where_a_walk_stopped_is_kept_in_the_database_and_the_next_run_starts_after_it",
     ),
@@ -1785,10 +1785,26 @@ GUARDS = [
     Guard(
         "retention: a batch claims its stretch only while the walk is still where it read it",
         "odal/models.py",
-        "        rows = self.filter(walk=walk, after_key=at_key, after_id=at_id)\n",
-        "        rows = self.filter(walk=walk)\n",
+        "        rows = self.filter(walk=walk, laps=lap, after_key=at_key, after_id=at_id)\n",
+        "        rows = self.filter(walk=walk, laps=lap)\n",
         "tests/test_retention.py::test_a_purge_that_finds_its_walk_moved_by_another_leaves_the_stretch_and_the_walk_to_it "
         "tests/test_retention.py::test_a_position_moves_only_from_where_its_writer_read_it",
+    ),
+    Guard(
+        "retention: a batch claims its stretch only in the lap in which the walk read its position",
+        "odal/models.py",
+        "        rows = self.filter(walk=walk, laps=lap, after_key=at_key, after_id=at_id)\n",
+        "        rows = self.filter(walk=walk, after_key=at_key, after_id=at_id)\n",
+        "tests/test_retention.py::test_a_position_read_a_whole_lap_ago_is_not_where_the_walk_is "
+        "tests/test_retention.py::test_a_purge_does_not_walk_again_a_lap_another_purge_walked_since_it_began",
+    ),
+    Guard(
+        "retention: going back to the start begins the walk's next lap",
+        "odal/models.py",
+        '        laps = F("laps") + 1 if to is None else F("laps")\n',
+        '        laps = F("laps")\n',
+        "tests/test_retention.py::test_a_position_read_a_whole_lap_ago_is_not_where_the_walk_is "
+        "tests/test_retention.py::test_a_purge_does_not_walk_again_a_lap_another_purge_walked_since_it_began",
     ),
     Guard(
         "retention: a purge whose claim took nothing leaves the stretch and the walk to the other purge",

@@ -801,7 +801,11 @@ def stretches(monkeypatch) -> list:
 
 def position(walk: str) -> tuple | None:
     """Where `walk` stopped, as the purge reads it: (key, primary key as text), None at the start."""
-    return RetentionPosition.objects.where([walk]).get(walk)
+    return RetentionPosition.objects.where([walk])[walk][1]
+
+
+def lap(walk: str) -> int:
+    return RetentionPosition.objects.where([walk])[walk][0]
 
 
 def place(walk: str, row, key: str = "created_at") -> None:
@@ -879,7 +883,7 @@ def test_a_purge_that_finds_its_walk_moved_by_another_leaves_the_stretch_and_the
             # Another process walked the same stretch, and claimed it before this one could.
             moved.append(
                 RetentionPosition.objects.advance(
-                    "delivered", at=None, to=(stretch[-1][0], str(stretch[-1][1])), now=NOW
+                    "delivered", lap=0, at=None, to=(stretch[-1][0], str(stretch[-1][1])), now=NOW
                 )
             )
         return stretch
@@ -900,11 +904,46 @@ def test_a_position_moves_only_from_where_its_writer_read_it():
     of its own stretch from the same place takes nothing and the position stays the first's."""
     a, b = delivered(OLD), delivered(OLD)
     RetentionPosition.objects.open(["delivered"], now=NOW)
-    first, second = [RetentionPosition.objects.where(["delivered"])["delivered"] for _ in range(2)]
+    (lap_a, first), (lap_b, second) = [
+        RetentionPosition.objects.where(["delivered"])["delivered"] for _ in range(2)
+    ]
     to_a, to_b = (a.created_at, str(a.pk)), (b.created_at, str(b.pk))
-    assert RetentionPosition.objects.advance("delivered", at=first, to=to_a, now=NOW)
-    assert not RetentionPosition.objects.advance("delivered", at=second, to=to_b, now=NOW)
+    assert RetentionPosition.objects.advance("delivered", lap=lap_a, at=first, to=to_a, now=NOW)
+    assert not RetentionPosition.objects.advance("delivered", lap=lap_b, at=second, to=to_b, now=NOW)
     assert position("delivered") == to_a
+
+
+def test_a_position_read_a_whole_lap_ago_is_not_where_the_walk_is():
+    """A purge read a walk at the start; another walked it all round, back to the start: the
+    first one's claim from the start takes nothing (it would walk that lap again)."""
+    a = delivered(OLD)
+    RetentionPosition.objects.open(["delivered"], now=NOW)
+    lap_read, read = RetentionPosition.objects.where(["delivered"])["delivered"]
+    to_a = (a.created_at, str(a.pk))
+    assert RetentionPosition.objects.advance("delivered", lap=lap_read, at=read, to=to_a, now=NOW)
+    assert RetentionPosition.objects.advance("delivered", lap=lap_read, at=to_a, to=None, now=NOW)
+    assert (lap("delivered"), position("delivered")) == (lap_read + 1, None)
+    assert not RetentionPosition.objects.advance("delivered", lap=lap_read, at=read, to=to_a, now=NOW)
+    assert (lap("delivered"), position("delivered")) == (lap_read + 1, None)
+
+
+def test_a_purge_does_not_walk_again_a_lap_another_purge_walked_since_it_began(monkeypatch):
+    kept = [dead(OLD, created=OLD - timedelta(hours=i)) for i in range(3)]  # kept: young dead letters
+    real, others = retention._walk_step, []
+
+    def another_purge_walks_it_all_first(index_range, key, after, size, **kwargs):
+        if index_range.model is Delivery and key == "created_at" and not others:
+            others.append(None)
+            others[0] = purge(batch=2)  # from start to end and back to the start: lap 0 to lap 1
+        return real(index_range, key, after, size, **kwargs)
+
+    monkeypatch.setattr(retention, "_walk_step", another_purge_walks_it_all_first)
+    report = purge(batch=2)
+
+    assert others[0].walked == 3 + 3 and not others[0].yielded  # the deliveries and their events
+    assert report.yielded == list(retention.WALKS) and report.walked == 0  # the other walked them all
+    assert (lap("delivered"), position("delivered")) == (1, None)
+    assert all(exists(row) for row in kept)
 
 
 def test_a_dry_run_moves_no_walk(clock):
@@ -920,3 +959,44 @@ def test_a_dry_run_moves_no_walk(clock):
 def test_a_dry_run_makes_no_position():
     purge(dry_run=True)
     assert not RetentionPosition.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_purges_at_once_delete_each_row_once_and_wait_for_neither():
+    rows = [delivered(OLD) for _ in range(60)]
+    kept = [dead(OLD) for _ in range(20)]  # young for their period
+    registry_lines("rejected", OLD)
+    start, reports, errors = threading.Barrier(2), [], []
+
+    def purge_in_its_own_connection():
+        try:
+            with connection.cursor() as cursor:  # a wait on the other's batch is one batch at most
+                cursor.execute("SET lock_timeout = '5s'")
+            start.wait(10)
+            reports.append(purge(batch=5))
+        except Exception as error:  # noqa: BLE001 (reported below)
+            errors.append(error)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=purge_in_its_own_connection) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors and len(reports) == 2
+    assert not any(exists(row) for row in rows) and all(exists(row) for row in kept)
+    # One purge's events' walk may pass an event before the other's walk deleted its delivery:
+    # such events go when the walk comes round, at the next run.
+    assert [
+        sum(getattr(r, what) for r in reports) for what in ("deliveries", "attempts", "registry_attempts")
+    ] == [
+        60,
+        60,
+        2,
+    ]
+    events = sum(r.events for r in reports)
+    assert events + purge().events == 60
+    assert not any(exists(row.event) for row in rows) and all(exists(row.event) for row in kept)
+    went = tally.totals(retention.PURGED)[retention.PURGED]
+    assert went == {"deliveries": 60, "attempts": 60, "events": 60, "registry_attempts": 2}

@@ -42,9 +42,10 @@ past once a lap, not at every run:
   was in (one guarded UPDATE, RetentionPositionQuerySet.advance; going back to the start begins
   the next lap), in the transaction that deletes what the stretch holds: a batch that fails
   leaves its stretch unclaimed, and a purge that finds the position moved by another purge
-  running at the same time (even all the way round, back to the start) takes nothing and leaves
-  the walk to it. Purges at once thus share the walks, never both walking a stretch; one may
-  pass an event before the other deleted its last delivery: it goes next lap.
+  running at the same time takes nothing of that stretch and goes on from where the other left
+  the walk (done if that is all the way round). Purges at once thus share the walks, never both
+  walking a stretch; one may pass an event before the other deleted its last delivery: it goes
+  next lap.
 - No row moves behind a position: the keys never change once written (created_at, finished_at;
   dead_at is set when a delivery becomes dead, and a replayed one that dies again is a new entry)
   and rows are written at about now, ahead of every position, which is behind a cutoff. A row
@@ -110,7 +111,7 @@ class PurgeReport:
     seconds: float = 0.0
     dry_run: bool = False
     stopped: list[str] = field(default_factory=list)  # walks max_seconds stopped before their lap ended
-    yielded: list[str] = field(default_factory=list)  # walks another purge moved on meanwhile
+    shared: list[str] = field(default_factory=list)  # walks another purge running at once moved on too
 
     @property
     def rows(self) -> int:
@@ -128,8 +129,8 @@ class PurgeReport:
             f"{_count(self.registry_attempts, 'registry attempt line')} "
             f"in {_count(self.batches, 'batch', 'batches')} ({self.seconds:.1f} s)"
         )
-        if self.yielded:
-            text += f"; left {_walks(self.yielded)} to another purge running at the same time"
+        if self.shared:
+            text += f"; shared {_walks(self.shared)} with another purge running at the same time"
         if self.stopped:
             text += f"; stopped at its time limit in {_walks(self.stopped)}, the rest goes next run"
         return text
@@ -243,22 +244,36 @@ def _pick(candidates: QuerySet, walked: list, *, lock: bool) -> list:
 
 
 class _Walk:
-    """One walk through a run: where the run began (`origin`, the stored position), where it is
-    (`cursor`, in its stored `lap`), whether it went past the end of its range back to the start
-    (`wrapped`: it then stops where it began), whether it is done. Positions are (key, pk), None
-    at the start."""
+    """One walk through a run. It starts at its stored position (`cursor` in `lap`) and is done
+    when the walk has come all the way round to there, a lap later (`origin` in `last_lap`),
+    whether this run walked it all or a purge running at the same time walked part of it.
+    Positions are (key, pk), None at the start of a lap."""
 
     def __init__(self, name: str, index_range: QuerySet, key: str, take: Callable, stored: tuple):
         self.name, self.index_range, self.key, self.take = name, index_range, key, take
-        pk = index_range.model._meta.pk
-        self.lap, at = stored
-        self.origin = self.cursor = None if at is None else (at[0], pk.to_python(at[1]))
-        self.wrapped = self.origin is None  # a lap begun at the start ends at the end
+        self.pk = index_range.model._meta.pk
+        self.lap, self.cursor = self.read(stored)
+        self.origin, self.last_lap = self.cursor, self.lap + 1
         self.done = False
+
+    def read(self, stored: tuple) -> tuple:
+        lap, at = stored
+        return lap, None if at is None else (at[0], self.pk.to_python(at[1]))
 
     @staticmethod
     def stored(position: tuple | None) -> tuple | None:
         return None if position is None else (position[0], str(position[1]))
+
+    @property
+    def upto(self) -> tuple | None:
+        """Where the lap this run walks ends, once it went back to the start: where it began."""
+        return self.origin if self.lap == self.last_lap else None
+
+    def moved(self, lap: int, cursor: tuple | None) -> None:
+        """The walk is at `cursor` in `lap`: moved there by this run, or found there."""
+        self.lap, self.cursor = lap, cursor
+        back = self.origin is None or (cursor is not None and cursor >= self.origin)
+        self.done = lap > self.last_lap or (lap == self.last_lap and back)
 
 
 class _Purge:
@@ -298,15 +313,11 @@ class _Purge:
             if until is not None and time.monotonic() >= until:
                 return
             began = time.monotonic()
-            stretch = _walk_step(
-                walk.index_range,
-                walk.key,
-                walk.cursor,
-                self.batch,
-                upto=walk.origin if walk.wrapped else None,
-            )
-            end = len(stretch) < self.batch  # the range ends here (or, once wrapped, the lap)
-            to = (walk.origin if walk.wrapped else None) if end else stretch[-1]
+            stretch = _walk_step(walk.index_range, walk.key, walk.cursor, self.batch, upto=walk.upto)
+            end = len(stretch) < self.batch  # the range ends here (or the lap, where it began)
+            # At the end of the range the walk goes back to the start, a new lap; at the end of its
+            # last lap, it stays where it began.
+            to = walk.upto if end else stretch[-1]
             with nullcontext() if self.dry_run else transaction.atomic():
                 if not self.dry_run and not RetentionPosition.objects.advance(
                     walk.name,
@@ -315,9 +326,11 @@ class _Purge:
                     to=walk.stored(to),
                     now=timezone.now(),
                 ):
-                    walk.done = True  # another purge moved the walk on: this stretch, and the walk, are its
-                    self.report.yielded.append(walk.name)
-                    return
+                    # Another purge moved the walk on: this stretch is its; go on from where it is.
+                    walk.moved(*walk.read(RetentionPosition.objects.where([walk.name])[walk.name]))
+                    if walk.name not in self.report.shared:
+                        self.report.shared.append(walk.name)
+                    continue
                 counts = walk.take([pk for _, pk in stretch]) if stretch else {}
                 if not self.dry_run:
                     tally.bump(PURGED, counts)  # commits with the deletion, or not at all
@@ -328,10 +341,7 @@ class _Purge:
                 self.report.batches += 1
             if stretch and self.progress is not None:
                 self.progress(self.report.rows)
-            walk.cursor = to
-            if end:  # past the end, back to the start; a lap that began there is done
-                walk.done, walk.wrapped = walk.wrapped, True
-                walk.lap += to is None
+            walk.moved(walk.lap + (to is None), to)
             if not walk.done:
                 time.sleep(REST * (time.monotonic() - began))
 

@@ -1770,8 +1770,8 @@ GUARDS = [
     Guard(
         "retention: a walk resumes from where it stopped (its stored position), not from its start",
         "outbox/retention.py",
-        "        self.lap, at = stored\n",
-        "        self.lap, at = stored[0], None\n",
+        "        self.lap, self.cursor = self.read(stored)\n",
+        "        self.lap, self.cursor = stored[0], None\n",
         "tests/test_retention.py::test_retention_makes_progress_over_a_table_whose_oldest_rows_must_all_be_kept "
         "tests/test_retention.py::test_where_a_walk_stopped_is_kept_in_the_database_and_the_next_run_starts_after_it",
     ),
@@ -1787,7 +1787,7 @@ GUARDS = [
         "odal/models.py",
         "        rows = self.filter(walk=walk, laps=lap, after_key=at_key, after_id=at_id)\n",
         "        rows = self.filter(walk=walk, laps=lap)\n",
-        "tests/test_retention.py::test_a_purge_that_finds_its_walk_moved_by_another_leaves_the_stretch_and_the_walk_to_it "
+        "tests/test_retention.py::test_a_purge_that_finds_its_walk_moved_by_another_leaves_it_that_stretch_and_goes_on_after_it "
         "tests/test_retention.py::test_a_position_moves_only_from_where_its_writer_read_it",
     ),
     Guard(
@@ -1807,17 +1807,24 @@ GUARDS = [
         "tests/test_retention.py::test_a_purge_does_not_walk_again_a_lap_another_purge_walked_since_it_began",
     ),
     Guard(
-        "retention: a purge whose claim took nothing leaves the stretch and the walk to the other purge",
+        "retention: a purge whose claim took nothing leaves that stretch to the other purge",
         "outbox/retention.py",
         "                if not self.dry_run and not RetentionPosition.objects.advance(\n",
         "                if not self.dry_run and None is RetentionPosition.objects.advance(\n",
-        "tests/test_retention.py::test_a_purge_that_finds_its_walk_moved_by_another_leaves_the_stretch_and_the_walk_to_it",
+        "tests/test_retention.py::test_a_purge_that_finds_its_walk_moved_by_another_leaves_it_that_stretch_and_goes_on_after_it",
+    ),
+    Guard(
+        "retention: after a claim that took nothing a purge goes on from where the other left the walk",
+        "outbox/retention.py",
+        "                    walk.moved(*walk.read(RetentionPosition.objects.where([walk.name])[walk.name]))\n",
+        "                    walk.done = True\n",
+        "tests/test_retention.py::test_a_purge_that_finds_its_walk_moved_by_another_leaves_it_that_stretch_and_goes_on_after_it",
     ),
     Guard(
         "retention: past the end of its range a walk goes on from the start to where the run began",
         "outbox/retention.py",
-        "                walk.done, walk.wrapped = walk.wrapped, True\n",
-        "                walk.done, walk.wrapped = True, True\n",
+        "        back = self.origin is None or (cursor is not None and cursor >= self.origin)\n",
+        "        back = True\n",
         "tests/test_retention.py::test_a_purge_with_time_enough_takes_everything_wherever_its_walks_stopped "
         "tests/test_retention.py::test_a_row_that_becomes_purgeable_behind_a_walk_goes_when_the_walk_comes_round "
         "tests/test_retention.py::test_a_position_past_the_end_of_its_range_wraps_to_the_start",
@@ -1825,8 +1832,8 @@ GUARDS = [
     Guard(
         "retention: a lap ends where it began (a run walks each entry at most once)",
         "outbox/retention.py",
-        "                upto=walk.origin if walk.wrapped else None,\n",
-        "                upto=None,\n",
+        "        return self.origin if self.lap == self.last_lap else None\n",
+        "        return None\n",
         "tests/test_retention.py::test_a_purge_with_time_enough_takes_everything_wherever_its_walks_stopped",
     ),
     Guard(

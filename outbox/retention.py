@@ -271,9 +271,16 @@ class _Walk:
 
     def moved(self, lap: int, cursor: tuple | None) -> None:
         """The walk is at `cursor` in `lap`: moved there by this run, or found there."""
+        if _order(lap, cursor) < _order(self.lap, self.cursor):  # reset: begin again from there
+            self.origin, self.last_lap = cursor, lap + 1
         self.lap, self.cursor = lap, cursor
         back = self.origin is None or (cursor is not None and cursor >= self.origin)
         self.done = lap > self.last_lap or (lap == self.last_lap and back)
+
+
+def _order(lap: int, cursor: tuple | None) -> tuple:
+    """Positions in the order a walk goes through them: by lap, the start of each lap first."""
+    return (lap, cursor is not None, cursor or ())
 
 
 class _Purge:
@@ -326,10 +333,7 @@ class _Purge:
                     to=walk.stored(to),
                     now=timezone.now(),
                 ):
-                    # Another purge moved the walk on: this stretch is its; go on from where it is.
-                    walk.moved(*walk.read(RetentionPosition.objects.where([walk.name])[walk.name]))
-                    if walk.name not in self.report.shared:
-                        self.report.shared.append(walk.name)
+                    self.rejoin(walk)
                     continue
                 counts = walk.take([pk for _, pk in stretch]) if stretch else {}
                 if not self.dry_run:
@@ -344,6 +348,18 @@ class _Purge:
             walk.moved(walk.lap + (to is None), to)
             if not walk.done:
                 time.sleep(REST * (time.monotonic() - began))
+
+    def rejoin(self, walk: _Walk) -> None:
+        """A claim took nothing: another purge moved the walk on (the stretch is its), or a person
+        reset it (deleted its row: it starts again). Go on from where the walk is now."""
+        RetentionPosition.objects.open([walk.name], now=timezone.now())
+        found = walk.read(RetentionPosition.objects.where([walk.name])[walk.name])
+        if found == (walk.lap, walk.cursor):
+            walk.done = True  # nothing moved it, yet the claim took nothing: never spin on it
+            return
+        walk.moved(*found)
+        if walk.name not in self.report.shared:
+            self.report.shared.append(walk.name)
 
     def deliveries(self, rule: Q) -> Callable[[list], dict[str, int]]:
         def take(walked: list) -> dict[str, int]:
@@ -390,9 +406,9 @@ def purge(
     max_seconds: float | None = None,
 ) -> PurgeReport:
     """Delete what the retention rules say may go (see the module's docstring), walking `batch`
-    rows of an index per transaction; with `dry_run`, count it and delete nothing.
-    `progress(rows)` is called after each batch with the rows done so far; `max_seconds` stops
-    it between batches."""
+    rows of an index per transaction, each walk from where it stopped; with `dry_run`, count it
+    and delete nothing (and move no walk). `progress(rows)` is called after each batch with the
+    rows done so far; `max_seconds` stops it between batches, each walk at its share."""
     run = _Purge(batch=batch, dry_run=dry_run, progress=progress, max_seconds=max_seconds)
     delivered, dead = delivered_rule(delivered_before), dead_rule(dead_before)
     events = events_to_purge(delivered_before, going=(delivered | dead) if dry_run else None)

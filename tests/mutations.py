@@ -1816,9 +1816,30 @@ GUARDS = [
     Guard(
         "retention: after a claim that took nothing a purge goes on from where the other left the walk",
         "outbox/retention.py",
-        "                    walk.moved(*walk.read(RetentionPosition.objects.where([walk.name])[walk.name]))\n",
-        "                    walk.done = True\n",
+        "        walk.moved(*found)\n",
+        "        walk.done = True\n",
         "tests/test_retention.py::test_a_purge_that_finds_its_walk_moved_by_another_leaves_it_that_stretch_and_goes_on_after_it",
+    ),
+    Guard(
+        "retention: a walk a person reset while a purge runs starts again from there (one lap, not many)",
+        "outbox/retention.py",
+        "            self.origin, self.last_lap = cursor, lap + 1\n",
+        "            pass\n",
+        "tests/test_retention.py::test_a_walk_reset_by_a_person_while_a_purge_runs_starts_again_from_the_start_and_ends",
+    ),
+    Guard(
+        "retention: a purge makes again the position a person deleted before it reads it",
+        "outbox/retention.py",
+        "        RetentionPosition.objects.open([walk.name], now=timezone.now())\n",
+        "",
+        "tests/test_retention.py::test_a_walk_reset_by_a_person_while_a_purge_runs_starts_again_from_the_start_and_ends",
+    ),
+    Guard(
+        "retention: a claim that took nothing with the walk unmoved ends the walk (never spins)",
+        "outbox/retention.py",
+        "            walk.done = True  # nothing moved it, yet the claim took nothing: never spin on it\n",
+        "            pass\n",
+        "tests/test_retention.py::test_a_claim_that_takes_nothing_with_the_walk_unmoved_never_makes_a_purge_spin",
     ),
     Guard(
         "retention: past the end of its range a walk goes on from the start to where the run began",

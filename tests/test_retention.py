@@ -1002,3 +1002,32 @@ def test_two_purges_at_once_delete_each_row_once_and_wait_for_neither():
     assert not any(exists(row.event) for row in rows) and all(exists(row.event) for row in kept)
     went = tally.totals(retention.PURGED)[retention.PURGED]
     assert went == {"deliveries": 60, "attempts": 60, "events": 60, "registry_attempts": 2}
+
+
+def test_a_walk_reset_by_a_person_while_a_purge_runs_starts_again_from_the_start_and_ends(clock, monkeypatch):
+    kept = [dead(OLD, created=OLD - timedelta(hours=i)) for i in range(5)]  # young dead letters
+    gone = delivered(OLD)
+    RetentionPosition.objects.open(list(retention.WALKS), now=NOW)
+    RetentionPosition.objects.filter(walk="delivered").update(laps=3)  # it has been round before
+    place("delivered", kept[2])
+    real, reset = retention._walk_step, []
+
+    def reset_once(index_range, key, after, size, **kwargs):
+        if index_range.model is Delivery and key == "created_at" and not reset:
+            reset.append(RetentionPosition.objects.filter(walk="delivered").delete())  # "start again"
+        return real(index_range, key, after, size, **kwargs)
+
+    monkeypatch.setattr(retention, "_walk_step", reset_once)
+    report = purge(batch=2, max_seconds=600)  # (a run that went round and round would stop here)
+
+    assert report.finished and not exists(gone)
+    assert (lap("delivered"), position("delivered")) == (1, None)  # one lap, from the start
+    assert report.walked == 6 + 6  # one lap of the deliveries' walk and of the events'
+
+
+def test_a_claim_that_takes_nothing_with_the_walk_unmoved_never_makes_a_purge_spin(clock, monkeypatch):
+    delivered(OLD)
+    monkeypatch.setattr(type(RetentionPosition.objects.all()), "advance", lambda *args, **kwargs: False)
+    report = purge(batch=2, max_seconds=600)
+    assert report.finished and report.walked == 0 and report.rows == 0
+    assert clock.now < 10  # one stretch of each walk, each claim refused

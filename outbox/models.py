@@ -4,6 +4,7 @@ log of every attempt."""
 import base64
 import secrets
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -18,6 +19,10 @@ from odal.reasons import clean_reason
 from odal.text import storable
 from outbox.claims import ClaimQuerySet
 from outbox.kick import kick_sweep_on_commit
+
+# Rows per transaction of a bulk write (replay, resend, unpark, a consumer's removal): a million
+# rows is a thousand short transactions, each holding its locks for a moment, never one.
+BULK_BATCH = 1_000
 
 
 def new_secret() -> str:
@@ -131,7 +136,7 @@ class DeliveryQuerySet(ClaimQuerySet):
         parked = Delivery.objects.filter(status=Delivery.Status.PAUSED, consumer_id=OuterRef("pk"))
         return list(Consumer.objects.filter(paused=False).filter(Exists(parked)).values_list("pk", flat=True))
 
-    def unpark(self, *, consumer_id: int, limit: int = 10_000) -> int:
+    def unpark(self, *, consumer_id: int, limit: int = BULK_BATCH) -> int:
         """Resume up to `limit` parked rows of a consumer that is no longer paused: pending, due
         in the order they were created (their next attempt is their creation time), each with at
         least one attempt left. Guarded: only rows still parked, of a consumer not paused."""
@@ -239,16 +244,16 @@ class DeliveryQuerySet(ClaimQuerySet):
             )
         )
 
-    def replay(self, *, actor: str, reason: str, at: datetime | None = None) -> int:
+    def replay(self, *, actor: str, reason: str, at: datetime | None = None, **batching) -> int:
         """Dead -> pending with a fresh attempt budget, due now. Only dead rows are taken; one
         audit entry per row taken (who, why, previous attempts, last error, and lateSuccessAt:
         whether its consumer had answered 2xx late). Returns the count. late_success_at stays:
         the consumer did have it then, whatever becomes of the row."""
         return self._send_again(
-            (Delivery.Status.DEAD,), "delivery_replayed", actor=actor, reason=reason, at=at
+            (Delivery.Status.DEAD,), "delivery_replayed", actor=actor, reason=reason, at=at, **batching
         )
 
-    def resend(self, *, actor: str, reason: str, at: datetime | None = None) -> int:
+    def resend(self, *, actor: str, reason: str, at: datetime | None = None, **batching) -> int:
         """Delivered or dead -> pending with a fresh attempt budget, due now: the consumer gets
         it again with the same webhook-id (it deduplicates as for any retry). Pending and paused
         rows are not taken (they are on their way). One audit entry per row taken."""
@@ -258,24 +263,58 @@ class DeliveryQuerySet(ClaimQuerySet):
             actor=actor,
             reason=reason,
             at=at,
+            **batching,
         )
 
     def _send_again(
-        self, statuses: tuple, action: str, *, actor: str, reason: str, at: datetime | None
+        self,
+        statuses: tuple,
+        action: str,
+        *,
+        actor: str,
+        reason: str,
+        at: datetime | None,
+        batch: int = BULK_BATCH,
+        progress: Callable[[int, int], None] | None = None,
     ) -> int:
+        """Send again, in batches of at most `batch` rows, each batch its own transaction with
+        its audit entries, so a million rows is a thousand short transactions, never one lock set.
+        Batches go on in primary-key order from where the last one stopped (a row sent again and
+        dead again meanwhile is not taken twice) until one takes nothing. `progress(batches,
+        total)` after each batch that committed. Returns the total taken."""
         reason = clean_reason(reason)
         at = at or timezone.now()
+        total = batches = 0
+        after = None
+        while True:
+            rows = self if after is None else self.filter(pk__gt=after)
+            taken, after = rows._send_again_batch(statuses, action, actor=actor, reason=reason, at=at,
+                                                  batch=batch, done=total)  # fmt: skip
+            if after is None:
+                return total
+            total += taken
+            batches += 1
+            if progress:
+                progress(batches, total)
+
+    def _send_again_batch(
+        self, statuses: tuple, action: str, *, actor: str, reason: str, at: datetime, batch: int, done: int
+    ) -> tuple[int, object]:
+        """One batch of _send_again: (rows taken, the last primary key picked), or (0, None)
+        when nothing is left to pick."""
         with transaction.atomic():
             before = list(
                 self.filter(status__in=statuses)
-                .select_for_update()
+                .order_by("pk")
+                .select_for_update(of=("self",))
                 .values(
                     "pk", "status", "attempts", "last_error", "dead_at", "delivered_at", "late_success_at"
-                )
+                )[:batch]
             )
             if not before:
-                return 0
-            taken = Delivery.objects.filter(pk__in=[row["pk"] for row in before], status__in=statuses).update(
+                return 0, None
+            # Restates the filter and the status: only rows still matching are taken.
+            taken = self.filter(pk__in=[row["pk"] for row in before], status__in=statuses).update(
                 status=Delivery.Status.PENDING,
                 attempts=0,
                 next_attempt_at=at,
@@ -285,8 +324,8 @@ class DeliveryQuerySet(ClaimQuerySet):
             )
             if taken != len(before):  # only possible without row locks (SQLite): refuse, write nothing
                 raise Refused(
-                    "Some of these deliveries changed while they were being sent again; nothing was "
-                    "changed. Try again.",
+                    "Some of these deliveries changed while they were being sent again; this batch "
+                    f"was not changed ({done:,} sent again before it stay so). Try again.",
                     code="replay_conflict",
                 )
             AuditEntry.objects.bulk_create(
@@ -312,7 +351,7 @@ class DeliveryQuerySet(ClaimQuerySet):
                 for row in before
             )
             kick_sweep_on_commit()
-        return taken
+        return taken, before[-1]["pk"]
 
 
 class Delivery(models.Model):

@@ -23,7 +23,7 @@ from odal.text import excerpt, storable
 from outbox.consumers import check_python_target, check_webhook_url, signing_secrets  # noqa: F401
 from outbox.events import check_event_pattern, emit
 from outbox.kick import wake_sweep
-from outbox.models import Consumer, Delivery, DeliveryAttempt, new_secret
+from outbox.models import BULK_BATCH, Consumer, Delivery, DeliveryAttempt, new_secret
 
 log = logging.getLogger(__name__)
 
@@ -203,10 +203,12 @@ def pause(consumer: Consumer, *, actor: str, reason: str, now: datetime | None =
     return True
 
 
-def resume(consumer: Consumer, *, actor: str, reason: str) -> int | None:
+def resume(consumer: Consumer, *, actor: str, reason: str, progress=None) -> int | None:
     """Resume a paused consumer: its parked deliveries are due again, in the order they were
     created, each with at least one attempt left; the failure streak starts afresh. Audited.
-    Returns how many deliveries it resumed, or None when the consumer was not paused."""
+    Returns how many deliveries it resumed, or None when the consumer was not paused. The
+    parked rows are unparked in batches of BULK_BATCH, each its own statement (committed as
+    it ends), `progress(batches, total)` after each."""
     reason = clean_reason(reason)
     with transaction.atomic():
         took = Consumer.objects.filter(pk=consumer.pk, paused=True).update(
@@ -221,9 +223,12 @@ def resume(consumer: Consumer, *, actor: str, reason: str) -> int | None:
             reason=reason,
             details={"pausedBy": consumer.paused_by, "pausedReason": consumer.paused_reason},
         )
-    resumed = 0
+    resumed = batches = 0
     while n := Delivery.objects.unpark(consumer_id=consumer.pk):  # batches, each its own statement
         resumed += n
+        batches += 1
+        if progress:
+            progress(batches, resumed)
     if resumed:
         transaction.on_commit(wake_sweep)
     consumer.refresh_from_db()
@@ -270,9 +275,15 @@ def rotate_secret(
     return new, expires
 
 
-def remove_consumer(consumer: Consumer, *, actor: str, reason: str, batch: int = 5000) -> dict:
+def remove_consumer(
+    consumer: Consumer, *, actor: str, reason: str, batch: int = BULK_BATCH, progress=None
+) -> dict:
     """Remove a consumer with its settled deliveries and their attempt lines; refused (409)
-    while any of its deliveries is pending or paused (they are owed). Audited with what went."""
+    while any of its deliveries is pending or paused (they are owed). The settled rows go in
+    batches of at most `batch`, each its own transaction with an audit entry per row it deleted
+    (`delivery_removed`: what the row was), so a removal refused at its last step (a delivery
+    made meanwhile) leaves a trail of every row that went, dead letters included.
+    `progress(batches, total)` after each batch. The consumer's own entry at the end."""
     reason = clean_reason(reason)
     owed = Delivery.objects.filter(
         consumer_id=consumer.pk, status__in=[Delivery.Status.PENDING, Delivery.Status.PAUSED]
@@ -283,27 +294,12 @@ def remove_consumer(consumer: Consumer, *, actor: str, reason: str, batch: int =
             "them settle, or wait for them to be dead-lettered, then remove it.",
             code="deliveries_pending",
         )
-    gone = 0
-    while True:  # settled rows in batches, each its own transaction
-        with transaction.atomic():
-            settled = [Delivery.Status.DELIVERED, Delivery.Status.DEAD]
-            # Locked as picked: a resend waits for this batch, or this batch for it (then the
-            # row is pending again and the DELETE, restating the status, leaves it).
-            ids = list(
-                Delivery.objects.filter(consumer_id=consumer.pk, status__in=settled)
-                .select_for_update()
-                .values_list("pk", flat=True)[:batch]
-            )
-            if not ids:
-                break
-            rows = Delivery.objects.filter(pk__in=ids, status__in=settled)
-            taken = list(rows.values_list("pk", flat=True))
-            if not taken:
-                break
-            lines = DeliveryAttempt.objects.filter(delivery_id__in=taken)
-            lines._raw_delete(lines.db)
-            rows = Delivery.objects.filter(pk__in=taken, status__in=settled)
-            gone += rows._raw_delete(rows.db)
+    gone = batches = 0
+    while taken := _remove_settled_batch(consumer, actor=actor, reason=reason, batch=batch):
+        gone += taken
+        batches += 1
+        if progress:
+            progress(batches, gone)
     with transaction.atomic():
         # Locked first: a publish that is fanning out to this consumer holds a key-share lock on its
         # row (outbox.events.emit) until it commits; then its delivery is seen here.
@@ -322,6 +318,51 @@ def remove_consumer(consumer: Consumer, *, actor: str, reason: str, batch: int =
         )
         Consumer.objects.filter(pk=consumer.pk).delete()
     return {"deliveriesRemoved": gone}
+
+
+def _remove_settled_batch(consumer: Consumer, *, actor: str, reason: str, batch: int) -> int:
+    """Delete up to `batch` settled deliveries of `consumer` with their attempt lines, and audit
+    each, in one transaction. Returns how many it deleted (0: none left)."""
+    settled = [Delivery.Status.DELIVERED, Delivery.Status.DEAD]
+    now = timezone.now()
+    with transaction.atomic():
+        # Locked as picked: a resend waits for this batch, or this batch for it (then the
+        # row is pending again and the DELETE, restating the status, leaves it).
+        ids = list(
+            Delivery.objects.filter(consumer_id=consumer.pk, status__in=settled)
+            .select_for_update()
+            .values_list("pk", flat=True)[:batch]
+        )
+        if not ids:
+            return 0
+        rows = Delivery.objects.filter(pk__in=ids, status__in=settled)
+        taken = list(rows.values("pk", "status", "attempts", "last_error", "dead_at", "delivered_at"))
+        if not taken:
+            return 0
+        lines = DeliveryAttempt.objects.filter(delivery_id__in=[row["pk"] for row in taken])
+        lines._raw_delete(lines.db)
+        rows = Delivery.objects.filter(pk__in=[row["pk"] for row in taken], status__in=settled)
+        deleted = rows._raw_delete(rows.db)
+        AuditEntry.objects.bulk_create(
+            AuditEntry(
+                at=now,
+                actor=actor,
+                action="delivery_removed",
+                object_type="outbox.delivery",
+                object_id=str(row["pk"]),
+                reason=reason,
+                details={
+                    "consumer": consumer.name,
+                    "status": row["status"],
+                    "attempts": row["attempts"],
+                    "lastError": row["last_error"],
+                    "deadAt": row["dead_at"].isoformat() if row["dead_at"] else None,
+                    "deliveredAt": row["delivered_at"].isoformat() if row["delivered_at"] else None,
+                },
+            )
+            for row in taken
+        )
+    return deleted
 
 
 def deliveries_matching(*, consumer=None, event_type=None, dead_since=None):

@@ -10,7 +10,7 @@ from odal.errors import Refused
 from outbox import service
 from outbox.consumers import check_python_target, check_webhook_url
 from outbox.events import check_event_pattern
-from outbox.models import Consumer, DeadLetter, Delivery, DeliveryAttempt, Event
+from outbox.models import BULK_BATCH, Consumer, DeadLetter, Delivery, DeliveryAttempt, Event
 
 
 class ConsumerForm(StorableFormMixin, forms.ModelForm):
@@ -341,15 +341,18 @@ class DeliveryAdmin(ReadOnlyAdmin):
         selected = queryset.count()
 
         def perform(data):
+            batches = Batches()
             try:
-                replayed = queryset.replay(actor=actor_of(request), reason=data["reason"])
+                replayed = queryset.replay(actor=actor_of(request), reason=data["reason"], progress=batches)
             except Refused as exc:
                 self.message_user(request, exc.detail, messages.ERROR)
                 return
             skipped = selected - replayed
             note = f"; {skipped} were not dead" if skipped else ""
             level = messages.SUCCESS if replayed else messages.WARNING
-            self.message_user(request, f"Replayed {replayed} of {selected} selected{note}.", level)
+            self.message_user(
+                request, f"Replayed {replayed} of {selected} selected{batches.said()}{note}.", level
+            )
 
         dead = queryset.filter(status=Delivery.Status.DEAD).count()
         return self._reason_page(request, queryset, selected, dead, perform)
@@ -361,8 +364,9 @@ class DeliveryAdmin(ReadOnlyAdmin):
         selected = queryset.count()
 
         def perform(data):
+            batches = Batches()
             try:
-                resent = queryset.resend(actor=actor_of(request), reason=data["reason"])
+                resent = queryset.resend(actor=actor_of(request), reason=data["reason"], progress=batches)
             except Refused as exc:
                 self.message_user(request, exc.detail, messages.ERROR)
                 return
@@ -370,7 +374,7 @@ class DeliveryAdmin(ReadOnlyAdmin):
             note = f"; {skipped} were pending or paused (on their way)" if skipped else ""
             self.message_user(
                 request,
-                f"Resent {resent} of {selected} selected{note}.",
+                f"Resent {resent} of {selected} selected{batches.said()}{note}.",
                 messages.SUCCESS if resent else messages.WARNING,
             )
 
@@ -456,3 +460,17 @@ class DeadLetterAdmin(DeliveryAdmin):
 
     def get_queryset(self, request):
         return super().get_queryset(request).filter(status=Delivery.Status.DEAD)
+
+
+class Batches:
+    """The `progress` of a bulk replay or resend: how many batches (transactions) it took, for
+    the report. A refusal part way says so: the batches before it stay written."""
+
+    def __init__(self):
+        self.count = self.total = 0
+
+    def __call__(self, batches: int, total: int) -> None:
+        self.count, self.total = batches, total
+
+    def said(self) -> str:
+        return f" in {self.count:,} batches of at most {BULK_BATCH:,}" if self.count > 1 else ""

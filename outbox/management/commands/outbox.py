@@ -265,8 +265,10 @@ class Command(BaseCommand):
             self._warn(late)
             return
         selected = rows.count()
-        replayed = rows.replay(actor=actor, reason=reason, at=timezone.now())
-        self.stdout.write(f"Replayed {replayed} of {selected} selected.")
+        with Progress(self.stderr, total=selected, what="replayed") as progress:
+            batches = Batches(progress)
+            replayed = rows.replay(actor=actor, reason=reason, at=timezone.now(), progress=batches)
+        self.stdout.write(f"Replayed {replayed} of {selected} selected{batches.said()}.")
         self._warn(late if replayed else None)
         if ids and replayed < selected:
             raise CommandError(f"{selected - replayed} were not dead and were left as they are.")
@@ -303,8 +305,14 @@ class Command(BaseCommand):
             self.stdout.write(f"Would resend {rows.count()} deliveries.")
             self._warn(late)
             return
-        resent = rows.resend(actor=actor, reason=reason)
-        self.stdout.write(f"Resent {resent} deliveries" + (f" of {selected} named." if selected else "."))
+        with Progress(self.stderr, total=selected, what="resent") as progress:
+            batches = Batches(progress)
+            resent = rows.resend(actor=actor, reason=reason, progress=batches)
+        self.stdout.write(
+            f"Resent {resent} deliveries"
+            + (f" of {selected} named" if selected else "")
+            + f"{batches.said()}."
+        )
         self._warn(late if resent else None)
         if ids and resent < selected:
             raise CommandError(
@@ -416,21 +424,30 @@ class Command(BaseCommand):
                     f"Already paused (by {consumer.paused_by}: {consumer.paused_reason}); nothing changed."
                 )
         elif consumer_action == "resume":
-            resumed = service.resume(consumer, actor=actor, reason=options["reason"])
+            with Progress(self.stderr, what="resumed") as progress:
+                batches = Batches(progress)
+                resumed = service.resume(consumer, actor=actor, reason=options["reason"], progress=batches)
             consumer.refresh_from_db()
             if as_json:
                 self.stdout.write(_dumps(consumer_json(consumer)))
             elif resumed is None:
                 self.stdout.write(f"{consumer.name} was not paused; nothing changed.")
             else:
-                self.stdout.write(f"Resumed {consumer.name}: {resumed} waiting deliveries are due again.")
+                self.stdout.write(
+                    f"Resumed {consumer.name}: {resumed} waiting deliveries are due again{batches.said()}."
+                )
         elif consumer_action == "remove":
-            removed = service.remove_consumer(consumer, actor=actor, reason=options["reason"])
+            with Progress(self.stderr, what="deleted") as progress:
+                batches = Batches(progress)
+                removed = service.remove_consumer(
+                    consumer, actor=actor, reason=options["reason"], progress=batches
+                )
             if as_json:
                 self.stdout.write(_dumps({"name": consumer.name, **removed}))
             else:
                 self.stdout.write(
-                    f"Removed {consumer.name} with {removed['deliveriesRemoved']} settled deliveries."
+                    f"Removed {consumer.name} with {removed['deliveriesRemoved']} settled deliveries"
+                    f"{batches.said()}."
                 )
         elif consumer_action == "rotate-secret":
             secret, expires = service.rotate_secret(
@@ -497,3 +514,19 @@ def event_patterns(value: str) -> list[str]:
         except ValueError as exc:
             raise ValueError(f"names {rules.shown(pattern)}, which {exc}") from None
     return patterns
+
+
+class Batches:
+    """The `progress` of a bulk write (replay, resend, resume, remove): counts the batches it
+    committed and shows the rows done on the command's Progress line."""
+
+    def __init__(self, progress: Progress):
+        self.progress, self.count = progress, 0
+
+    def __call__(self, batches: int, total: int) -> None:
+        self.count = batches
+        self.progress(total)
+
+    def said(self) -> str:
+        """For the summary line: nothing for one batch or none, else how many."""
+        return f" in {self.count:,} batches" if self.count > 1 else ""

@@ -104,8 +104,8 @@ GUARDS = [
     Guard(
         "replay: only dead rows",
         "outbox/models.py",
-        "                self.filter(status__in=statuses)\n                .select_for_update()",
-        "                self.all()\n                .select_for_update()",
+        '                self.filter(status__in=statuses)\n                .order_by("pk")',
+        '                self.all()\n                .order_by("pk")',
         "tests/test_outbox_api.py::test_replay_of_a_live_or_delivered_row_is_409",
     ),
     Guard(
@@ -1090,8 +1090,8 @@ GUARDS = [
     Guard(
         "replay: the UPDATE restates status=dead (without row locks, a row replayed meanwhile is not reset again)",
         "outbox/models.py",
-        'Delivery.objects.filter(pk__in=[row["pk"] for row in before], status__in=statuses).update(',
-        'Delivery.objects.filter(pk__in=[row["pk"] for row in before]).update(',
+        'self.filter(pk__in=[row["pk"] for row in before], status__in=statuses).update(',
+        'self.filter(pk__in=[row["pk"] for row in before]).update(',
         "tests/test_guards.py::test_without_row_locks_a_replay_racing_another_replay_refuses_and_writes_nothing",
     ),
     Guard(
@@ -2264,8 +2264,8 @@ GUARDS = [
     Guard(
         "remove: picked rows are locked and the DELETE restates their status (a row resent meanwhile stays)",
         "outbox/service.py",
-        '                .select_for_update()\n                .values_list("pk", flat=True)[:batch]\n            )\n            if not ids:\n                break\n            rows = Delivery.objects.filter(pk__in=ids, status__in=settled)\n            taken = list(rows.values_list("pk", flat=True))\n            if not taken:\n                break\n            lines = DeliveryAttempt.objects.filter(delivery_id__in=taken)\n            lines._raw_delete(lines.db)\n            rows = Delivery.objects.filter(pk__in=taken, status__in=settled)\n',
-        '                .values_list("pk", flat=True)[:batch]\n            )\n            if not ids:\n                break\n            rows = Delivery.objects.filter(pk__in=ids)\n            taken = list(rows.values_list("pk", flat=True))\n            if not taken:\n                break\n            lines = DeliveryAttempt.objects.filter(delivery_id__in=taken)\n            lines._raw_delete(lines.db)\n            rows = Delivery.objects.filter(pk__in=taken)\n',
+        '            .select_for_update()\n            .values_list("pk", flat=True)[:batch]\n        )\n        if not ids:\n            return 0\n        rows = Delivery.objects.filter(pk__in=ids, status__in=settled)\n',
+        '            .values_list("pk", flat=True)[:batch]\n        )\n        if not ids:\n            return 0\n        rows = Delivery.objects.filter(pk__in=ids)\n',
         "tests/test_consumer_races.py::test_remove_consumer_never_deletes_a_delivery_resent_while_it_runs",
     ),
     Guard(
@@ -2274,6 +2274,27 @@ GUARDS = [
         '    if not consumers or connection.vendor != "postgresql":\n        return\n',
         "    return\n",
         "tests/test_consumer_races.py::test_a_publish_committing_while_a_consumer_is_removed_does_not_fail",
+    ),
+    Guard(
+        "bulk batches: a replay or resend batch takes at most `batch` rows",
+        "outbox/models.py",
+        "                )[:batch]\n            )\n            if not before:",
+        "                )\n            )\n            if not before:",
+        "tests/test_bulk_batches.py::test_a_bulk_replay_audits_each_batch_in_its_own_transaction",
+    ),
+    Guard(
+        "bulk batches: each batch goes on after the last key picked (no row taken twice)",
+        "outbox/models.py",
+        "            rows = self if after is None else self.filter(pk__gt=after)\n",
+        "            rows = self\n",
+        "tests/test_bulk_batches.py::test_a_bulk_resend_goes_on_from_where_it_stopped_and_takes_no_row_twice",
+    ),
+    Guard(
+        "bulk batches: a removal audits every row it deletes, in the batch that deletes it",
+        "outbox/service.py",
+        "        deleted = rows._raw_delete(rows.db)\n        AuditEntry.objects.bulk_create(",
+        "        deleted = rows._raw_delete(rows.db)\n        (lambda entries: None)(",
+        "tests/test_bulk_batches.py::test_a_removal_refused_half_way_leaves_an_audit_entry_for_every_row_it_deleted",
     ),
     Guard(
         "pause: a pass starts no attempt of a consumer paused meanwhile",

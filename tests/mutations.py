@@ -2264,8 +2264,8 @@ GUARDS = [
     Guard(
         "remove: picked rows are locked and the DELETE restates their status (a row resent meanwhile stays)",
         "outbox/service.py",
-        '            .select_for_update()\n            .values_list("pk", flat=True)[:batch]\n        )\n        if not ids:\n            return 0\n        rows = Delivery.objects.filter(pk__in=ids, status__in=settled)\n',
-        '            .values_list("pk", flat=True)[:batch]\n        )\n        if not ids:\n            return 0\n        rows = Delivery.objects.filter(pk__in=ids)\n',
+        '            .select_for_update()\n            .values_list("pk", flat=True)[:batch]\n        )\n        if not ids:\n            return 0\n        rows = Delivery.objects.filter(pk__in=ids, status__in=settled)\n        taken = list(rows.values("pk", "status", "attempts", "last_error", "dead_at", "delivered_at"))\n        if not taken:\n            return 0\n        lines = DeliveryAttempt.objects.filter(delivery_id__in=[row["pk"] for row in taken])\n        lines._raw_delete(lines.db)\n        rows = Delivery.objects.filter(pk__in=[row["pk"] for row in taken], status__in=settled)\n',
+        '            .values_list("pk", flat=True)[:batch]\n        )\n        if not ids:\n            return 0\n        rows = Delivery.objects.filter(pk__in=ids)\n        taken = list(rows.values("pk", "status", "attempts", "last_error", "dead_at", "delivered_at"))\n        if not taken:\n            return 0\n        lines = DeliveryAttempt.objects.filter(delivery_id__in=[row["pk"] for row in taken])\n        lines._raw_delete(lines.db)\n        rows = Delivery.objects.filter(pk__in=[row["pk"] for row in taken])\n',
         "tests/test_consumer_races.py::test_remove_consumer_never_deletes_a_delivery_resent_while_it_runs",
     ),
     Guard(

@@ -10,7 +10,7 @@ from odal.errors import Refused
 from outbox import service
 from outbox.consumers import check_python_target, check_webhook_url
 from outbox.events import check_event_pattern
-from outbox.models import BULK_BATCH, Consumer, DeadLetter, Delivery, DeliveryAttempt, Event
+from outbox.models import Consumer, DeadLetter, Delivery, DeliveryAttempt, Event
 
 
 class ConsumerForm(StorableFormMixin, forms.ModelForm):
@@ -473,4 +473,4 @@ class Batches:
         self.count, self.total = batches, total
 
     def said(self) -> str:
-        return f" in {self.count:,} batches of at most {BULK_BATCH:,}" if self.count > 1 else ""
+        return f" in {self.count:,} batches" if self.count > 1 else ""

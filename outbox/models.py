@@ -274,7 +274,7 @@ class DeliveryQuerySet(ClaimQuerySet):
         actor: str,
         reason: str,
         at: datetime | None,
-        batch: int = BULK_BATCH,
+        batch: int | None = None,
         progress: Callable[[int, int], None] | None = None,
     ) -> int:
         """Send again, in batches of at most `batch` rows, each batch its own transaction with
@@ -284,6 +284,7 @@ class DeliveryQuerySet(ClaimQuerySet):
         total)` after each batch that committed. Returns the total taken."""
         reason = clean_reason(reason)
         at = at or timezone.now()
+        batch = batch or BULK_BATCH  # read now, not at import: a test may lower it
         total = batches = 0
         after = None
         while True:

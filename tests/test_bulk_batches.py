@@ -172,3 +172,21 @@ def test_a_removal_refused_half_way_leaves_an_audit_entry_for_every_row_it_delet
     assert all(
         e.reason == "gone" and e.actor == "ops" and e.details["consumer"] == "erp" for e in trail.values()
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_command_line_and_the_admin_say_how_many_batches(monkeypatch, client):
+    from tests.test_outbox_admin import operator, replay_post
+    from tests.test_outbox_cli import run
+
+    monkeypatch.setattr("outbox.models.BULK_BATCH", 2)
+    consumer = ConsumerFactory(name="erp")
+    dead = DeadDeliveryFactory.create_batch(5, consumer=consumer)
+
+    said = run("replay", "--dead", "--consumer", "erp", "--reason", "ERP is back")
+    assert "Replayed 5 of 5 selected in 3 batches." in said
+
+    Delivery.objects.filter(consumer=consumer).update(status="dead")
+    operator(client)
+    done = replay_post(client, dead, post="yes", reason="ERP is back")
+    assert b"Replayed 5 of 5 selected in 3 batches." in done.content

@@ -7,11 +7,7 @@ The scenario is made, not hoped for: with 8 lookup threads and pages of 5 s, the
 end at 5 s and the next 8 could not end before 10 s, so a deadline of 8 s checks exactly 8 rows
 (3 s to spare on a slow machine) and leaves 12 not checked. The bounds asserted are generous."""
 
-import os
 import re
-import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -24,7 +20,7 @@ from odal.models import AuditEntry
 from registry.models import Registration
 from tests.factories import UserFactory, backed_off_registration
 from tests.pg import free_port
-from tests.test_serve import HOST, START_SECONDS, Browser, production
+from tests.test_serve import HOST, Browser, production, serving
 
 CHANGELIST = "/admin/registry/registration/"
 PAGE_SECONDS = 5  # the registry's answer to each task-list page
@@ -101,36 +97,8 @@ def served(tmp_path, slow_registry, registry_simulator):
         ODAL_REGISTRY_CONCURRENCY=str(THREADS),
         GUNICORN_CMD_ARGS=f"--timeout {DEADLINE * 3 // 2}",
     )
-    process = subprocess.Popen(
-        [sys.executable, "-m", "odal", "serve", "--bind", f"127.0.0.1:{port}", "--workers", "2"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: the workers go with it if the test fails
-    )
-    deadline = time.monotonic() + START_SECONDS
-    try:
-        while process.poll() is None and time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", headers={"Host": HOST}).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        else:
-            log.seek(0)
-            pytest.fail(f"odal serve did not answer within {START_SECONDS} s:\n{log.read()[-3000:]}")
+    with log, serving(port, env, log):
         yield port, log
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        log.close()
 
 
 @pytest.mark.slow

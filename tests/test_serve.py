@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from http.cookies import SimpleCookie
 
 import httpx
@@ -116,14 +117,13 @@ class Browser:
         return self.cookies[name][name]
 
 
-@pytest.fixture
-def server(tmp_path):
-    """`odal serve` in production on a free port, answering; stopped with SIGTERM afterwards."""
-    port = free_port()
-    log = (tmp_path / "serve.log").open("w+")
+@contextmanager
+def serving(port: int, env: dict, log):
+    """`odal serve` on `port` with `env`, its output in `log`, once it answers /healthz; on the way
+    out SIGTERM to its process group (its workers too), SIGKILL if it is still up 30 s later."""
     process = subprocess.Popen(
         [sys.executable, "-m", "odal", "serve", "--bind", f"127.0.0.1:{port}", "--workers", "2"],
-        env=production(tmp_path / "static"),
+        env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -141,12 +141,26 @@ def server(tmp_path):
         else:
             log.seek(0)
             pytest.fail(f"odal serve did not answer within {START_SECONDS} s:\n{log.read()[-3000:]}")
-        yield port, process, log, tmp_path / "static"
+        yield process
     finally:
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        log.close()
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+@pytest.fixture
+def server(tmp_path):
+    """`odal serve` in production on a free port, answering; stopped afterwards."""
+    port = free_port()
+    with (
+        (tmp_path / "serve.log").open("w+") as log,
+        serving(port, production(tmp_path / "static"), log) as process,
+    ):
+        yield port, process, log, tmp_path / "static"
 
 
 @pytest.mark.slow

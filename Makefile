@@ -50,7 +50,7 @@ mutations: $(VENV)/.installed-test
 	$(BIN)/python tests/pg.py -- $(BIN)/python tests/mutations.py
 
 fuzz: $(VENV)/.installed-test
-	ODAL_FUZZ_EXAMPLES=100 ODAL_TEST_DATABASE=test_odal_fuzz $(BIN)/python tests/pg.py -- $(BIN)/pytest -q tests/test_fuzz.py
+	ODAL_FUZZ_EXAMPLES=100 ODAL_TEST_DATABASE=test_odal_fuzz $(BIN)/python tests/pg.py -- $(BIN)/pytest -q tests/test_fuzz.py tests/test_state_machines.py
 
 torture: $(VENV)/.installed-test
 	$(BIN)/python tests/pg.py -- $(BIN)/python tests/torture.py --events 500 --sweeps 8 --seconds 120 --registry-seconds 60 --json var/torture.json

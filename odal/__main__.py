@@ -14,11 +14,15 @@ def main() -> None:
         importlib.import_module(os.environ["DJANGO_SETTINGS_MODULE"])
     except ImproperlyConfigured as exc:
         sys.exit(f"odal cannot start: {exc}")
-    from odal import reconnect
+    from odal import database, reconnect
 
+    if sys.argv[1:2] == ["migrate"]:
+        database.role = database.UNBOUNDED  # a migration may rewrite a big table; an operator watches it
     try:
-        if starts_the_cluster(sys.argv) and not database_answers("odal qcluster"):
-            return  # told to stop while it waited
+        if starts_the_cluster(sys.argv):
+            if not database_answers("odal qcluster"):
+                return  # told to stop while it waited
+            stop_the_cluster_in_time()
         execute_from_command_line(sys.argv)
     except reconnect.ERRORS as exc:  # a database that is down or went: its sentence, exit 4
         if not reconnect.is_lost(exc):
@@ -58,6 +62,25 @@ def database_answers(what: str) -> bool:
             signal.signal(sig, handler)
         reconnect.close_connection()  # (the cluster forks its processes: none inherits it)
     return True
+
+
+def stop_the_cluster_in_time() -> None:
+    """django-q2's cluster stops on SIGTERM or SIGINT once its workers have finished their tasks,
+    however long that takes: odal's clock (odal.stopping) ends it, its processes first, if it
+    has not stopped within ODAL_STOP_SECONDS."""
+    from django_q.cluster import Cluster
+
+    from odal import stopping
+
+    stop = Cluster.sig_handler
+
+    def sig_handler(cluster, signum, frame):
+        if stopping.asked():  # a second signal
+            stopping.end(signum, "a second signal came")
+        stopping.ask(signum)
+        stop(cluster, signum, frame)
+
+    Cluster.sig_handler = sig_handler
 
 
 DATABASE_UNANSWERED = 4  # the exit code of a command whose database does not answer: safe to retry

@@ -1,13 +1,12 @@
 """Small helpers shared by odal's management commands."""
 
 import argparse
-import signal
 import time
 import uuid
 
 from django.core.management.base import CommandError, CommandParser
 
-from odal import rules
+from odal import rules, stopping
 from odal.errors import Refused
 
 
@@ -54,16 +53,11 @@ def refused(exc: Refused) -> CommandError:
 
 
 def run_until_signalled(forever, **options):
-    """Run a worker loop (`forever(should_stop=…, **options)`) until SIGINT or SIGTERM; the
-    current pass finishes first. Returns what the loop returns."""
-    stop = {"now": False}
-
-    def on_signal(signum, frame):
-        stop["now"] = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    return forever(should_stop=lambda: stop["now"], **options)
+    """Run a worker loop (`forever(should_stop=…, **options)`) until SIGINT or SIGTERM: its pass
+    starts nothing more, gives back what it did not start and ends, and the loop returns what it
+    did; the process has exited within ODAL_STOP_SECONDS in any case (odal.stopping)."""
+    stopping.on_signals()
+    return forever(should_stop=stopping.asked, **options)
 
 
 def parse_uuid(value, what: str = "passport id") -> uuid.UUID:

@@ -32,6 +32,11 @@ LOST_STATES = {
     "57P02",  # crash_shutdown: another backend crashed, the server restarts
     "57P03",  # cannot_connect_now: starting up, shutting down, in recovery
     "53300",  # too_many_connections: a restarted server as every client reconnects at once
+    # The statement bounds (odal.database): a database too slow to answer within them is treated
+    # as one that does not answer (503, exit 4, the loop waits), not as a refusal of the row.
+    "57014",  # query_canceled: statement_timeout (or an operator's pg_cancel_backend)
+    "55P03",  # lock_not_available: lock_timeout
+    "25P03",  # idle_in_transaction_session_timeout: the server ended the session
 }
 FIRST_PAUSE = 0.1  # seconds before the second try; doubles on every failed try...
 LONGEST_PAUSE = 2.0  # ...up to this (each pause is jittered down by up to half)

@@ -178,7 +178,11 @@ def database_from_env() -> dict:
         config.setdefault("OPTIONS", {}).setdefault("connect_timeout", DB_CONNECT_TIMEOUT_SECONDS)
         for name, value in DB_KEEPALIVES.items():
             config["OPTIONS"].setdefault(name, value)
+        # The server's statement bounds (odal.database) ride with the keepalives, unless the URL
+        # has options of its own (a pooler that refuses them): the client's bound holds anyway.
+        config["SERVER_BOUNDS"] = "options" not in config["OPTIONS"]
         config["OPTIONS"].setdefault("options", DB_SERVER_KEEPALIVES)
+        config["ENGINE"] = "odal.database"  # Django's, with the statement bounds
     return config
 
 
@@ -239,6 +243,16 @@ ODAL_ADMIN_REGISTRY_SECONDS = env_int("ODAL_ADMIN_REGISTRY_SECONDS", 20, minimum
 # no answer of the registry's own came back), absence in the task list proves nothing until this
 # long has passed: a gateway or queue may still pass the request on (abandon, suspend).
 ODAL_REGISTRY_SETTLE_SECONDS = env_int("ODAL_REGISTRY_SETTLE_SECONDS", 900, minimum=0, maximum=30 * 86400)
+# How long a statement may wait for PostgreSQL (see odal.database): unset, 10 s in a web request
+# and 60 s elsewhere; 0, no bound. Past it the connection is given up as a lost database.
+ODAL_DB_STATEMENT_SECONDS = (
+    env_int("ODAL_DB_STATEMENT_SECONDS", 0, minimum=0, maximum=3600)
+    if env_str("ODAL_DB_STATEMENT_SECONDS", "").strip()
+    else None
+)
+# After SIGTERM or SIGINT a long-running odal process has exited within this many seconds, whatever
+# it waits for (see odal.stopping); a supervisor's stop timeout must exceed it.
+ODAL_STOP_SECONDS = env_int("ODAL_STOP_SECONDS", 30, minimum=1, maximum=3600)
 ODAL_REGISTRY_CHECK_SECONDS = env_int(
     "ODAL_REGISTRY_CHECK_SECONDS", 2, minimum=0
 )  # first poll of a submitted row

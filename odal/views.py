@@ -38,7 +38,17 @@ def metrics(request):
         )
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    try:
+        text = generate_latest(registry)
+    except (DatabaseError, InterfaceError) as exc:  # the figures are the database's: none to give
+        log.warning("/metrics: the database did not answer: %s", error_text(exc))
+        return HttpResponse(
+            "# 503 Service Unavailable: the database does not answer; no figures can be read.\n",
+            status=503,
+            content_type="text/plain; charset=utf-8",
+            headers={"Retry-After": "5"},
+        )
+    return HttpResponse(text, content_type=CONTENT_TYPE_LATEST)
 
 
 def healthz(request):

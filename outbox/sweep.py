@@ -19,7 +19,7 @@ from django.db import close_old_connections, connection, connections, transactio
 from django.db.models import Q
 from django.utils import timezone
 
-from odal import reconnect, tally
+from odal import reconnect, stopping, tally
 from odal.text import error_text, storable
 from outbox import consumers, service
 from outbox.claims import backoff_delay
@@ -230,8 +230,9 @@ def record_write_error(token, f: Finished, exc: Exception) -> None:
 def attempt(consumer, delivery: Delivery, client: httpx.Client, claim) -> Finished | None:
     """Call the consumer for one delivery, unless the claim's hold has run out by the time its
     turn comes: then the row is due again and may be another sweep's, and None says it was not
-    started. Writes nothing, so it may run on a pool thread."""
-    if not claim.holds():
+    started (so it is when the process is stopping). Writes nothing, so it may run on a pool
+    thread."""
+    if not claim.holds() or stopping.asked():
         return None
     started_at = timezone.now()
     ids = {"delivery": delivery.pk, "event": delivery.event_id, "consumer": consumer.name, "claim": claim.token,
@@ -361,7 +362,7 @@ def run_python_consumers(jobs: list, client: httpx.Client, claim, run=None) -> N
         try:
             if run is not None:
                 run.refresh("python")
-                if consumer.pk in run.paused:
+                if consumer.pk in run.paused or stopping.asked():
                     future.set_result(None)
                     continue
             if OVERRUNS.full(consumer.pk):  # its threads piled up during this pass: given back
@@ -482,7 +483,7 @@ class Pass:
             queue = waiting[consumer_id]
             if queue:
                 self.refresh("main")
-            if consumer_id in self.paused:  # paused meanwhile: no more attempts
+            if consumer_id in self.paused or stopping.asked():  # paused, or stopping: no more attempts
                 not_started.extend(d.pk for d in queue)
                 queue.clear()
             while queue and running[consumer_id] < bound:
@@ -523,7 +524,8 @@ class Pass:
             self.report.not_started += len(not_started)
             Delivery.objects.filter(pk__in=not_started).release(token=self.claim.token)
             log.warning(
-                "%s claimed deliveries not started: the claim's hold ran out first, or their consumer was paused",
+                "%s claimed deliveries not started: the claim's hold ran out first, their consumer was "
+                "paused, or this process is stopping",
                 len(not_started),
             )
 

@@ -42,6 +42,7 @@ from odal import reconnect
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 1.0  # the longest a listener waits without looking for rows that fell due
+STATEMENT_MARGIN_SECONDS = 2.0  # a listener's own statement bound beside a wait of its own, or on closing
 TURN_SECONDS = 10.0  # a leading task's turn; short, so that stopping a cluster never waits long
 HANDOVER_SECONDS = 1.0  # the predecessor keeps working while its successor starts
 SUCCESSOR_WAIT_SECONDS = 5.0  # how long a successor waits for its predecessor's lock
@@ -149,12 +150,13 @@ class Listener:
         self.wants_lead = True
         try:
             self.conn.execute(f"SET lock_timeout = {int(seconds * 1000)}")
-            self.conn.execute("SELECT pg_advisory_lock(%s)", [self.wake.lock])
+            with self.conn.bounded(seconds + STATEMENT_MARGIN_SECONDS):  # (a bound shorter than the wait)
+                self.conn.execute("SELECT pg_advisory_lock(%s)", [self.wake.lock])
             self.leading = True
         except psycopg.errors.LockNotAvailable:  # someone else leads
             self.leading = False
         finally:
-            self.conn.execute("SET lock_timeout = 0")
+            self.conn.execute("RESET lock_timeout")  # the session's own (odal.database's bound)
         return self.leading
 
     def wait(self, seconds: float) -> bool:
@@ -175,7 +177,10 @@ class Listener:
         try:
             if self.leading and not self.conn.closed:
                 self.leading = False
-                self.conn.execute("SELECT pg_advisory_unlock(%s)", [self.wake.lock])
+                with self.conn.bounded(
+                    STATEMENT_MARGIN_SECONDS
+                ):  # a silent database: closing releases it too
+                    self.conn.execute("SELECT pg_advisory_unlock(%s)", [self.wake.lock])
         except Exception:  # a broken connection: closing it releases the lock all the same
             log.debug("releasing the listener lock failed", exc_info=True)
         try:

@@ -28,7 +28,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from odal import reconnect, tally
+from odal import reconnect, stopping, tally
 from odal.models import Passport
 from odal.text import error_text, storable
 from outbox.claims import backoff_delay
@@ -648,12 +648,11 @@ def send_in_turn(request: Request, adapter, pace: Pace, slot: float, deadline: f
     withdrawn meanwhile, a 429 paused every drain, or the claim's hold has run out by the time
     this thread got to it (a pool thread may come free late: one still busy with a request of a
     pass that ended early). No database here."""
-    delay = slot - time.monotonic()
-    if delay > 0:
-        request.withdrawn.wait(delay)
+    while (delay := slot - time.monotonic()) > 0 and not (request.withdrawn.is_set() or stopping.asked()):
+        request.withdrawn.wait(min(delay, PAUSE_REFRESH_SECONDS))  # (a stop is looked at as often)
     if request.withdrawn.is_set():
         return WITHDRAWN
-    if pace.held_back() or time.monotonic() >= deadline:
+    if pace.held_back() or time.monotonic() >= deadline or stopping.asked():
         return NOT_SENT
     return request.send(adapter)
 
@@ -700,8 +699,8 @@ class Pass:
     def start(self, reg: Registration, deadline: float):
         """Start one row's attempt: (its request's future, how to settle it), None if it owed no
         request, or False if it was not started."""
-        if self.out_of_time or self.pace.paused_for():
-            return False  # the registry asked every drain to wait: the row is given back, not held
+        if self.out_of_time or self.pace.paused_for() or stopping.asked():
+            return False  # the registry asked every drain to wait, or this process is stopping: given back
         slot = self.pace.next_slot(deadline)  # (now, without a rate limit; a withdrawn row's unused)
         if slot is None or slot >= deadline:
             # The hold has run out, or will before this row's turn (the rate limit's schedule
@@ -793,8 +792,8 @@ class Pass:
                 self.report.not_started += len(not_started)
                 Registration.objects.filter(pk__in=not_started).release(token=self.claim.token)
                 log.warning(
-                    "%s claimed registrations not started: the claim's hold ran out first, or the "
-                    "registry asked every drain to wait (429)",
+                    "%s claimed registrations not started: the claim's hold ran out first, the "
+                    "registry asked every drain to wait (429), or this process is stopping",
                     len(not_started),
                 )
 

@@ -14,7 +14,7 @@ def pytest_configure(config):
         config.pluginmanager.register(WorkerFigures(), "odal-worker-figures")
     # The suite runs on PostgreSQL only (make test finds one): SQLite would hide the locking
     # and the triggers odal relies on.
-    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+    if settings.DATABASES["default"]["ENGINE"] != "odal.database":  # (Django's PostgreSQL, bounded)
         raise pytest.UsageError("Run the suite with `make test`: it needs PostgreSQL (DATABASE_URL).")
 
 
@@ -32,6 +32,15 @@ def _kind(item) -> int:
 
 
 @pytest.hookimpl(trylast=True)  # after the conftests that mark (tests/browser) and after -k
+def pytest_collection_finish(session):
+    # Importing odal.wsgi (tests/test_fuzz.py does, to call the API in-process) marks the process
+    # a web server, whose statements wait at most 10 s. The suite is not one: its own connections
+    # keep a worker's bounds (odal.database), as a test that waits on a subprocess needs.
+    from odal import database
+
+    database.role = database.WORKER
+
+
 def pytest_collection_modifyitems(items):
     """Tests without a database first, then the rolled-back ones, the transactional ones last
     (they empty the tables, the rows the migrations made included); within each, those marked

@@ -4,12 +4,14 @@ replay, publish, suspend, abandon and record-handle, with the invariants checked
 step. The clock is simulated (timezone.now is the machine's clock) so holds expire on demand;
 the real-time races are in test_outbox_claims.py and test_outbox_sweep.py."""
 
+import os
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 from unittest import mock
 
 import pytest
+from django.conf import settings as django_settings
 from django.test import override_settings
 from django.utils import timezone
 from hypothesis import HealthCheck, settings
@@ -36,10 +38,16 @@ pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 HOLD = 300
 MAX_ATTEMPTS = 3
+# Derandomized, with no example database: the same sequences on every run and every machine, so
+# a red `make test` is a change's doing, never a draw's (a random draw found the abandon model
+# missing the settle window only on some runs). `make fuzz` (ODAL_FUZZ_EXAMPLES set) draws anew.
+EXPLORE = bool(os.environ.get("ODAL_FUZZ_EXAMPLES"))
 MACHINE_SETTINGS = settings(
     max_examples=25,
     stateful_step_count=30,
     deadline=None,
+    derandomize=not EXPLORE,
+    database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 
@@ -389,9 +397,12 @@ class RegistrationMachine(RuleBasedStateMachine):
         took = Registration.objects.filter(pk=reg.pk).abandon(
             actor="user:ops", reason="gone", now=self.clock.now, seen=reg
         )
+        settle = timedelta(seconds=django_settings.ODAL_REGISTRY_SETTLE_SECONDS)
         allowed = (
             b["status"] == "pending" and b["operation"] == "register" and b["attempts"] >= 1
             and b["next_attempt_at"] > self.clock.now and b["claim_token"] is None
+            # settled: no attempt of unknown outcome younger than the settle window (issue 22)
+            and (b["last_unknown_at"] is None or b["last_unknown_at"] <= self.clock.now - settle)
         )  # fmt: skip
         assert took == allowed, f"abandon's update took={took} on {b}"
         if took:

@@ -15,7 +15,7 @@ from odal import rules
 from odal.cli import serving, usage_error
 
 # A worker answering abandon waits for the registry's whole task list (ODAL_REGISTRY_LOOKUP_SECONDS);
-# gunicorn must not take that silence for a hung worker, and a graceful stop should let it finish.
+# gunicorn must not take that silence for a hung worker.
 SLOWEST_REQUEST_MARGIN_SECONDS = 30
 
 
@@ -62,7 +62,9 @@ def gunicorn_application(overrides: dict) -> OdalApplication:
             "workers": settings.ODAL_WEB_WORKERS,
             "proc_name": "odal",
             "timeout": hold,
-            "graceful_timeout": hold,
+            # After SIGTERM gunicorn lets requests in flight finish for this long, then ends its
+            # workers: the whole server has exited within ODAL_STOP_SECONDS.
+            "graceful_timeout": max(1, settings.ODAL_STOP_SECONDS - 1),
             # gunicorn's control socket has one default path per user: two `odal serve` on one
             # host would take it from each other.
             "control_socket_disable": True,
@@ -74,7 +76,8 @@ def gunicorn_application(overrides: dict) -> OdalApplication:
 class Command(BaseCommand):
     help = (
         "Serve odal's web side (admin, API, /metrics) under gunicorn, with static files served by "
-        "WhiteNoise: the production web entry. SIGTERM stops it gracefully (requests in flight finish)."
+        "WhiteNoise: the production web entry. SIGTERM stops it gracefully (requests in flight finish, "
+        "within ODAL_STOP_SECONDS)."
     )
 
     def add_arguments(self, parser):
@@ -116,7 +119,8 @@ class Command(BaseCommand):
             call_command("collectstatic", interactive=False, verbosity=0)  # copies only what changed
         self.stdout.write(
             f"odal serve: {app.cfg.workers} workers on {', '.join(app.cfg.bind)} "
-            "(admin at /admin/, API at /vault/api/v1/); SIGTERM stops it gracefully. "
+            "(admin at /admin/, API at /vault/api/v1/); SIGTERM stops it gracefully "
+            f"within {settings.ODAL_STOP_SECONDS}s. "
             f"Worker timeout {app.cfg.timeout:g}s; the admin's registry lookups end within "
             f"{settings.ODAL_ADMIN_REGISTRY_SECONDS}s."
         )

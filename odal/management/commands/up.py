@@ -1,11 +1,13 @@
+import os
 import signal
 import subprocess
 import sys
 import time
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from odal import rules
+from odal import rules, stopping
 from odal.cli import usage_error
 
 
@@ -48,35 +50,39 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise usage_error("--addr", addr, exc) from None
         children = []
-        stopping = False
-
-        def stop(signum, frame):
-            nonlocal stopping
-            stopping = True
-
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGTERM, stop)
+        stopping.on_signals()  # (past ODAL_STOP_SECONDS it ends the children that are left, and itself)
+        env = {**os.environ, "ODAL_STOP_SECONDS": str(child_stop_seconds())}
         for name, argv in self.processes(addr):
             self.stdout.write(f"starting {name}: {' '.join(argv[2:])}")
-            children.append((name, subprocess.Popen(argv, start_new_session=True)))
+            children.append((name, subprocess.Popen(argv, env=env, start_new_session=True)))
         self.stdout.write(
             f"odal is up: http://{addr}/admin/ and http://{addr}/vault/api/v1/docs — Ctrl-C stops."
         )
         try:
-            while not stopping:
+            while not stopping.asked():
                 for name, child in children:
-                    if child.poll() is not None:
+                    if child.poll() is not None and not stopping.asked():
                         self.stderr.write(f"{name} exited with {child.returncode}; stopping the rest.")
-                        stopping = True
+                        stopping.ask(signal.SIGTERM)
                 time.sleep(0.3)
         finally:
             for _, child in children:
                 if child.poll() is None:
                     child.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            for _, child in children:
+            # Each child stops within its own (shorter) ODAL_STOP_SECONDS; one that has not is
+            # ended with its processes, before this process's own clock runs out.
+            deadline = time.monotonic() + (stopping.remaining() or 0) - 0.5
+            for name, child in children:
                 try:
                     child.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    child.kill()
+                    self.stderr.write(f"{name} did not stop in time; ending it.")
+                    os.killpg(child.pid, signal.SIGKILL)
+                    child.wait()
             self.stdout.write("stopped.")
+
+
+def child_stop_seconds() -> int:
+    """Each child's ODAL_STOP_SECONDS: short enough that it has stopped, or been ended, before
+    this process must have."""
+    return max(1, settings.ODAL_STOP_SECONDS - 2)

@@ -166,7 +166,10 @@ class Command(BaseCommand):
             report = sweep_until_idle(batch=batch, max_seconds=0)
             self.stdout.write(f"Swept once: {report.summary()}.")
             return
-        self.stdout.write("Sweeping until interrupted (Ctrl-C stops after the current pass)…")
+        self.stdout.write(
+            f"Sweeping until interrupted (Ctrl-C or SIGTERM: no new attempts, stopped within "
+            f"{settings.ODAL_STOP_SECONDS}s)…"
+        )
         report = run_until_signalled(sweep_forever, batch=batch)
         self.stdout.write(f"Stopped after {report.passes} passes: {report.summary()}.")
 

@@ -75,7 +75,10 @@ class Command(BaseCommand):
             report = drain_until_idle(batch=batch, max_seconds=0, linger_seconds=0)
             self.stdout.write(f"Drained once: {report.summary()}.")
             return
-        self.stdout.write("Draining until interrupted (Ctrl-C stops after the current pass)…")
+        self.stdout.write(
+            f"Draining until interrupted (Ctrl-C or SIGTERM: no new attempts, stopped within "
+            f"{settings.ODAL_STOP_SECONDS}s)…"
+        )
         report = run_until_signalled(drain_forever, batch=batch)
         self.stdout.write(f"Stopped after {report.passes} passes: {report.summary()}.")
 

@@ -1,0 +1,50 @@
+"""How long odal waits for its database: statement bounds (ODAL_DB_STATEMENT_SECONDS).
+
+A database can stay connected and stop answering: a stuck server, a failover behind a pooler
+or a load balancer, a network appliance that black-holes the connection but acknowledges it.
+The server's own timeouts cannot help when the server never saw the statement, and TCP
+keepalives never fire while something acknowledges. So every wait for PostgreSQL is bounded
+twice, by the same figure:
+
+- on the server, as `statement_timeout` and `lock_timeout` (nine tenths of the bound, so that a
+  slow statement is the server's clean cancel, and the connection survives) and
+  `idle_in_transaction_session_timeout` (the whole bound: a transaction its client forgot
+  holds no lock longer);
+- in the client (odal.database.base): a statement, a commit or a rollback that has no answer
+  within the bound ends the connection and raises `Unanswered`, which odal.reconnect reads as a
+  lost database: the API answers 503 database_unavailable, the probes and /metrics 503, a
+  command exits 4, a worker waits for the database as for any outage.
+
+The figure is ODAL_DB_STATEMENT_SECONDS when set (0: no bound), else the role's: WEB_SECONDS
+for a process serving web requests (odal.wsgi says so), WORKER_SECONDS for everything else.
+`odal migrate` runs unbounded: a migration may rewrite a big table, and an operator watches it.
+SQLite, the embedded default, keeps its busy timeout.
+"""
+
+from django.conf import settings
+
+WEB_SECONDS = 10
+WORKER_SECONDS = 60
+HEALTH_CHECK_SECONDS = 2.0  # the answer to a reused connection's SELECT 1 (at most the bound)
+
+WEB, WORKER, UNBOUNDED = "web", "worker", "unbounded"
+role = WORKER  # odal.wsgi sets WEB; odal's command line UNBOUNDED for `migrate`
+
+
+def statement_seconds() -> float | None:
+    """How long a statement of this process may wait, or None for no bound."""
+    if role == UNBOUNDED:
+        return None
+    configured = settings.ODAL_DB_STATEMENT_SECONDS
+    if configured is None:
+        return WEB_SECONDS if role == WEB else WORKER_SECONDS
+    return configured or None
+
+
+def server_options(seconds: float) -> str:
+    """The startup `options` that make the server keep the bound too."""
+    ms = int(seconds * 1000)
+    return (
+        f"-c statement_timeout={ms * 9 // 10} -c lock_timeout={ms * 9 // 10} "
+        f"-c idle_in_transaction_session_timeout={ms}"
+    )

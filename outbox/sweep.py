@@ -362,7 +362,7 @@ def run_python_consumers(jobs: list, client: httpx.Client, claim, run=None) -> N
         try:
             if run is not None:
                 run.refresh("python")
-                if consumer.pk in run.paused or stopping.asked():
+                if consumer.pk in run.paused:
                     future.set_result(None)
                     continue
             if OVERRUNS.full(consumer.pk):  # its threads piled up during this pass: given back
@@ -483,7 +483,7 @@ class Pass:
             queue = waiting[consumer_id]
             if queue:
                 self.refresh("main")
-            if consumer_id in self.paused or stopping.asked():  # paused, or stopping: no more attempts
+            if consumer_id in self.paused:  # paused meanwhile: no more attempts
                 not_started.extend(d.pk for d in queue)
                 queue.clear()
             while queue and running[consumer_id] < bound:

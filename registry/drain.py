@@ -699,8 +699,8 @@ class Pass:
     def start(self, reg: Registration, deadline: float):
         """Start one row's attempt: (its request's future, how to settle it), None if it owed no
         request, or False if it was not started."""
-        if self.out_of_time or self.pace.paused_for() or stopping.asked():
-            return False  # the registry asked every drain to wait, or this process is stopping: given back
+        if self.out_of_time or self.pace.paused_for():
+            return False  # the registry asked every drain to wait: the row is given back, not held
         slot = self.pace.next_slot(deadline)  # (now, without a rate limit; a withdrawn row's unused)
         if slot is None or slot >= deadline:
             # The hold has run out, or will before this row's turn (the rate limit's schedule

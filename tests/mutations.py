@@ -132,8 +132,8 @@ GUARDS = [
     Guard(
         "sweep: no attempt (webhook or Python) starts after the claim's hold ran out",
         "outbox/sweep.py",
-        "    if not claim.holds():\n        return None\n",
-        "",
+        "    if not claim.holds() or stopping.asked():\n        return None\n",
+        "    if stopping.asked():\n        return None\n",
         "tests/test_outbox_sweep.py -k hold_ran_out",
     ),
     Guard(
@@ -342,8 +342,8 @@ GUARDS = [
     Guard(
         "sweep: no Python consumer starts after the claim's hold ran out",
         "outbox/sweep.py",
-        "    if not claim.holds():\n        return None\n",
-        "",
+        "    if not claim.holds() or stopping.asked():\n        return None\n",
+        "    if stopping.asked():\n        return None\n",
         "tests/test_sweep_python.py::test_no_python_consumer_starts_after_the_claims_hold_ran_out",
     ),
     Guard(
@@ -405,8 +405,8 @@ GUARDS = [
     Guard(
         "drain: a request is not sent once its claim's hold ran out, however late its pool thread came",
         "registry/drain.py",
-        "    if pace.held_back() or time.monotonic() >= deadline:\n",
-        "    if pace.held_back():\n",
+        "    if pace.held_back() or time.monotonic() >= deadline or stopping.asked():\n",
+        "    if pace.held_back() or stopping.asked():\n",
         "tests/test_hostile_16.py::test_a_request_whose_thread_comes_free_after_the_hold_is_not_sent",
     ),
     Guard(
@@ -2409,8 +2409,8 @@ GUARDS = [
     Guard(
         "drain: a request waiting for its slot is not sent once a pause holds",
         "registry/drain.py",
-        "    if pace.held_back() or time.monotonic() >= deadline:\n        return NOT_SENT\n",
-        "    if time.monotonic() >= deadline:\n        return NOT_SENT\n",
+        "    if pace.held_back() or time.monotonic() >= deadline or stopping.asked():\n        return NOT_SENT\n",
+        "    if time.monotonic() >= deadline or stopping.asked():\n        return NOT_SENT\n",
         "tests/test_registry_concurrency.py::test_a_request_waiting_for_its_slot_is_not_sent_once_a_429_pauses_the_drain",
     ),
     Guard(
@@ -2775,8 +2775,8 @@ GUARDS = [
     Guard(
         "command line: odal qcluster started while its database is down waits for it (not tracebacks, exit 1)",
         "odal/__main__.py",
-        '        if starts_the_cluster(sys.argv) and not database_answers("odal qcluster"):\n',
-        '        if False and not database_answers("odal qcluster"):\n',
+        '            if not database_answers("odal qcluster"):\n',
+        "            if False:\n",
         "tests/test_hostile_late.py -k qcluster",
     ),
     Guard(
@@ -3430,6 +3430,111 @@ GUARDS = [
         "",
         "tests/test_admin_abandon_deadline.py::"
         "test_abandon_of_20_rows_under_odal_serve_never_outlives_the_worker",
+    ),
+    Guard(
+        "statement bounds: the client gives up a connection whose statement has no answer within the bound",
+        "odal/database/base.py",
+        "return super().wait(gen, interval=interval, timeout=self.bound)",
+        "return super().wait(gen, interval=interval, timeout=None)",
+        "tests/test_bounds.py::test_a_database_that_goes_silent_on_an_open_connection_is_given_up_within_the_bound",
+    ),
+    Guard(
+        "statement bounds: a connection given up is closed (a late answer is never read as another's)",
+        "odal/database/base.py",
+        "            self.pgconn.finish()\n",
+        "",
+        "tests/test_bounds.py::test_a_database_that_goes_silent_on_an_open_connection_is_given_up_within_the_bound",
+    ),
+    Guard(
+        "statement bounds: the server keeps them too (statement_timeout, lock_timeout, idle in transaction)",
+        "odal/database/base.py",
+        'if seconds and self.settings_dict.get("SERVER_BOUNDS"):',
+        "if False:",
+        "tests/test_bounds.py::test_each_connection_carries_its_roles_bound_to_the_server_and_to_the_client",
+    ),
+    Guard(
+        "statement bounds: a web request's is 10 s, not a worker's 60",
+        "odal/database/__init__.py",
+        "return WEB_SECONDS if role == WEB else WORKER_SECONDS",
+        "return WORKER_SECONDS",
+        "tests/test_bounds.py::test_each_connection_carries_its_roles_bound_to_the_server_and_to_the_client",
+    ),
+    Guard(
+        "statement bounds: odal migrate runs unbounded",
+        "odal/database/__init__.py",
+        "    if role == UNBOUNDED:\n        return None\n",
+        "",
+        "tests/test_bounds.py::test_each_connection_carries_its_roles_bound_to_the_server_and_to_the_client",
+    ),
+    Guard(
+        "statement bounds: a statement the server cancelled at the bound is a database that does not answer",
+        "odal/reconnect.py",
+        '    "57014",  # query_canceled',
+        '    "-57014",  # query_canceled',
+        "tests/test_bounds.py::test_a_statement_slower_than_the_bound_is_cancelled_by_the_server_and_counts_as_lost",
+    ),
+    Guard(
+        "statement bounds: a lock wait past lock_timeout is a database that does not answer",
+        "odal/reconnect.py",
+        '    "55P03",  # lock_not_available',
+        '    "-55P03",  # lock_not_available',
+        "tests/test_reconnect.py::test_what_counts_as_a_lost_database",
+    ),
+    Guard(
+        "statement bounds: /metrics answers 503, not 500, when the database does not answer",
+        "odal/views.py",
+        "    except (DatabaseError, InterfaceError) as exc:  # the figures are the database's: none to give\n",
+        "    except ZeroDivisionError as exc:\n",
+        "tests/test_bounds.py::test_odal_serve_answers_503_within_the_bound_when_its_database_goes_silent",
+    ),
+    Guard(
+        "stopping: an attempt whose turn comes after SIGTERM is not started (its row is given back)",
+        "outbox/sweep.py",
+        "    if not claim.holds() or stopping.asked():\n        return None\n",
+        "    if not claim.holds():\n        return None\n",
+        "tests/test_bounds.py -k told_to_stop_starts_nothing",
+    ),
+    Guard(
+        "stopping: a register waiting for its turn when SIGTERM comes is not sent",
+        "registry/drain.py",
+        "    if pace.held_back() or time.monotonic() >= deadline or stopping.asked():\n        return NOT_SENT\n",
+        "    if pace.held_back() or time.monotonic() >= deadline:\n        return NOT_SENT\n",
+        "tests/test_bounds.py -k drain_pass_told_to_stop",
+    ),
+    Guard(
+        "stopping: the sweep and the drain handle SIGTERM (stop starting, give back, exit 0)",
+        "odal/cli.py",
+        "    stopping.on_signals()\n",
+        "",
+        "tests/test_bounds.py -k finishes_the_attempt_in_flight",
+    ),
+    Guard(
+        "stopping: the clock ends a process still running at ODAL_STOP_SECONDS",
+        "odal/stopping.py",
+        "    timer.start()\n",
+        "",
+        "tests/test_bounds.py -k database_went_silent",
+    ),
+    Guard(
+        "stopping: odal qcluster is ended at ODAL_STOP_SECONDS, its processes first",
+        "odal/__main__.py",
+        "    Cluster.sig_handler = sig_handler\n",
+        "",
+        "tests/test_bounds.py -k database_went_silent",
+    ),
+    Guard(
+        "stopping: odal up ends a child still running before its own time is up",
+        "odal/management/commands/up.py",
+        "deadline = time.monotonic() + (stopping.remaining() or 0) - 0.5",
+        "deadline = time.monotonic() + 10",
+        "tests/test_bounds.py -k up_has_exited",
+    ),
+    Guard(
+        "stopping: odal serve's graceful timeout is under ODAL_STOP_SECONDS",
+        "odal/management/commands/serve.py",
+        '"graceful_timeout": max(1, settings.ODAL_STOP_SECONDS - 1),',
+        '"graceful_timeout": hold,',
+        "tests/test_bounds.py -k graceful",
     ),
 ]
 

@@ -118,11 +118,11 @@ class Browser:
 
 
 @contextmanager
-def serving(port: int, env: dict, log):
+def serving(port: int, env: dict, log, workers: int = 2):
     """`odal serve` on `port` with `env`, its output in `log`, once it answers /healthz; on the way
     out SIGTERM to its process group (its workers too), SIGKILL if it is still up 30 s later."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "odal", "serve", "--bind", f"127.0.0.1:{port}", "--workers", "2"],
+        [sys.executable, "-m", "odal", "serve", "--bind", f"127.0.0.1:{port}", "--workers", str(workers)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

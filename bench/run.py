@@ -21,10 +21,12 @@ docs/performance.md (and docs/performance.svg).
   request in flight), the rate the simulator sees under ODAL_REGISTRY_RATE_PER_SECOND, 429s
   unheeded, and django-q2 tasks enqueued per 10,000 publishes;
 - issue 23 (bench/retention.py): retention's progress per scheduled run over 10,000,000 deliveries
-  with the oldest 1,000,000 kept.
+  with the oldest 1,000,000 kept;
+- issue 23 (bench/bounds.py): the no-op sweep's deliveries/s (2 processes) with the database
+  statement bounds on (ODAL_DB_STATEMENT_SECONDS unset) over off (=0), interleaved runs.
 
 Usage: python bench/run.py [--backlog 100000] [--processes 1,2,4] [--big-counts 10000000] [--quick]
-[--only counts|drain|retention]
+[--only counts|drain|retention|bounds]
 (DATABASE_URL must name a PostgreSQL server; `make bench` finds one.) Exits 1 when a target is
 missed.
 """
@@ -45,7 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import bulk, counts, drain, retention  # noqa: E402
+from bench import bounds, bulk, counts, drain, retention  # noqa: E402
 from tests.torture import database_url, drop_database, recreate_database  # noqa: E402
 
 DATABASE = os.environ.get("ODAL_BENCH_DATABASE", "odal_bench")  # (one per run that may overlap)
@@ -459,10 +461,13 @@ def main() -> int:
     parser.add_argument(
         "--retention-kept", type=int, default=1_000_000, help="the oldest of them, kept (parked)"
     )
+    parser.add_argument(
+        "--bounds-repeats", type=int, default=3, help="sweep measurements with statement bounds off, and on"
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes, to try the benchmark itself")
     parser.add_argument(
         "--only",
-        choices=["counts", "drain", "retention"],
+        choices=["counts", "drain", "retention", "bounds"],
         help="run only this part (to work on it; the report then has only it)",
     )
     parser.add_argument("--out", default=str(ROOT / "docs" / "performance.md"))
@@ -519,6 +524,13 @@ def main() -> int:
                 spawn, stop, env, registrations=args.drain_registrations,
                 slow_registrations=max(60, args.drain_registrations // 15),
                 rate_registrations=max(300, args.drain_registrations // 4), publishes=args.publishes,
+            )  # fmt: skip
+        if args.only in (None, "bounds"):
+            print(f"measuring the no-op sweep, 2 processes, {args.backlog:,} deliveries, with statement bounds "
+                  f"off and on, {args.bounds_repeats} times each…", flush=True)  # fmt: skip
+            r["bounds"] = bounds.run(
+                sweep_rate, env, consumer_id=consumer("python").pk, backlog=args.backlog,
+                repeats=args.bounds_repeats,
             )  # fmt: skip
         if args.only in (None, "retention"):
             # A scheduled run's 50 s; --quick runs of 1 s over its small table, to try the measurement.
@@ -596,9 +608,16 @@ def report(args, processes: list[int], r: dict, server: str, fsync: str) -> int:
         more, more_16, drain_doc = drain.report(r["drain"])
         rows += more
         targets_16 += more_16
-    if "retention" in r:
-        more, targets_23, retention_doc = retention.report(r["retention"])
+    if "bounds" in r:
+        more, more_23, bounds_doc = bounds.report(r["bounds"])
         rows += more
+        targets_23 += more_23
+        retention_doc += bounds_doc
+    if "retention" in r:
+        more, more_23, doc = retention.report(r["retention"])
+        rows += more
+        targets_23 += more_23
+        retention_doc += doc
     table = "\n".join(["| what | measured |", "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows])
     for title, listed in (("target (issue 7)", targets), ("target (issue 13)", targets_13),
                           ("target (issue 16)", targets_16), ("target (issue 23)", targets_23)):  # fmt: skip

@@ -69,6 +69,8 @@ class OutboxCollector:
             purged.add_metric([what], figures["outbox.purged"].get(what, 0))
         yield purged
 
+        yield from python_overruns(tally)
+
         last = tally.last_pass(tally.SWEEP)
         yield GaugeMetricFamily(
             "outbox_last_pass_timestamp_seconds",
@@ -76,3 +78,32 @@ class OutboxCollector:
             "ones included: alert when it stops moving.",
             value=last.timestamp() if last else 0,
         )
+
+
+def python_overruns(tally):
+    """outbox_python_timeouts and outbox_python_consumer_blocked, per consumer: what the sweep
+    processes counted in the tally (outbox.sweep.count_overrun). Every Python consumer has both
+    series, at 0 until it overruns; a consumer since made a webhook keeps what it had."""
+    from outbox.models import Consumer
+    from outbox.sweep import PYTHON_BLOCKED, PYTHON_TIMEOUTS
+
+    figures = tally.totals(PYTHON_TIMEOUTS, PYTHON_BLOCKED)
+    timeouts = CounterMetricFamily(
+        "outbox_python_timeouts",
+        "Attempts of a Python consumer that ran past its timeoutSeconds (failed as timed out; the call "
+        "was left running on its thread).",
+        labels=["consumer"],
+    )
+    blocked = CounterMetricFamily(
+        "outbox_python_consumer_blocked",
+        "Times a sweep process stopped taking a Python consumer's deliveries because that many of its "
+        "attempts (PYTHON_OVERRUNS_PER_CONSUMER, 4) still ran past their timeout.",
+        labels=["consumer"],
+    )
+    counted = set(figures[PYTHON_TIMEOUTS]) | set(figures[PYTHON_BLOCKED])
+    for pk, name, kind in Consumer.objects.order_by("name").values_list("pk", "name", "kind"):
+        if kind == Consumer.Kind.PYTHON or str(pk) in counted:
+            timeouts.add_metric([name], figures[PYTHON_TIMEOUTS].get(str(pk), 0))
+            blocked.add_metric([name], figures[PYTHON_BLOCKED].get(str(pk), 0))
+    yield timeouts
+    yield blocked

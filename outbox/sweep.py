@@ -261,16 +261,20 @@ class Overruns:
         self.lock = threading.Lock()
         self.threads: dict[int, set] = {}
 
-    def add(self, consumer, thread: threading.Thread) -> None:
+    def add(self, consumer, thread: threading.Thread) -> bool:
+        """Count one more overrunning thread; True if that one made the consumer's threads reach
+        the bound (the caller counts it in outbox.python_blocked, outside this lock)."""
         with self.lock:
             running = self.threads.setdefault(consumer.pk, set())
             running.add(thread)
-            if len(running) == PYTHON_OVERRUNS_PER_CONSUMER:
-                log.error(
-                    "Python consumer %s: %s attempts still running past its timeout of %ss; this process "
-                    "takes none of its deliveries until one returns",
-                    consumer.name, len(running), consumer.timeout_seconds, extra={"consumer": consumer.name},
-                )  # fmt: skip
+            if len(running) != PYTHON_OVERRUNS_PER_CONSUMER:
+                return False
+            log.error(
+                "Python consumer %s: %s attempts still running past its timeout of %ss; this process "
+                "takes none of its deliveries until one returns",
+                consumer.name, len(running), consumer.timeout_seconds, extra={"consumer": consumer.name},
+            )  # fmt: skip
+            return True
 
     def done(self, consumer, thread: threading.Thread) -> None:
         with self.lock:
@@ -339,15 +343,36 @@ def attempt_python(consumer, delivery: Delivery, client: httpx.Client, claim) ->
         if "finished" in box:
             return box["finished"]
         box["abandoned"] = True
-        OVERRUNS.add(consumer, thread)  # (under the lock: the thread's done() comes after it)
+        blocked = OVERRUNS.add(consumer, thread)  # (under the lock: the thread's done() comes after it)
     error = f"timed out after {consumer.timeout_seconds}s (the Python consumer still runs; what it returns is late)"
     log.warning(
         "delivery %s attempt %s (claim %s) to Python consumer %s: %s",
         delivery.pk, delivery.attempts, claim.token, consumer.name, error,
         extra={"delivery": delivery.pk, "consumer": consumer.name, "claim": claim.token},
     )  # fmt: skip
+    count_overrun(consumer, blocked)
     outcome = consumers.Outcome(False, error, duration_ms=consumer.timeout_seconds * 1000)
     return Finished(delivery, outcome, started_at, timezone.now())
+
+
+PYTHON_TIMEOUTS = "outbox.python_timeouts"  # tally figures, key the consumer's id (see odal.tally)
+PYTHON_BLOCKED = "outbox.python_blocked"
+
+
+def count_overrun(consumer, blocked: bool) -> None:
+    """Add a Python attempt past its timeout, and (`blocked`) this process stopping to take the
+    consumer's rows, to the tally, so /metrics shows them: the web process that serves it
+    cannot see this worker's threads. A tally that cannot be written is logged, never raised:
+    the attempt's failure is still written by the pass."""
+    key = str(consumer.pk)
+    try:
+        with transaction.atomic():
+            tally.bump(PYTHON_TIMEOUTS, {key: 1})
+            if blocked:
+                tally.bump(PYTHON_BLOCKED, {key: 1})
+    except Exception:
+        log.exception("Python consumer %s: its timeout could not be counted", consumer.name,
+                      extra={"consumer": consumer.name})  # fmt: skip
 
 
 def run_python_consumers(jobs: list, client: httpx.Client, claim, run=None) -> None:

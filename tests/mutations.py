@@ -1754,6 +1754,20 @@ GUARDS = [
         "tests/test_retention.py::test_counters_stay_where_they_were_and_purged_goes_up_by_what_went",
     ),
     Guard(
+        "sweep: a Python attempt past its timeout is counted in outbox.python_timeouts",
+        "outbox/sweep.py",
+        "            tally.bump(PYTHON_TIMEOUTS, {key: 1})\n",
+        "            pass\n",
+        "tests/test_sweep_python.py::test_a_python_consumer_past_its_timeout_fails_its_attempt_and_the_pass_goes_on",
+    ),
+    Guard(
+        "sweep: a process that stops taking a Python consumer's rows counts it in outbox.python_blocked",
+        "outbox/sweep.py",
+        "            if blocked:\n",
+        "            if False:\n",
+        "tests/test_sweep_python.py::test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consumers_rows",
+    ),
+    Guard(
         "retention: a dry run deletes nothing",
         "outbox/retention.py",
         "            if self.dry_run:\n                return {\n",

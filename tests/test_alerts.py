@@ -106,7 +106,7 @@ def test_a_misspelt_metric_in_a_rule_is_reported(client, settings, document):
 ALERTS_ASKED_FOR = {
     "OdalSweepStopped", "OdalDrainStopped", "OdalBacklogOld", "OdalConsumerPaused", "OdalDeadLettersGrowing", "OdalOutboxLateWrites",
     "OdalRegistryLateWrites", "OdalOutboxWriteErrors", "OdalRegistryWriteErrors", "OdalRegistrationsStalled",
-    "OdalRegistryProtocolErrors",
+    "OdalRegistryProtocolErrors", "OdalPythonConsumerBlocked",
 }  # fmt: skip
 
 

@@ -6,6 +6,7 @@ of one consumer piled up takes none of its rows (issue 23)."""
 import logging
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
 from outbox import sweep
@@ -15,6 +16,24 @@ from outbox.sweep import sweep_once
 from tests import consumers
 from tests.factories import ConsumerFactory, WebhookConsumerFactory
 from tests.webhook_server import WebhookServer
+
+
+def metrics() -> dict[str, float]:
+    """The samples on /metrics, {'name{labels}': value}; their HELP lines there too."""
+    text = Client().get("/metrics").content.decode()
+    for name in ("outbox_python_timeouts_total", "outbox_python_consumer_blocked_total"):
+        assert f"# HELP {name} " in text
+    samples = (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    return {sample: float(value) for sample, value in samples}
+
+
+def overrun_lines(*names: str) -> dict[str, float]:
+    found = metrics()
+    return {
+        f'{metric}{{consumer="{name}"}}': found.get(f'{metric}{{consumer="{name}"}}')
+        for name in names
+        for metric in ("outbox_python_timeouts_total", "outbox_python_consumer_blocked_total")
+    }
 
 
 @pytest.fixture(autouse=True)
@@ -66,9 +85,10 @@ def test_a_python_consumer_past_its_timeout_fails_its_attempt_and_the_pass_goes_
     it is an attempt-log line marked late (its success noted as lateSuccessAt)."""
     with WebhookServer() as server:
         WebhookConsumerFactory(url=server.url)
-        ConsumerFactory()
+        other = ConsumerFactory()
         blocked = ConsumerFactory(target="tests.consumers.blocks", timeout_seconds=1)
         emit("passport.published", {"n": 1})
+        assert set(overrun_lines(blocked.name, other.name).values()) == {0.0}  # there before any overrun
 
         report = sweep_once()
 
@@ -78,6 +98,12 @@ def test_a_python_consumer_past_its_timeout_fails_its_attempt_and_the_pass_goes_
     assert row.last_error.startswith("timed out after 1s")
     assert list(row.attempt_log.values_list("outcome", "late")) == [("failed", False)]
     assert "returned" not in consumers.calls  # still blocked: the pass did not wait for it
+    assert overrun_lines(blocked.name, other.name) == {  # one timeout, under the bound of 4
+        f'outbox_python_timeouts_total{{consumer="{blocked.name}"}}': 1.0,
+        f'outbox_python_consumer_blocked_total{{consumer="{blocked.name}"}}': 0.0,
+        f'outbox_python_timeouts_total{{consumer="{other.name}"}}': 0.0,
+        f'outbox_python_consumer_blocked_total{{consumer="{other.name}"}}': 0.0,
+    }
 
     consumers.gate.set()
     sweep.OVERRUNS.join(15)
@@ -115,6 +141,10 @@ def test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consum
     assert due.filter(claim_token=None).count() == 2  # due, and left alone
     said = [r for r in caplog.records if "takes none of its deliveries" in r.getMessage()]
     assert len(said) == 1
+    assert overrun_lines(blocked.name) == {  # and on /metrics: one timeout, and it blocked the process
+        f'outbox_python_timeouts_total{{consumer="{blocked.name}"}}': 1.0,
+        f'outbox_python_consumer_blocked_total{{consumer="{blocked.name}"}}': 1.0,
+    }
 
     consumers.gate.set()
     sweep.OVERRUNS.join(15)

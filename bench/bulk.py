@@ -198,6 +198,10 @@ def main() -> int:
         django.setup()
         from django.db import connection
 
+        from odal import database
+
+        database.role = database.UNBOUNDED  # the bench's own fills and counts; its odal processes keep theirs
+
         from outbox.models import Consumer
 
         Consumer.objects.update_or_create(

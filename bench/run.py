@@ -496,6 +496,10 @@ def main() -> int:
     django.setup()
     from django.db import connection
 
+    from odal import database
+
+    database.role = database.UNBOUNDED  # the bench's own fills and counts; its odal processes keep theirs
+
     processes = [int(p) for p in args.processes.split(",")]
     psql_url = url.replace("postgres://", "postgresql://", 1)
     r: dict = {}

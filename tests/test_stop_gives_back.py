@@ -77,3 +77,39 @@ def test_a_drain_ended_by_the_clock_has_given_back_the_rows_it_never_started(pro
     )
     assert code == 143, (code, said[-3000:])
     assert len([s for s in states if s[2] is None]) == 4, (states, said[-3000:])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_successor_waiting_for_the_lock_longer_than_the_server_bound_does_not_lead_and_raises_nothing(
+    settings,
+):
+    """ODAL_DB_STATEMENT_SECONDS=2 makes statement_timeout 1.8 s, shorter than a relay successor's
+    wait for its predecessor's lock (SUCCESSOR_WAIT_SECONDS): the wait was cancelled as an
+    error (QueryCanceled), failing the django-q2 task, instead of ending as "another leads"."""
+    from django.db import connection
+
+    from outbox import wake
+    from tests.test_bounds import new_connection
+
+    settings.ODAL_DB_STATEMENT_SECONDS = 2
+    connection.close()
+    holder = new_connection()
+    holder.autocommit = True
+    holder.execute("SELECT pg_advisory_lock(%s)", [wake.SWEEP.lock])
+    try:
+        with wake.Listener(wake.SWEEP) as listener:
+            began = time.monotonic()
+            assert listener.wait_to_lead(3) is False  # another leads
+            assert time.monotonic() - began >= 2.9
+            assert [
+                listener.conn.execute(f"SHOW {name}").fetchone()[0]
+                for name in ("statement_timeout", "lock_timeout")
+            ] == [
+                "1800ms",
+                "1800ms",
+            ]  # the session's own again
+        holder.execute("SELECT pg_advisory_unlock(%s)", [wake.SWEEP.lock])
+        with wake.Listener(wake.SWEEP) as listener:
+            assert listener.wait_to_lead(3) is True
+    finally:
+        holder.close()

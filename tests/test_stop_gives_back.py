@@ -113,3 +113,38 @@ def test_a_successor_waiting_for_the_lock_longer_than_the_server_bound_does_not_
             assert listener.wait_to_lead(3) is True
     finally:
         holder.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_admin_page_whose_statement_outlasts_the_bound_answers_503_not_500(settings, admin_client):
+    """A row locked longer than the bound (an import's batch, `odal passport canonicalise`): the
+    admin's action used to wait for it; since the bounds it met a cancelled statement, and
+    answered Django's 500."""
+    import psycopg
+    from django.db import connection
+    from django.urls import reverse
+
+    from odal.models import Passport
+    from tests.factories import PassportFactory
+
+    passport = PassportFactory()
+    settings.ODAL_DB_STATEMENT_SECONDS = 1
+    connection.close()
+    params = {
+        k: v for k, v in connection.get_connection_params().items() if k not in ("options", "cursor_factory")
+    }
+    with psycopg.connect(**params) as other:
+        other.execute("SELECT 1 FROM odal_passport WHERE id = %s FOR UPDATE", [passport.pk])
+        admin_client.raise_request_exception = False
+        page = admin_client.post(
+            reverse("admin:odal_passport_changelist"),
+            {
+                "action": "publish_selected",
+                "_selected_action": [str(passport.pk)],
+                "post": "yes",
+                "reason": "go live",
+            },
+        )
+    assert page.status_code == 503, page.content[:300]
+    assert page["Retry-After"] and b"does not answer in time" in page.content
+    assert Passport.objects.get(pk=passport.pk).status == "draft"

@@ -340,6 +340,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "odal.database.middleware.DatabaseUnansweredMiddleware",  # a page's lost database: 503, not 500
 ]
 
 ROOT_URLCONF = "odal.urls"

@@ -537,12 +537,17 @@ class Pass:
                         self.finished(f)
                 if not done and self.pending:
                     self.flush()
+                if stopping.asked():
+                    self.give_back_unstarted(waiting, in_flight, start, not_started)
         finally:
             # Whatever stopped the pass, outcomes already known are written, not thrown away
             # (unless the database was lost while writing them: then nothing more is, see flush).
             for future in in_flight:
                 future.cancel()
             self.flush()
+        self.release(not_started)
+
+    def release(self, not_started: list) -> None:
         if not_started:
             # Their turn came after the hold ran out: no request went out for them. They get
             # their counted attempt back and are due at once (unless another sweep took them).
@@ -553,6 +558,20 @@ class Pass:
                 "paused, or this process is stopping",
                 len(not_started),
             )
+            not_started.clear()
+
+    def give_back_unstarted(self, waiting: dict, in_flight: dict, start, not_started: list) -> None:
+        """Stopping while attempts are still running: the rows queued behind them (webhooks) and
+        the Python jobs not yet picked up are given back now, not when the running ones end, which
+        may be after odal.stopping's clock has ended the process (their claim would then hold them,
+        each with an attempt counted that was never made)."""
+        for consumer_id in waiting:
+            start(consumer_id)  # (stopping: its queue goes to not_started)
+        for future, (consumer_id, d) in list(in_flight.items()):
+            if consumer_id is None and future.cancel():  # a Python job not picked up yet
+                del in_flight[future]
+                not_started.append(d.pk)
+        self.release(not_started)
 
 
 class Housekeeping:

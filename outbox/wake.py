@@ -148,15 +148,23 @@ class Listener:
     def wait_to_lead(self, seconds: float) -> bool:
         """Wait up to `seconds` for the lock (a relay successor, while its predecessor hands over)."""
         self.wants_lead = True
+        ms = int(seconds * 1000)
         try:
-            self.conn.execute(f"SET lock_timeout = {int(seconds * 1000)}")
+            # The server's statement bound (odal.database) may be shorter than the wait: it is
+            # lengthened for this statement, or it would cancel the wait as an error.
+            self.conn.execute(
+                "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
+                [f"{ms}ms", f"{ms + int(STATEMENT_MARGIN_SECONDS * 1000)}ms"],
+            )
             with self.conn.bounded(seconds + STATEMENT_MARGIN_SECONDS):  # (a bound shorter than the wait)
                 self.conn.execute("SELECT pg_advisory_lock(%s)", [self.wake.lock])
             self.leading = True
         except psycopg.errors.LockNotAvailable:  # someone else leads
             self.leading = False
         finally:
-            self.conn.execute("RESET lock_timeout")  # the session's own (odal.database's bound)
+            # The session's own (odal.database's bounds)
+            self.conn.execute("RESET lock_timeout")
+            self.conn.execute("RESET statement_timeout")
         return self.leading
 
     def wait(self, seconds: float) -> bool:

@@ -780,6 +780,14 @@ class Pass:
                     or time.monotonic() - self.flushed_at >= self.flush_seconds
                 ):
                     self.flush()
+                if stopping.asked() and (waiting or not_started):
+                    # Stopping while requests are still out: the rows behind them are given back
+                    # now, not when those end, which may be after odal.stopping's clock has
+                    # ended the process (their claim would hold them, an attempt counted that
+                    # was never made).
+                    not_started += [reg.pk for reg in waiting]
+                    waiting.clear()
+                    self.release(not_started)
         finally:
             # Whatever stopped the pass: requests not begun are given back; outcomes already
             # known are written, not thrown away (unless the database was lost while writing
@@ -788,14 +796,18 @@ class Pass:
                 attempt.reg.pk for future, (attempt, _, _) in in_flight.items() if future.cancel()
             ]
             self.flush()
-            if not_started:
-                self.report.not_started += len(not_started)
-                Registration.objects.filter(pk__in=not_started).release(token=self.claim.token)
-                log.warning(
-                    "%s claimed registrations not started: the claim's hold ran out first, the "
-                    "registry asked every drain to wait (429), or this process is stopping",
-                    len(not_started),
-                )
+            self.release(not_started)
+
+    def release(self, not_started: list) -> None:
+        if not_started:
+            self.report.not_started += len(not_started)
+            Registration.objects.filter(pk__in=not_started).release(token=self.claim.token)
+            log.warning(
+                "%s claimed registrations not started: the claim's hold ran out first, the "
+                "registry asked every drain to wait (429), or this process is stopping",
+                len(not_started),
+            )
+            not_started.clear()
 
 
 @contextmanager

@@ -508,7 +508,7 @@ class Pass:
             queue = waiting[consumer_id]
             if queue:
                 self.refresh("main")
-            if consumer_id in self.paused:  # paused meanwhile: no more attempts
+            if consumer_id in self.paused or stopping.asked():  # paused, or stopping: no more attempts
                 not_started.extend(d.pk for d in queue)
                 queue.clear()
             while queue and running[consumer_id] < bound:

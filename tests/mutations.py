@@ -3550,6 +3550,41 @@ GUARDS = [
         '"graceful_timeout": hold,',
         "tests/test_bounds.py -k graceful",
     ),
+    Guard(
+        "stopping: a sweep told to stop gives back its queued rows at once, not when the running attempts end",
+        "outbox/sweep.py",
+        "                if stopping.asked():\n                    self.give_back_unstarted(",
+        "                if False:\n                    self.give_back_unstarted(",
+        "tests/test_stop_gives_back.py -k sweep_ended",
+    ),
+    Guard(
+        "stopping: a sweep told to stop starts no queued webhook attempt",
+        "outbox/sweep.py",
+        "if consumer_id in self.paused or stopping.asked():",
+        "if consumer_id in self.paused:",
+        "tests/test_stop_gives_back.py -k sweep_ended",
+    ),
+    Guard(
+        "stopping: a drain told to stop gives back its waiting rows at once",
+        "registry/drain.py",
+        "if stopping.asked() and (waiting or not_started):",
+        "if False:",
+        "tests/test_stop_gives_back.py -k drain_ended",
+    ),
+    Guard(
+        "statement bounds: a relay successor's lock wait is not cut short by the server's statement bound",
+        "outbox/wake.py",
+        'f"{ms + int(STATEMENT_MARGIN_SECONDS * 1000)}ms"',
+        '"100ms"',
+        "tests/test_stop_gives_back.py -k successor_waiting",
+    ),
+    Guard(
+        "statement bounds: an admin page whose database does not answer in time is 503, not 500",
+        "odal/settings.py",
+        '    "odal.database.middleware.DatabaseUnansweredMiddleware",',
+        "",
+        "tests/test_stop_gives_back.py -k admin_page",
+    ),
 ]
 
 

@@ -3536,6 +3536,34 @@ GUARDS = [
         '"graceful_timeout": hold,',
         "tests/test_bounds.py -k graceful",
     ),
+    Guard(
+        "outbound addresses (24): an IPv6 address that carries an IPv4 address is judged by it",
+        "odal/addresses.py",
+        "    carried = carried_ipv4(address) if isinstance(address, IPv6) else None\n",
+        "    carried = None\n",
+        "tests/test_outbound_addresses.py -k 64:ff9b",
+    ),
+    Guard(
+        "outbound addresses (24): multicast is refused",
+        "odal/addresses.py",
+        '    if address.is_multicast:\n        return "a multicast address"\n',
+        "",
+        "tests/test_outbound_addresses.py -k 224.0.0.1",
+    ),
+    Guard(
+        "outbound addresses (24): site-local is refused",
+        "odal/addresses.py",
+        '    if isinstance(address, IPv6) and address.is_site_local:\n        return "a site-local address"\n',
+        "",
+        "tests/test_outbound_addresses.py -k fec0",
+    ),
+    Guard(
+        "outbound addresses (24): the connect-time pin asks the one rule",
+        "outbox/consumers.py",
+        "            problem = why_not_public(address)\n",
+        "            problem = None if address.is_global else 'an internal address'\n",
+        "tests/test_outbound_addresses.py -k not_connected_to",
+    ),
 ]
 
 

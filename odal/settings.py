@@ -10,6 +10,12 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlparse
 
 import dj_database_url
+from django.core.checks.security.base import (
+    SECRET_KEY_INSECURE_PREFIX,
+    SECRET_KEY_MIN_LENGTH,
+    SECRET_KEY_MIN_UNIQUE_CHARACTERS,
+    _check_secret_key,
+)
 from django.core.exceptions import ImproperlyConfigured
 
 from odal import rules
@@ -209,6 +215,13 @@ if not SECRET_KEY.strip():
 DEBUG = env_bool("DEBUG", not PRODUCTION)
 if PRODUCTION and SECRET_KEY == DEFAULT_SECRET_KEY:
     raise ImproperlyConfigured("SECRET_KEY must be set to a secret of your own when ODAL_ENV=production")
+if PRODUCTION and not _check_secret_key(SECRET_KEY):  # Django's own test (check --deploy, security.W009)
+    raise ImproperlyConfigured(
+        f"SECRET_KEY is too weak for ODAL_ENV=production: Django's deploy check asks for at least "
+        f"{SECRET_KEY_MIN_LENGTH} characters, at least {SECRET_KEY_MIN_UNIQUE_CHARACTERS} of them different, "
+        f"and no '{SECRET_KEY_INSECURE_PREFIX}' prefix (make one with: python -c \"import secrets; "
+        'print(secrets.token_urlsafe(50))")'
+    )
 if PRODUCTION and DEBUG:
     raise ImproperlyConfigured("DEBUG must be off when ODAL_ENV=production")
 
@@ -219,6 +232,11 @@ if PRODUCTION and not ALLOWED_HOSTS:
     raise ImproperlyConfigured(
         "ALLOWED_HOSTS must name this node's host names (comma-separated, e.g. dpp.example.eu) "
         "when ODAL_ENV=production"
+    )
+if PRODUCTION and "*" in ALLOWED_HOSTS:  # any Host would do: password-reset links, caches poisoned
+    raise ImproperlyConfigured(
+        "ALLOWED_HOSTS must name this node's host names, not '*', when ODAL_ENV=production "
+        "(comma-separated, e.g. dpp.example.eu)"
     )
 ALLOWED_HOSTS = ALLOWED_HOSTS or ["127.0.0.1", "localhost"]
 CSRF_TRUSTED_ORIGINS = [o.strip() for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]

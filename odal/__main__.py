@@ -7,11 +7,13 @@ import sys
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "odal.settings")
+    import django
     from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
 
     try:  # the settings read the environment: a bad or missing variable is its sentence, not a traceback
         importlib.import_module(os.environ["DJANGO_SETTINGS_MODULE"])
+        django.setup()  # (production's refusals of Django's deploy checks come as the apps are ready)
     except ImproperlyConfigured as exc:
         sys.exit(f"odal cannot start: {exc}")
     from odal import database, reconnect

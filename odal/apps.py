@@ -30,7 +30,11 @@ class OdalConfig(AppConfig):
     verbose_name = "Passports and audit"
 
     def ready(self):
-        from odal.checks import register_checks
+        from django.conf import settings
+
+        from odal.checks import refuse_deploy_errors, register_checks
 
         register_checks()  # odal.W001, on every start and in `odal check`
+        if settings.PRODUCTION:
+            refuse_deploy_errors()
         post_migrate.connect(reinstall_sqlite_tally_triggers, sender=self)

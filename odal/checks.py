@@ -14,7 +14,9 @@ A surface, like odal.dashboard: it reads the outbox's consumers (see docs/archit
 from pathlib import Path
 
 from django.conf import settings
-from django.core.checks import Tags, Warning, register
+from django.core.checks import ERROR, Tags, Warning, register
+from django.core.checks.registry import registry
+from django.core.exceptions import ImproperlyConfigured
 from django.db import Error, connection
 
 from odal.reconnect import close_connection
@@ -45,6 +47,20 @@ def register_checks() -> None:
     line import this module for consumer_timeout_warning, and no import should be what registers."""
     register(claim_hold_outlasts_registry_requests, "odal")
     register(claim_hold_outlasts_consumer_timeouts, "odal", Tags.database)
+
+
+def refuse_deploy_errors() -> None:
+    """In production, start only if none of Django's deploy checks (what `check --deploy` runs)
+    finds an error: raise ImproperlyConfigured with the first one's sentence, which names its
+    setting. Django itself only reports them, and only when asked for --deploy. (Its warnings
+    that odal makes refusals, a weak SECRET_KEY and ALLOWED_HOSTS '*', are refused in settings.)"""
+    for check in sorted(registry.deployment_checks, key=lambda c: f"{c.__module__}.{c.__qualname__}"):
+        for message in check(app_configs=None, databases=None):
+            if message.level >= ERROR:
+                raise ImproperlyConfigured(
+                    f"{message.msg} ({message.id}: Django's deploy check calls it an error; "
+                    "ODAL_ENV=production does not start with one)"
+                )
 
 
 def claim_hold_outlasts_registry_requests(app_configs=None, **kwargs) -> list[Warning]:

@@ -10,6 +10,12 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlparse
 
 import dj_database_url
+from django.core.checks.security.base import (
+    SECRET_KEY_INSECURE_PREFIX,
+    SECRET_KEY_MIN_LENGTH,
+    SECRET_KEY_MIN_UNIQUE_CHARACTERS,
+    _check_secret_key,
+)
 from django.core.exceptions import ImproperlyConfigured
 
 from odal import rules
@@ -122,6 +128,19 @@ def without_password(text: str) -> str:
     return re.sub(r"(://[^/@\s:]*:)[^/@\s]*@", r"\1***@", text)
 
 
+def check_url_ports(name: str, url: str) -> None:
+    """Every port a URL names (a PostgreSQL URL may name several hosts, comma-separated) must be
+    one from 1 to 65,535: `http://registry:99999` was taken and failed only when first used."""
+    netloc = urlparse(url).netloc.rpartition("@")[2]
+    for host in netloc.split(","):
+        # [v6]:port or name:port; a bare IPv6 address in brackets has no port after its ]
+        port = host.rpartition("]")[2].rpartition(":")[2] if ":" in host.rpartition("]")[2] else ""
+        if port and not (port.isdigit() and rules.PORT[0] <= int(port) <= rules.PORT[1]):
+            raise ImproperlyConfigured(
+                f"{name} must name a port from 1 to 65,535, got {port!r} in {without_password(url)!r}"
+            )
+
+
 def env_url(name: str, default: str, schemes: tuple[str, ...]) -> str:
     value = os.environ.get(name, default).strip() or default
     parsed = urlparse(value)
@@ -129,7 +148,53 @@ def env_url(name: str, default: str, schemes: tuple[str, ...]) -> str:
         raise ImproperlyConfigured(
             f"{name} must be a {' or '.join(schemes)} URL, got {without_password(value)!r}"
         )
+    check_url_ports(name, value)
     return value.rstrip("/")
+
+
+# libpq's connection options whose values it checks only when connecting: a bad one then read as
+# "the database does not answer" (exit 4, try again) although no retry can help. Checked at start.
+LIBPQ_CHOICES = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "sslcertmode": ("disable", "allow", "require"),
+    "sslnegotiation": ("postgres", "direct"),
+    "target_session_attrs": ("any", "read-write", "read-only", "primary", "standby", "prefer-standby"),
+    "load_balance_hosts": ("disable", "random"),
+}
+LIBPQ_WHOLE_NUMBERS = (
+    "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+    "tcp_user_timeout", "sslcompression", "sslsni",
+)  # fmt: skip
+# OPTIONS that Django's PostgreSQL backend takes for itself; the rest go to libpq.
+DJANGO_PG_OPTIONS = ("isolation_level", "assume_role", "server_side_binding", "pool", "cursor_factory")
+
+
+def check_libpq_options(options: dict) -> None:
+    """The connection options DATABASE_URL's query gives libpq: each one libpq knows (its own
+    parser, psycopg.pq.Conninfo.parse, says which), with a value it would take."""
+    from psycopg import Error as PsycopgError
+    from psycopg import pq
+    from psycopg.conninfo import make_conninfo
+
+    given = {k: v for k, v in options.items() if k not in DJANGO_PG_OPTIONS}
+    try:
+        pq.Conninfo.parse(make_conninfo(**{k: str(v) for k, v in given.items()}).encode())
+    except PsycopgError as exc:
+        raise ImproperlyConfigured(
+            f"DATABASE_URL has a connection option libpq does not know: {str(exc).strip()}"
+        ) from None
+    for name, choices in LIBPQ_CHOICES.items():
+        if name in given and str(given[name]) not in choices:
+            raise ImproperlyConfigured(
+                f"DATABASE_URL's {name} must be one of {', '.join(choices)}, got {str(given[name])!r}"
+            )
+    for name in LIBPQ_WHOLE_NUMBERS:
+        if name in given and not str(given[name]).strip().lstrip("-").isdigit():
+            raise ImproperlyConfigured(
+                f"DATABASE_URL's {name} must be a whole number, got {str(given[name])!r}"
+            )
 
 
 def env_address(name: str, default: str) -> str:
@@ -156,6 +221,7 @@ def database_from_env() -> dict:
         raise ImproperlyConfigured(
             f"DATABASE_URL must be a postgres:// or sqlite:/// URL, got {without_password(url)!r}"
         )
+    check_url_ports("DATABASE_URL", url)
     # Persistent connections (checked before reuse): a django-q2 worker or a sweep otherwise
     # opens a new connection for every task, which alone capped django-q2 near 40 tasks/s here.
     max_age = env_int("ODAL_DB_CONN_MAX_AGE", 60)
@@ -183,6 +249,7 @@ def database_from_env() -> dict:
         config["SERVER_BOUNDS"] = "options" not in config["OPTIONS"]
         config["OPTIONS"].setdefault("options", DB_SERVER_KEEPALIVES)
         config["ENGINE"] = "odal.database"  # Django's, with the statement bounds
+        check_libpq_options(config["OPTIONS"])
     return config
 
 
@@ -209,6 +276,13 @@ if not SECRET_KEY.strip():
 DEBUG = env_bool("DEBUG", not PRODUCTION)
 if PRODUCTION and SECRET_KEY == DEFAULT_SECRET_KEY:
     raise ImproperlyConfigured("SECRET_KEY must be set to a secret of your own when ODAL_ENV=production")
+if PRODUCTION and not _check_secret_key(SECRET_KEY):  # Django's own test (check --deploy, security.W009)
+    raise ImproperlyConfigured(
+        f"SECRET_KEY is too weak for ODAL_ENV=production: Django's deploy check asks for at least "
+        f"{SECRET_KEY_MIN_LENGTH} characters, at least {SECRET_KEY_MIN_UNIQUE_CHARACTERS} of them different, "
+        f"and no '{SECRET_KEY_INSECURE_PREFIX}' prefix (make one with: python -c \"import secrets; "
+        'print(secrets.token_urlsafe(50))")'
+    )
 if PRODUCTION and DEBUG:
     raise ImproperlyConfigured("DEBUG must be off when ODAL_ENV=production")
 
@@ -219,6 +293,11 @@ if PRODUCTION and not ALLOWED_HOSTS:
     raise ImproperlyConfigured(
         "ALLOWED_HOSTS must name this node's host names (comma-separated, e.g. dpp.example.eu) "
         "when ODAL_ENV=production"
+    )
+if PRODUCTION and "*" in ALLOWED_HOSTS:  # any Host would do: password-reset links, caches poisoned
+    raise ImproperlyConfigured(
+        "ALLOWED_HOSTS must name this node's host names, not '*', when ODAL_ENV=production "
+        "(comma-separated, e.g. dpp.example.eu)"
     )
 ALLOWED_HOSTS = ALLOWED_HOSTS or ["127.0.0.1", "localhost"]
 CSRF_TRUSTED_ORIGINS = [o.strip() for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
@@ -412,6 +491,7 @@ if ODAL_BROKER_URL:
         raise ImproperlyConfigured(
             f"ODAL_BROKER_URL must be a redis:// URL, got {without_password(ODAL_BROKER_URL)!r}"
         )
+    check_url_ports("ODAL_BROKER_URL", ODAL_BROKER_URL)
     Q_CLUSTER["redis"] = redis_url_with_timeouts(ODAL_BROKER_URL)
 else:
     Q_CLUSTER["orm"] = "default"

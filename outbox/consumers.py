@@ -20,6 +20,7 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 from standardwebhooks import Webhook
 
+from odal.addresses import why_not_public
 from odal.errors import Refused
 from odal.text import error_text, excerpt, storable
 
@@ -291,7 +292,8 @@ def webhook_target(url: str) -> Target:
 
 def check_webhook_url(url: str) -> str:
     """http(s) only; in production (unless ODAL_ALLOW_PRIVATE_WEBHOOKS) no host that resolves to
-    a loopback, private, link-local or otherwise internal address."""
+    a loopback, private, link-local, multicast or otherwise not public address, nor to an IPv6
+    address that carries one (NAT64, 6to4...: odal.addresses)."""
     parsed = _webhook_url(url)
     if not settings.ODAL_ALLOW_PRIVATE_WEBHOOKS:
         _checked_addresses(parsed.raw_host.decode("ascii"))
@@ -315,13 +317,15 @@ def _webhook_url(url: str) -> httpx.URL:
 
 def _checked_addresses(host: str) -> list:
     """The addresses of `host`, in the resolver's order; in production (unless
-    ODAL_ALLOW_PRIVATE_WEBHOOKS) refused if any of them is internal."""
+    ODAL_ALLOW_PRIVATE_WEBHOOKS) refused if any of them is not a public unicast address
+    (odal.addresses: the one rule, asked when a URL is stored and when connecting)."""
     addresses = _addresses(host)
     if not settings.ODAL_ALLOW_PRIVATE_WEBHOOKS:
         for address in addresses:
-            if not address.is_global:
+            problem = why_not_public(address)
+            if problem is not None:
                 raise Refused(
-                    f"{host} resolves to {address}, an internal address; webhooks may only "
+                    f"{host} resolves to {address}, {problem}; webhooks may only "
                     "reach public hosts here (set ODAL_ALLOW_PRIVATE_WEBHOOKS=true to allow it).",
                     code="private_webhook_target",
                     status=422,

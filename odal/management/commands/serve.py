@@ -2,6 +2,7 @@
 /metrics, probes) in worker processes; WhiteNoise, a middleware of odal's, serves the static files
 `odal serve` collects first."""
 
+import ipaddress
 import socket
 
 from django.conf import settings
@@ -13,6 +14,7 @@ from gunicorn.app.base import BaseApplication
 
 from odal import rules
 from odal.cli import serving, usage_error
+from odal.settings import DEFAULT_SECRET_KEY
 
 # A worker answering abandon waits for the registry's whole task list (ODAL_REGISTRY_LOOKUP_SECONDS);
 # gunicorn must not take that silence for a hung worker.
@@ -73,6 +75,40 @@ def gunicorn_application(overrides: dict) -> OdalApplication:
     )
 
 
+def development_line() -> str:
+    """The one line `odal serve` says outside production: what that mode means here."""
+    return (
+        f"odal serve: development mode (ODAL_ENV={settings.ODAL_ENV}): DEBUG "
+        f"{'on' if settings.DEBUG else 'off'}, "
+        f"{'the development secret key' if settings.SECRET_KEY == DEFAULT_SECRET_KEY else 'your SECRET_KEY'}, "
+        f"/metrics {'open' if not settings.ODAL_METRICS_TOKEN else 'behind its token'}, private webhook "
+        f"targets {'allowed' if settings.ODAL_ALLOW_PRIVATE_WEBHOOKS else 'refused'}; loopback only. "
+        "Set ODAL_ENV=production to serve other machines."
+    )
+
+
+def bound_host(address: str) -> str | None:
+    """The host a gunicorn bind listens on (as gunicorn reads it: [v6]:port, host:port, or a host
+    alone), or None for a Unix socket or an inherited file descriptor (unix:PATH, fd://N)."""
+    if address.startswith(("unix:", "fd://")):
+        return None
+    address = address.removeprefix("tcp://")
+    if address.startswith("["):
+        return address[1 : address.find("]")] if "]" in address else address
+    if address.count(":") == 1:
+        return address.partition(":")[0]
+    return address  # a host alone (gunicorn's port 8000), or an IPv6 address without brackets
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.partition("%")[0]).is_loopback
+    except ValueError:
+        return False  # another name: it may resolve anywhere
+
+
 class Command(BaseCommand):
     help = (
         "Serve odal's web side (admin, API, /metrics) under gunicorn, with static files served by "
@@ -109,6 +145,9 @@ class Command(BaseCommand):
             except ValueError as exc:
                 raise usage_error("--workers", workers, exc) from None
         app = gunicorn_application(overrides)
+        if not settings.PRODUCTION:
+            for address in app.cfg.bind:
+                self.check_loopback(address)
         for address in app.cfg.bind:
             self.check_free(address)
         # Read by the forked workers (they inherit the settings as the master holds them).
@@ -117,6 +156,8 @@ class Command(BaseCommand):
             self.check_collected()
         else:
             call_command("collectstatic", interactive=False, verbosity=0)  # copies only what changed
+        if not settings.PRODUCTION:
+            self.stderr.write(development_line())
         self.stdout.write(
             f"odal serve: {app.cfg.workers} workers on {', '.join(app.cfg.bind)} "
             "(admin at /admin/, API at /vault/api/v1/); SIGTERM stops it gracefully "
@@ -138,6 +179,20 @@ class Command(BaseCommand):
                 "first, or start without --no-collectstatic.",
                 returncode=1,
             )
+
+    def check_loopback(self, address: str):
+        """Outside production odal serve listens on this machine only: its development settings
+        (DEBUG, the development key, an open /metrics, private webhook targets) are no one else's."""
+        host = bound_host(address)
+        if host is None or is_loopback(host):
+            return
+        raise CommandError(
+            f"odal serve runs in development here (ODAL_ENV is not production) and listens on "
+            f"loopback only, not on {address} (from --bind, ODAL_BIND or GUNICORN_CMD_ARGS). To serve "
+            "other machines, run it in production: ODAL_ENV=production with SECRET_KEY, "
+            "ALLOWED_HOSTS and ODAL_METRICS_TOKEN set (see docs/runbook.md).",
+            returncode=1,
+        )
 
     def check_free(self, address: str):
         """A refusal now (exit 1) if the address cannot be listened on, instead of gunicorn's

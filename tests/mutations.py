@@ -3536,6 +3536,20 @@ GUARDS = [
         '"graceful_timeout": hold,',
         "tests/test_bounds.py -k graceful",
     ),
+    Guard(
+        "token use: no statement while the last_used_at just read is younger than the interval",
+        "odal/models.py",
+        "        if token.last_used_at is None or token.last_used_at < now - TOKEN_USE_INTERVAL:\n",
+        "        if True:\n",
+        "tests/test_auth.py::test_token_use_costs_no_statement_while_the_value_read_is_fresh",
+    ),
+    Guard(
+        "token use: mark_used takes the row only when no use younger than the interval is recorded",
+        "odal/models.py",
+        "models.Q(last_used_at__isnull=True) | models.Q(last_used_at__lt=at - TOKEN_USE_INTERVAL)",
+        "models.Q()",
+        "tests/test_auth.py::test_two_requests_that_read_an_old_use_record_it_once",
+    ),
 ]
 
 

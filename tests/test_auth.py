@@ -1,9 +1,13 @@
 import io
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from odal.models import ApiToken, AuditEntry
 from tests.factories import PassportFactory, UserFactory, issue_token
@@ -68,6 +72,41 @@ def test_token_use_is_recorded():
     ApiToken.objects.authenticate(plaintext)
     token.refresh_from_db()
     assert token.last_used_at is not None
+
+
+def token_writes(queries) -> int:
+    return sum(1 for q in queries.captured_queries if q["sql"].startswith('UPDATE "odal_apitoken"'))
+
+
+def test_token_use_costs_no_statement_while_the_value_read_is_fresh():
+    token, plaintext = ApiToken.objects.issue(name="ci", scope="read")
+    client = Client(headers={"Authorization": f"Bearer {plaintext}"})
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(4):
+            assert client.get("/vault/api/v1/registry").status_code == 200
+    assert token_writes(queries) == 1  # the first use; the next three read a fresh value
+    first = ApiToken.objects.get(pk=token.pk).last_used_at
+
+    # A use older than the interval is recorded again, once.
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=first - timedelta(minutes=2))
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(3):
+            assert client.get("/vault/api/v1/registry").status_code == 200
+    assert token_writes(queries) == 1
+    assert ApiToken.objects.get(pk=token.pk).last_used_at > first
+
+
+def test_two_requests_that_read_an_old_use_record_it_once():
+    token, _ = ApiToken.objects.issue(name="ci", scope="read")
+    now = timezone.now()
+    assert ApiToken.objects.filter(pk=token.pk).mark_used(at=now) is True
+    # The second read the row before the first wrote: its write finds a fresh value and takes nothing.
+    assert ApiToken.objects.filter(pk=token.pk).mark_used(at=now + timedelta(seconds=5)) is False
+    assert ApiToken.objects.get(pk=token.pk).last_used_at == now
+    # Once the interval has passed, a use is recorded again.
+    later = now + timedelta(minutes=1, seconds=1)
+    assert ApiToken.objects.filter(pk=token.pk).mark_used(at=later) is True
+    assert ApiToken.objects.get(pk=token.pk).last_used_at == later
 
 
 def grant(user, *perms):

@@ -5,7 +5,7 @@ from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import JsonResponse
 from ninja.parser import Parser
 
-from odal.text import MAX_JSON_DEPTH, find_unstorable, storable, unstorable
+from odal.text import MAX_JSON_DEPTH, NotFiniteNumber, find_unstorable, storable, unstorable
 
 BULK_PATH = "/vault/api/v1/dpp/bulk"  # up to 1,000 passports: a limit of its own
 
@@ -82,18 +82,14 @@ class UnstorableInputMiddleware:
         return self.get_response(request)
 
 
-class NotFinite(ValueError):
-    pass
+def _constant(name: str) -> NotFiniteNumber:
+    return NotFiniteNumber(name, f"is {name}, which is not a number JSON can carry")
 
 
-def _constant(name: str):
-    raise NotFinite(f"contains {name}, which is not a number JSON can carry")
-
-
-def _finite_float(text: str) -> float:
+def _finite_float(text: str) -> float | NotFiniteNumber:
     value = float(text)
     if value in (float("inf"), float("-inf")):  # 1e400: valid JSON, but no float holds it
-        raise NotFinite(f"contains the number {text[:50]}, which is too large to store")
+        return NotFiniteNumber(text, f"is the number {text[:50]}, which is too large to store")
     return value
 
 
@@ -136,11 +132,11 @@ def checked_json(text, *, items_alone: bool = False) -> tuple[object, tuple[str,
     route (odal.bulk.screened), so that a bad item fails alone, as the route promises.
     `odal passport import` reads each line of a file through it too."""
     try:
+        # A number no float carries is kept as a NotFiniteNumber where it stood: find_unstorable
+        # names its place, and in a bulk item it fails that item alone.
         data = json.loads(text, parse_constant=_constant, parse_float=_finite_float)
     except RecursionError:  # Python's json gives up at about 1,000 levels: deeper than our bound
         return None, ("body", f"is nested more than {MAX_JSON_DEPTH} levels deep")
-    except NotFinite as exc:
-        return None, ("body", str(exc))
     if items_alone and isinstance(data, dict) and isinstance(data.get("items"), list):
         return data, find_unstorable({**data, "items": []}, max_depth=MAX_JSON_DEPTH)
     return data, find_unstorable(data, max_depth=MAX_JSON_DEPTH)

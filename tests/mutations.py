@@ -3627,6 +3627,13 @@ GUARDS = [
         "    if False:\n",
         "tests/test_api_answers.py -k form_over_the_limit",
     ),
+    Guard(
+        "chunked: POST dpp/bulk's chunked body is held to the bulk route's own limit",
+        "odal/middleware.py",
+        "    limit = body_limit(request.path)\n",
+        "    limit = settings.ODAL_MAX_BODY_BYTES\n",
+        "tests/test_api_answers.py -k over_the_limit_is_413",
+    ),
 ]
 
 

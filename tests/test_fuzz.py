@@ -1,7 +1,7 @@
 """API fuzzing, short form (make fuzz is the long one): schemathesis generates requests for every
 operation of the served OpenAPI and sends them through the real WSGI app with an admin token and
 the registry simulator up. No 5xx (other than the documented 502), every response matching its
-schema.
+schema, every error JSON `{detail, code}` (a 405 with `Allow`).
 
 To what schemathesis generates, hooks add hostile input: a NUL, a lone surrogate, a 1 MB string
 or JSON nested past odal's bound, put at a random place of a generated body (as a value or a

@@ -78,22 +78,26 @@ def token_writes(queries) -> int:
     return sum(1 for q in queries.captured_queries if q["sql"].startswith('UPDATE "odal_apitoken"'))
 
 
-def test_token_use_costs_no_statement_while_the_value_read_is_fresh():
+def test_token_use_costs_no_statement_while_the_value_read_is_fresh(monkeypatch):
     token, plaintext = ApiToken.objects.issue(name="ci", scope="read")
     client = Client(headers={"Authorization": f"Bearer {plaintext}"})
-    with CaptureQueriesContext(connection) as queries:
-        for _ in range(4):
-            assert client.get("/vault/api/v1/registry").status_code == 200
-    assert token_writes(queries) == 1  # the first use; the next three read a fresh value
-    first = ApiToken.objects.get(pk=token.pk).last_used_at
+    clock = [timezone.now()]
+    monkeypatch.setattr(timezone, "now", lambda: clock[0])  # the test's clock, not the machine's
 
-    # A use older than the interval is recorded again, once.
-    ApiToken.objects.filter(pk=token.pk).update(last_used_at=first - timedelta(minutes=2))
-    with CaptureQueriesContext(connection) as queries:
-        for _ in range(3):
-            assert client.get("/vault/api/v1/registry").status_code == 200
-    assert token_writes(queries) == 1
-    assert ApiToken.objects.get(pk=token.pk).last_used_at > first
+    def writes_over(requests: int) -> int:
+        with CaptureQueriesContext(connection) as queries:
+            for _ in range(requests):
+                assert client.get("/vault/api/v1/registry").status_code == 200
+        return token_writes(queries)
+
+    assert writes_over(4) == 1  # the first use; the next three read a fresh value
+    first = clock[0]
+    assert ApiToken.objects.get(pk=token.pk).last_used_at == first
+    clock[0] += timedelta(seconds=59)
+    assert writes_over(3) == 0
+    clock[0] += timedelta(seconds=2)  # a use read 61 s old is recorded again, once
+    assert writes_over(3) == 1
+    assert ApiToken.objects.get(pk=token.pk).last_used_at == first + timedelta(seconds=61)
 
 
 def test_two_requests_that_read_an_old_use_record_it_once():

@@ -94,8 +94,8 @@ def request_hash(body) -> str:
     if isinstance(body, BaseModel):
         try:
             body = body.model_dump(mode="json")
-        except ValueError:  # a bulk item, to be refused alone, holding a lone surrogate
-            body = body.model_dump()  # (UnicodeEncodeError) or nested deeper than pydantic writes JSON
+        except ValueError:  # a bulk item, to be refused alone, holding a lone surrogate (Unicode-
+            body = body.model_dump()  # EncodeError), NaN, or nested deeper than pydantic writes JSON
     return hashlib.sha256(canonical_json(body).encode("utf-8", "surrogatepass")).hexdigest()
 
 

@@ -1,37 +1,145 @@
+import io
 import json
+import logging
+import uuid
+from http import HTTPStatus
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
-from django.http import JsonResponse
+from django.core.exceptions import DisallowedHost, RequestDataTooBig, SuspiciousOperation
+from django.core.handlers.wsgi import LimitedStream
+from django.http import HttpResponse, JsonResponse
 from ninja.parser import Parser
 
-from odal.text import MAX_JSON_DEPTH, find_unstorable, storable, unstorable
+from odal.text import MAX_JSON_DEPTH, NotFiniteNumber, find_unstorable, storable, unstorable
 
+API_PREFIX = "/vault/api/"
 BULK_PATH = "/vault/api/v1/dpp/bulk"  # up to 1,000 passports: a limit of its own
+logger = logging.getLogger(__name__)
 
 
-class BodySizeLimitMiddleware:
-    """Refuse an API request whose declared body is over ODAL_MAX_BODY_BYTES (POST dpp/bulk:
-    ODAL_MAX_BULK_BODY_BYTES) with 413, before anything reads it. (A body without a length is cut
-    off by DATA_UPLOAD_MAX_MEMORY_SIZE when read, which the API's error handler turns into the
-    same 413.)"""
+class ApiErrorsAsJsonMiddleware:
+    """Under the API root every error is the contract's JSON `{detail, code}`, also those no API
+    handler wrote: an unknown route (Django's 404, in development its debug page listing every
+    URL pattern), a method the route does not take (django-ninja's empty 405, whose `Allow` is
+    kept), a Host not in ALLOWED_HOSTS (Django's 400, raised before any view). Outermost, so that
+    it sees every answer."""
 
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
+        response = self.get_response(request)
+        if (
+            response.status_code >= 400
+            and request.path.startswith(API_PREFIX)
+            and not response.get("Content-Type", "").startswith("application/json")
+        ):
+            return as_json(request, response)
+        return response
+
+
+def as_json(request, response) -> JsonResponse:
+    """`response`, an error that is not JSON, as `{detail, code}` with its status (and `Allow`)."""
+    status = response.status_code
+    headers = {name: response[name] for name in ("Retry-After", "WWW-Authenticate") if name in response}
+    if status == 404:
+        body = {
+            "detail": f"No route of the API has this path. The routes are listed at {API_PREFIX}v1/docs.",
+            "code": "not_found",
+        }
+    elif status == 405:
+        # django-ninja lists the methods from a set, in no fixed order: sorted here.
+        allowed = ", ".join(sorted(m.strip() for m in response.get("Allow", "").split(",") if m.strip()))
+        headers["Allow"] = allowed
+        body = {
+            "detail": f"This route does not take {storable(request.method, 20)}; it takes {allowed or 'none'}.",
+            "code": "method_not_allowed",
+        }
+    elif status == 400 and not host_allowed(request):
+        body = {
+            "detail": "The Host header names no host this node serves (ALLOWED_HOSTS).",
+            "code": "disallowed_host",
+        }
+    elif status == 400:
+        body = bad_request()
+    elif status >= 500:  # raised outside the API's handlers: django.request logged the traceback
+        error_id = uuid.uuid4().hex[:12]
+        logger.error("unexpected error %s: %s %r answered %s", error_id, request.method, request.path, status)
+        body = {
+            "detail": f"Something went wrong on our side; it was logged as error {error_id}. "
+            "Try again later, or quote that id to the node's operator.",
+            "code": "internal_error",
+            "errorId": error_id,
+        }
+    else:  # as the API's handler words an HTTP error it has no code of its own for
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:
+            phrase = f"HTTP {status}"
+        body = {"detail": f"{phrase}.", "code": "http_error"}
+    return JsonResponse(body, status=status, headers=headers)
+
+
+def host_allowed(request) -> bool:
+    try:
+        request.get_host()
+    except DisallowedHost:
+        return False
+    return True
+
+
+class BodySizeLimitMiddleware:
+    """Refuse an API request whose declared body is over ODAL_MAX_BODY_BYTES (POST dpp/bulk:
+    ODAL_MAX_BULK_BODY_BYTES) with 413, before anything reads it.
+
+    A body sent chunked (`Transfer-Encoding`, no `Content-Length`), which Django would take for
+    no body at all, is read here up to that limit, when the server decoded it (gunicorn, `odal
+    serve`, says so with `wsgi.input_terminated`), and handed on as a sized body; over the limit
+    it is 413 as a sized one is. A server that cannot read it (Django's development server) gets
+    411 `length_required`: the client should send a Content-Length."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        unsized = request.META.get("HTTP_TRANSFER_ENCODING") and not request.META.get("CONTENT_LENGTH")
+        if unsized and (refusal := read_unsized_body(request)):
+            return refusal
         try:
             length = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             length = 0
         if length > body_limit(request.path):
-            if request.path.startswith("/vault/api/"):
+            if request.path.startswith(API_PREFIX):
                 return JsonResponse(body_too_large(request.path), status=413)
             if request.content_type != "multipart/form-data":  # (whose files Django streams to disk)
                 # DATA_UPLOAD_MAX_MEMORY_SIZE is the bulk route's, so hold every other body to
                 # ODAL_MAX_BODY_BYTES here: Django's own answer to a body over it (400).
                 raise RequestDataTooBig("The request body is larger than ODAL_MAX_BODY_BYTES.")
         return self.get_response(request)
+
+
+def read_unsized_body(request) -> HttpResponse | None:
+    """Read a body sent without a length, up to the path's limit, and give it to the request as a
+    sized body (None); or the answer refusing it: 411 when the server cannot read it, 413 (400
+    outside the API, as for a sized body) when it is over the limit."""
+    api = request.path.startswith(API_PREFIX)
+    if not request.META.get("wsgi.input_terminated"):
+        body = {
+            "detail": "Send the body with a Content-Length: this server cannot read a chunked body.",
+            "code": "length_required",
+        }
+        return JsonResponse(body, status=411) if api else HttpResponse(status=411)
+    limit = body_limit(request.path)
+    data = request.META["wsgi.input"].read(limit + 1)  # the server ends the stream with the body
+    if len(data) > limit:
+        if api:
+            return JsonResponse(body_too_large(request.path), status=413)
+        raise RequestDataTooBig("The request body is larger than ODAL_MAX_BODY_BYTES.")
+    # The body as Django holds a sized one (WSGIRequest reads `_stream`, a LimitedStream).
+    request.META["CONTENT_LENGTH"] = str(len(data))
+    request._stream = LimitedStream(io.BytesIO(data), len(data))
+    return None
 
 
 def body_limit(path: str) -> int:
@@ -68,7 +176,7 @@ class UnstorableInputMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        if request.path.startswith("/vault/api/"):
+        if request.path.startswith(API_PREFIX):
             try:
                 problem = find_problem(request)
             except RequestDataTooBig:
@@ -82,18 +190,14 @@ class UnstorableInputMiddleware:
         return self.get_response(request)
 
 
-class NotFinite(ValueError):
-    pass
+def _constant(name: str) -> NotFiniteNumber:
+    return NotFiniteNumber(name, f"is {name}, which is not a number JSON can carry")
 
 
-def _constant(name: str):
-    raise NotFinite(f"contains {name}, which is not a number JSON can carry")
-
-
-def _finite_float(text: str) -> float:
+def _finite_float(text: str) -> float | NotFiniteNumber:
     value = float(text)
     if value in (float("inf"), float("-inf")):  # 1e400: valid JSON, but no float holds it
-        raise NotFinite(f"contains the number {text[:50]}, which is too large to store")
+        return NotFiniteNumber(text, f"is the number {text[:50]}, which is too large to store")
     return value
 
 
@@ -136,11 +240,11 @@ def checked_json(text, *, items_alone: bool = False) -> tuple[object, tuple[str,
     route (odal.bulk.screened), so that a bad item fails alone, as the route promises.
     `odal passport import` reads each line of a file through it too."""
     try:
+        # A number no float carries is kept as a NotFiniteNumber where it stood: find_unstorable
+        # names its place, and in a bulk item it fails that item alone.
         data = json.loads(text, parse_constant=_constant, parse_float=_finite_float)
     except RecursionError:  # Python's json gives up at about 1,000 levels: deeper than our bound
         return None, ("body", f"is nested more than {MAX_JSON_DEPTH} levels deep")
-    except NotFinite as exc:
-        return None, ("body", str(exc))
     if items_alone and isinstance(data, dict) and isinstance(data.get("items"), list):
         return data, find_unstorable({**data, "items": []}, max_depth=MAX_JSON_DEPTH)
     return data, find_unstorable(data, max_depth=MAX_JSON_DEPTH)

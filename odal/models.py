@@ -136,6 +136,10 @@ def _hash_token(plaintext: str) -> str:
     return hashlib.sha256(plaintext.encode()).hexdigest()
 
 
+# How stale `ApiToken.last_used_at` may be: it changes at most once per interval.
+TOKEN_USE_INTERVAL = timedelta(minutes=1)
+
+
 class ApiTokenQuerySet(models.QuerySet):
     def issue(self, *, name: str, scope: str) -> tuple["ApiToken", str]:
         """Create a token and return it with its plaintext, which is never stored or shown again."""
@@ -153,11 +157,21 @@ class ApiTokenQuerySet(models.QuerySet):
         if token is None or not hmac.compare_digest(token.secret_hash, _hash_token(plaintext)):
             return None
         now = timezone.now()
-        # At most one write a minute per token, not one per request.
-        self.filter(pk=token.pk).filter(
-            models.Q(last_used_at__isnull=True) | models.Q(last_used_at__lt=now - timedelta(minutes=1))
-        ).update(last_used_at=now)
+        # At most one write a minute per token, and no statement at all while the value just read
+        # is younger than that: most requests send only the lookup.
+        if token.last_used_at is None or token.last_used_at < now - TOKEN_USE_INTERVAL:
+            self.filter(pk=token.pk).mark_used(at=now)
         return token
+
+    def mark_used(self, *, at) -> bool:
+        """Record a use at `at`, unless another request recorded one less than TOKEN_USE_INTERVAL
+        before it (two requests that both read an old value write once); True if it took the row."""
+        return (
+            self.filter(
+                models.Q(last_used_at__isnull=True) | models.Q(last_used_at__lt=at - TOKEN_USE_INTERVAL)
+            ).update(last_used_at=at)
+            == 1
+        )
 
     def revoke(self, *, actor: str, at=None) -> int:
         """Revoke the tokens of this queryset that are still live; return how many it took. Each

@@ -409,6 +409,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "odal.middleware.ApiErrorsAsJsonMiddleware",  # outermost: it sees every answer under the API
     "odal.middleware.BodySizeLimitMiddleware",
     "odal.middleware.UnstorableInputMiddleware",
     "django.middleware.security.SecurityMiddleware",

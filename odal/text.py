@@ -56,10 +56,25 @@ def unstorable(value: str) -> str | None:
     return f"contains {what}, which cannot be stored"
 
 
+class NotFiniteNumber:
+    """A number in JSON text that no float carries (NaN, Infinity, 1e400), kept where it stood
+    when the text was parsed (odal.middleware.checked_json) so that find_unstorable names its
+    place, and a bulk item holding one fails alone. Nothing stores it: it is always refused."""
+
+    __slots__ = ("text", "problem")
+
+    def __init__(self, text: str, problem: str):
+        self.text = text  # as it was written, e.g. "NaN" or "1e400"
+        self.problem = problem
+
+    def __repr__(self) -> str:
+        return f"NotFiniteNumber({self.text!r})"
+
+
 def find_unstorable(value, path: str = "", depth: int = 0, max_depth: int = 64) -> tuple[str, str] | None:
     """Walk a JSON value (dicts, lists, strings) and return (path, problem) for the first key or
-    string PostgreSQL cannot store, or for nesting deeper than `max_depth`; None if all is fine.
-    Paths read like `payload.items[2].name`."""
+    string PostgreSQL cannot store, number no float carries (a NotFiniteNumber), or nesting deeper
+    than `max_depth`; None if all is fine. Paths read like `payload.items[2].name`."""
     stack = [(value, path, depth)]
     while stack:
         item, where, level = stack.pop()
@@ -69,6 +84,8 @@ def find_unstorable(value, path: str = "", depth: int = 0, max_depth: int = 64) 
             problem = unstorable(item)
             if problem:
                 return where or "body", problem
+        elif isinstance(item, NotFiniteNumber):
+            return where or "body", item.problem
         elif isinstance(item, dict):
             for key, inner in reversed(list(item.items())):
                 key_text = str(key)

@@ -1,9 +1,13 @@
 import io
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from odal.models import ApiToken, AuditEntry
 from tests.factories import PassportFactory, UserFactory, issue_token
@@ -68,6 +72,45 @@ def test_token_use_is_recorded():
     ApiToken.objects.authenticate(plaintext)
     token.refresh_from_db()
     assert token.last_used_at is not None
+
+
+def token_writes(queries) -> int:
+    return sum(1 for q in queries.captured_queries if q["sql"].startswith('UPDATE "odal_apitoken"'))
+
+
+def test_token_use_costs_no_statement_while_the_value_read_is_fresh(monkeypatch):
+    token, plaintext = ApiToken.objects.issue(name="ci", scope="read")
+    client = Client(headers={"Authorization": f"Bearer {plaintext}"})
+    clock = [timezone.now()]
+    monkeypatch.setattr(timezone, "now", lambda: clock[0])  # the test's clock, not the machine's
+
+    def writes_over(requests: int) -> int:
+        with CaptureQueriesContext(connection) as queries:
+            for _ in range(requests):
+                assert client.get("/vault/api/v1/registry").status_code == 200
+        return token_writes(queries)
+
+    assert writes_over(4) == 1  # the first use; the next three read a fresh value
+    first = clock[0]
+    assert ApiToken.objects.get(pk=token.pk).last_used_at == first
+    clock[0] += timedelta(seconds=59)
+    assert writes_over(3) == 0
+    clock[0] += timedelta(seconds=2)  # a use read 61 s old is recorded again, once
+    assert writes_over(3) == 1
+    assert ApiToken.objects.get(pk=token.pk).last_used_at == first + timedelta(seconds=61)
+
+
+def test_two_requests_that_read_an_old_use_record_it_once():
+    token, _ = ApiToken.objects.issue(name="ci", scope="read")
+    now = timezone.now()
+    assert ApiToken.objects.filter(pk=token.pk).mark_used(at=now) is True
+    # The second read the row before the first wrote: its write finds a fresh value and takes nothing.
+    assert ApiToken.objects.filter(pk=token.pk).mark_used(at=now + timedelta(seconds=5)) is False
+    assert ApiToken.objects.get(pk=token.pk).last_used_at == now
+    # Once the interval has passed, a use is recorded again.
+    later = now + timedelta(minutes=1, seconds=1)
+    assert ApiToken.objects.filter(pk=token.pk).mark_used(at=later) is True
+    assert ApiToken.objects.get(pk=token.pk).last_used_at == later
 
 
 def grant(user, *perms):

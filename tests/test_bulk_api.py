@@ -193,6 +193,8 @@ HOSTILE = {
     "lone surrogate in a data key": ([item(0, data={"\ud800": 1})], "data.\ufffd", "cannot be stored"),
     "lone surrogate as an item": ([item(0), "\udfff"], "item", "cannot be stored"),
     "JSON 70 levels deep": ([item(0, data=json.loads("[" * 66 + "]" * 66))], "data", "nested more than 64"),
+    "NaN in an item's data": ([item(0), item(1, data={"x": float("nan")})], "data.x", "is NaN, which is not"),
+    "-Infinity as an item's operatorId": ([item(0, operatorId=float("-inf"))], "operatorId", "is -Infinity"),
 }  # fmt: skip
 
 
@@ -226,11 +228,23 @@ def test_the_rest_of_a_bulk_body_is_still_refused_at_the_boundary(api_as):
     assert not Passport.objects.exists()
 
 
-def test_nan_in_an_item_is_refused_at_the_boundary(api_as):
-    body = '{"items": [{"upi": "' + UPI.format(1) + '", "operatorId": "OP", "data": {"x": NaN}}]}'
-    response = api_as("write").post("dpp/bulk", body)
-    assert response.status_code == 422 and "NaN" in response.json()["detail"]
-    assert not Passport.objects.exists()
+def test_a_number_no_float_carries_fails_its_item_alone_and_elsewhere_the_body(api_as):
+    api = api_as("write")
+    good, bad = (
+        json.dumps(item(1)),
+        '{"upi": "' + UPI.format(2) + '", "operatorId": "OP", "data": {"x": 1e400}}',
+    )
+    out = results(api.post("dpp/bulk", '{"items": [' + good + ", " + bad + "]}"))
+    assert out[0]["id"] and out[1]["error"]["errors"] == [
+        {"field": "data.x", "message": "is the number 1e400, which is too large to store"}
+    ]
+    assert list(Passport.objects.values_list("upi", flat=True)) == [UPI.format(1)]
+    # Outside the items, the boundary refuses the whole body, as for any route.
+    response = api.post("dpp/bulk", '{"items": [' + json.dumps(item(3)) + '], "publish": NaN}')
+    assert response.status_code == 422 and response.json()["errors"] == [
+        {"field": "publish", "message": "is NaN, which is not a number JSON can carry"}
+    ]
+    assert Passport.objects.count() == 1
 
 
 def test_the_bulk_route_has_a_body_limit_of_its_own(api_as, settings, client):

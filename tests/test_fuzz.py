@@ -1,7 +1,7 @@
 """API fuzzing, short form (make fuzz is the long one): schemathesis generates requests for every
 operation of the served OpenAPI and sends them through the real WSGI app with an admin token and
 the registry simulator up. No 5xx (other than the documented 502), every response matching its
-schema.
+schema, every error JSON `{detail, code}` (a 405 with `Allow`).
 
 To what schemathesis generates, hooks add hostile input: a NUL, a lone surrogate, a 1 MB string
 or JSON nested past odal's bound, put at a random place of a generated body (as a value or a
@@ -101,13 +101,24 @@ def admin_token(db, registry_sim):
     request_finished.connect(close_old_connections)
 
 
+def errors_are_json(ctx, response, case):
+    """Every error under the API root is the contract's `{detail, code}`, 404 and 405 included."""
+    if response.status_code >= 400:
+        body = response.json()  # raises unless the body is JSON
+        assert isinstance(body.get("detail"), str) and isinstance(body.get("code"), str), (
+            response.status_code,
+            response.text[:300],
+        )
+        assert response.status_code != 405 or response.headers.get("allow"), "a 405 without Allow"
+
+
 @schema.parametrize()
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @pytest.mark.django_db
 def test_api_survives_generated_requests(case, admin_token):
     response = case.call_and_validate(
         headers={"Authorization": f"Bearer {admin_token}"},
-        checks=[not_a_server_error, response_schema_conformance, status_code_conformance],
+        checks=[not_a_server_error, response_schema_conformance, status_code_conformance, errors_are_json],
     )
     SENT[(case.operation.label, response.status_code)] += 1
     SENT["hostile"] += carries_hostile_input(case)
@@ -156,3 +167,4 @@ def test_every_operation_answers_hostile_input_it_cannot_generate_without_a_5xx(
             )
             if refused:
                 assert response.status_code in (400, 413, 422), (operation.label, what, response.text[:300])
+            errors_are_json(None, response, None)

@@ -169,8 +169,8 @@ def test_hostile_lines_are_refused_alone(tmp_path):
         "line 3": "This passport is not valid. data.\ufffd: has a key that contains a lone surrogate (\\ud800), "
         "which cannot be stored.",
         "line 4": problems["line 4"],
-        "line 5": "This passport is not valid. body: contains NaN, which is not a number JSON can carry.",
-        "line 6": "This passport is not valid. body: contains the number 1e400, which is too large to store.",
+        "line 5": "This passport is not valid. data.x: is NaN, which is not a number JSON can carry.",
+        "line 6": "This passport is not valid. data.x: is the number 1e400, which is too large to store.",
         "line 7": problems["line 7"],
         "line 8": "This line is not a JSON object: each line is one passport, {…}.",
         "line 9": "This passport is not valid. body: is nested more than 64 levels deep.",

@@ -424,10 +424,12 @@ LOGGING = {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
         "json": {"()": "odal.logs.JsonFormatter"},
     },
+    "filters": {"redact_urls": {"()": "odal.logs.RedactUrls"}},  # no URL credentials in a log
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": "json" if ODAL_LOG_FORMAT == "json" else "plain",
+            "filters": ["redact_urls"],
         }
     },
     "loggers": {

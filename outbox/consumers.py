@@ -21,6 +21,7 @@ from django.utils.module_loading import import_string
 from standardwebhooks import Webhook
 
 from odal.errors import Refused
+from odal.redact import redacted_urls_in, without_secrets_of
 from odal.text import error_text, excerpt, storable
 
 USER_AGENT = "odal-webhooks/1"
@@ -257,9 +258,18 @@ def call_python(consumer, delivery_id, event) -> Outcome:
 
 
 def call(consumer, delivery_id, event, client: httpx.Client) -> Outcome:
+    """Call the consumer. The error it ends with goes to the attempt log, the delivery's lastError,
+    the process log and an automatic pause's reason, all read by people who may not see the
+    webhook's credentials: any URL in it (an HTTP library's message, a redirect's Location) and
+    any credential of the webhook's URL that it or the answer quotes are redacted here, once for
+    all of them."""
     if consumer.kind == "python":
-        return call_python(consumer, delivery_id, event)
-    return call_webhook(consumer, delivery_id, event, client)
+        outcome = call_python(consumer, delivery_id, event)
+    else:
+        outcome = call_webhook(consumer, delivery_id, event, client)
+        outcome.answer = without_secrets_of(consumer.url, outcome.answer)
+    outcome.error = without_secrets_of(consumer.url, redacted_urls_in(outcome.error))
+    return outcome
 
 
 def _since(started: float) -> int:

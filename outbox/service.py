@@ -19,6 +19,7 @@ from odal import rules, tally
 from odal.errors import Refused
 from odal.models import AuditEntry
 from odal.reasons import clean_reason
+from odal.redact import redacted_url
 from odal.text import excerpt, storable
 from outbox.consumers import check_python_target, check_webhook_url, signing_secrets  # noqa: F401
 from outbox.events import check_event_pattern, emit
@@ -136,7 +137,12 @@ def create_consumer(
                 actor=actor,
                 action="consumer_created",
                 obj=consumer,
-                details={"kind": kind, "url": url, "target": target, "eventTypes": list(event_types)},
+                details={
+                    "kind": kind,
+                    "url": redacted_url(url),  # the trail is read by Viewers: no credentials in it
+                    "target": target,
+                    "eventTypes": list(event_types),
+                },
             )
     except IntegrityError:
         raise Refused(f"A consumer named {name!r} already exists.", code="consumer_exists") from None
@@ -178,10 +184,17 @@ def change_consumer(consumer: Consumer, *, actor: str, reason: str = "", **chang
             action="consumer_changed",
             obj=consumer,
             reason=clean_reason(reason) if reason else "",
-            details={CHANGEABLE[k]: {"was": before[k], "now": v} for k, v in differs.items()},
+            details={CHANGEABLE[k]: _audited(k, before[k], v) for k, v in differs.items()},
         )
     consumer.refresh_from_db()
     return consumer
+
+
+def _audited(field: str, was, now) -> dict:
+    """What a change of `field` leaves in the audit trail: a URL without its credentials."""
+    if field == "url":
+        return {"was": redacted_url(was), "now": redacted_url(now)}
+    return {"was": was, "now": now}
 
 
 def pause(consumer: Consumer, *, actor: str, reason: str, now: datetime | None = None) -> bool:
@@ -314,7 +327,7 @@ def remove_consumer(
             action="consumer_removed",
             obj=consumer,
             reason=reason,
-            details={"kind": consumer.kind, "url": consumer.url, "deliveriesRemoved": gone},
+            details={"kind": consumer.kind, "url": redacted_url(consumer.url), "deliveriesRemoved": gone},
         )
         Consumer.objects.filter(pk=consumer.pk).delete()
     return {"deliveriesRemoved": gone}

@@ -223,9 +223,23 @@ def resume(consumer: Consumer, *, actor: str, reason: str, progress=None) -> int
     parked rows are unparked in batches of BULK_BATCH, each its own statement (committed as
     it ends), `progress(batches, total)` after each."""
     reason = clean_reason(reason)
+    allowed = settings.ODAL_PYTHON_CONSUMERS
+    if consumer.kind == Consumer.Kind.PYTHON and not rules.python_target_allowed(consumer.target, allowed):
+        raise Refused(
+            f"{consumer.name} calls {consumer.target}, which ODAL_PYTHON_CONSUMERS ({', '.join(allowed)}) "
+            "does not allow; it stays paused. Change its target to one the list allows, or widen the "
+            "list, then resume it.",
+            code="target_not_allowed",
+        )
     with transaction.atomic():
-        took = Consumer.objects.filter(pk=consumer.pk, paused=True).update(
-            paused=False, paused_reason="", paused_by="", paused_at=None, failing_since=None, failures=0
+        # Restated in the write: a target outside the list is never resumed (it would be called).
+        outside = Consumer.objects.python_outside(allowed).values("pk")
+        took = (
+            Consumer.objects.filter(pk=consumer.pk, paused=True)
+            .exclude(pk__in=outside)
+            .update(
+                paused=False, paused_reason="", paused_by="", paused_at=None, failing_since=None, failures=0
+            )
         )
         if not took:
             return None
@@ -536,3 +550,50 @@ def auto_pause(consumer: Consumer, errors: list[str]) -> bool:
 
 
 AUTO_ACTOR = "odal"
+
+
+# -- Python consumers outside the allow-list ------------------------------------------------------
+
+
+def pause_python_consumers_outside_allow_list(*, now: datetime | None = None) -> list[str]:
+    """Pause, as odal, every Python consumer whose target ODAL_PYTHON_CONSUMERS (as this process
+    has it) does not name: made before the list, or before it was narrowed. Its deliveries wait
+    (parked), none is called; a person changes its target to an allowed one, or widens the list,
+    then resumes it. Each pause is audited (`consumer_paused`, automatic, with the target and the
+    list) and emits `consumer.paused`, as an automatic pause does. The sweep calls this at the
+    start of every run of passes and about once a second after (see Housekeeping). One UPDATE
+    that takes nothing while every Python consumer is allowed or paused. Returns the names."""
+    allowed = settings.ODAL_PYTHON_CONSUMERS
+    now = now or timezone.now()
+    reason = storable(
+        f"its target is not one ODAL_PYTHON_CONSUMERS allows ({', '.join(allowed)}): odal does not call it",
+        500,
+    )
+    with transaction.atomic():
+        taken = Consumer.objects.pause_outside(allowed, by=AUTO_ACTOR, reason=reason, now=now)
+        paused = list(Consumer.objects.filter(pk__in=taken).order_by("name"))
+        for consumer in paused:
+            AuditEntry.objects.record(
+                actor=AUTO_ACTOR,
+                action="consumer_paused",
+                obj=consumer,
+                reason=reason,
+                details={"automatic": True, "target": taken[consumer.pk], "allowed": list(allowed)},
+            )
+            emit(
+                "consumer.paused",
+                {
+                    "consumer": consumer.name,
+                    "reason": reason,
+                    "pausedBy": AUTO_ACTOR,
+                    "pausedAt": now.isoformat(),
+                },
+                exclude=consumer,
+            )
+            Delivery.objects.filter(consumer_id=consumer.pk).park_paused(now=now)
+    for consumer in paused:
+        log.warning(
+            "Python consumer %s paused: %s (its target is %s)", consumer.name, reason, taken[consumer.pk],
+            extra={"consumer": consumer.name},
+        )  # fmt: skip
+    return [consumer.name for consumer in paused]

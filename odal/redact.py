@@ -50,6 +50,17 @@ def redacted_urls_in(text: str) -> str:
     return URL_IN_TEXT.sub(lambda match: redacted_url(match.group()), text)
 
 
+def redacted_urls_within(value):
+    """A JSON value (an audit entry's details) with every URL in its strings redacted."""
+    if isinstance(value, str):
+        return redacted_urls_in(value)
+    if isinstance(value, list):
+        return [redacted_urls_within(item) for item in value]
+    if isinstance(value, dict):
+        return {key: redacted_urls_within(item) for key, item in value.items()}
+    return value
+
+
 # A credential of a URL shorter than this is not looked for in free text: replacing "1" or "true"
 # everywhere would garble the text, and a secret that short protects nothing anyway.
 SHORTEST_SECRET = 6

@@ -3711,6 +3711,13 @@ GUARDS = [
         "        if False:\n",
         "tests/test_python_allow_list.py -k malformed",
     ),
+    Guard(
+        "URL redaction: an audit entry from before is shown redacted in the admin",
+        "odal/admin.py",
+        '            ("details_shown" if name == "details" else name) for name in fields if name != "details_shown"\n',
+        "            name for name in fields\n",
+        "tests/test_url_redaction.py -k audit_entry_written_before",
+    ),
 ]
 
 

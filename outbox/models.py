@@ -51,10 +51,12 @@ class ConsumerQuerySet(models.QuerySet):
         """Pause every Python consumer not paused yet whose target `allowed` does not name, in one
         UPDATE whose filter restates all three (kind, not paused, target outside), so a consumer
         paused or changed to an allowed target meanwhile is left alone. The rows are locked
-        first, so those read are exactly those the UPDATE takes. Returns {id: target} taken."""
+        first, so those read are exactly those the UPDATE takes (FOR NO KEY UPDATE, as the UPDATE
+        itself locks: a publish's key-share lock on a consumer does not wait for it). Returns
+        {id: target} taken."""
         with transaction.atomic(savepoint=False):
             outside = self.python_outside(allowed).filter(paused=False)
-            taken = dict(outside.select_for_update().values_list("pk", "target"))
+            taken = dict(outside.select_for_update(no_key=True).values_list("pk", "target"))
             if taken:
                 Consumer.objects.filter(pk__in=taken).python_outside(allowed).filter(paused=False).update(
                     paused=True, paused_by=by, paused_reason=reason, paused_at=now

@@ -3686,8 +3686,8 @@ GUARDS = [
     Guard(
         "Python allow-list: the pause leaves a consumer a person paused alone",
         "outbox/models.py",
-        '            outside = self.python_outside(allowed).filter(paused=False)\n            taken = dict(outside.select_for_update().values_list("pk", "target"))\n            if taken:\n                Consumer.objects.filter(pk__in=taken).python_outside(allowed).filter(paused=False).update(\n',
-        '            outside = self.python_outside(allowed)\n            taken = dict(outside.select_for_update().values_list("pk", "target"))\n            if taken:\n                Consumer.objects.filter(pk__in=taken).python_outside(allowed).update(\n',
+        '            outside = self.python_outside(allowed).filter(paused=False)\n            taken = dict(outside.select_for_update(no_key=True).values_list("pk", "target"))\n            if taken:\n                Consumer.objects.filter(pk__in=taken).python_outside(allowed).filter(paused=False).update(\n',
+        '            outside = self.python_outside(allowed)\n            taken = dict(outside.select_for_update(no_key=True).values_list("pk", "target"))\n            if taken:\n                Consumer.objects.filter(pk__in=taken).python_outside(allowed).update(\n',
         "tests/test_python_allow_list.py -k person_paused",
     ),
     Guard(

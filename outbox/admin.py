@@ -77,7 +77,8 @@ class ConsumerAdmin(OdalAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         shown = ["name", "kind", "paused", "paused_by", "paused_reason"] if obj else []
-        return shown if self.sees_whole_urls(request, obj) else [*shown, "url_redacted"]
+        # (the add page has no URL to hide: whoever may add a consumer types it)
+        return shown if obj is None or self.sees_whole_urls(request, obj) else [*shown, "url_redacted"]
 
     # A webhook URL whole only to staff who may change consumers (they configure it); to everyone
     # else, Viewers and Operators, without its credentials (odal.redact). Nor may they search by
@@ -97,7 +98,7 @@ class ConsumerAdmin(OdalAdmin):
 
     def get_fields(self, request, obj=None):
         fields = super().get_fields(request, obj)
-        if self.sees_whole_urls(request, obj):
+        if obj is None or self.sees_whole_urls(request, obj):
             return fields
         return [("url_redacted" if name == "url" else name) for name in fields if name != "url_redacted"]
 

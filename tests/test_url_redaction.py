@@ -230,3 +230,10 @@ def test_an_audit_entry_written_before_redaction_is_shown_redacted(client):
     text = page.content.decode().replace("&quot;", '"')
     assert SHOWN.replace("&", "&amp;") in text
     assert_hidden(text)
+
+
+@pytest.mark.django_db
+def test_staff_who_may_add_but_not_change_consumers_can_still_type_a_url(client):
+    staff(client, "view_consumer", "add_consumer")
+    page = client.get("/admin/outbox/consumer/add/").content.decode()
+    assert 'name="url"' in page

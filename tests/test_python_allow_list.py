@@ -107,8 +107,9 @@ def test_the_admin_refuses_a_target_outside_the_list_without_importing_it(admin_
 
 @pytest.mark.django_db
 def test_the_command_line_refuses_a_target_outside_the_list_without_importing_it():
-    with pytest.raises(CommandError, match="ODAL_PYTHON_CONSUMERS"):
+    with pytest.raises(CommandError, match="ODAL_PYTHON_CONSUMERS") as refused:
         call_command("outbox", "consumer", "add", "erp", "--target", SENTINEL, stdout=io.StringIO())
+    assert refused.value.returncode == 1  # refused (2 would be a usage error)
     assert not Consumer.objects.exists()
     assert "tests.import_sentinel" not in sys.modules
 

@@ -191,9 +191,11 @@ def change_consumer(consumer: Consumer, *, actor: str, reason: str = "", **chang
 
 
 def _audited(field: str, was, now) -> dict:
-    """What a change of `field` leaves in the audit trail: a URL without its credentials."""
+    """What a change of `field` leaves in the audit trail: a URL without its credentials (and,
+    when only those changed, a note saying so: both would read the same)."""
     if field == "url":
-        return {"was": redacted_url(was), "now": redacted_url(now)}
+        shown = {"was": redacted_url(was), "now": redacted_url(now)}
+        return shown | ({"credentialsChanged": True} if shown["was"] == shown["now"] else {})
     return {"was": was, "now": now}
 
 

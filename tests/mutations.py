@@ -3581,8 +3581,8 @@ GUARDS = [
     Guard(
         "URL redaction: the audit entry of a consumer's change",
         "outbox/service.py",
-        '        return {"was": redacted_url(was), "now": redacted_url(now)}\n',
-        '        return {"was": was, "now": now}\n',
+        '        shown = {"was": redacted_url(was), "now": redacted_url(now)}\n',
+        '        shown = {"was": was, "now": now}\n',
         "tests/test_url_redaction.py::test_the_audit_trail_keeps_no_credentials_of_a_webhook_url",
     ),
     Guard(

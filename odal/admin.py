@@ -1,3 +1,5 @@
+import json
+
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -16,6 +18,7 @@ from odal.admin_actions import StorableFormMixin, StorableJSONField, StorableMod
 from odal.errors import Refused
 from odal.models import ApiToken, AuditEntry, Passport
 from odal.reasons import MAX_REASON_LENGTH, clean_reason
+from odal.redact import redacted_urls_within
 from odal.upi import PassportForm
 
 admin.site.site_header = "odal back office"
@@ -386,6 +389,21 @@ class AuditEntryAdmin(ReadOnlyAdmin):
     list_filter = ["action", "actor"]
     search_fields = ["=object_id", "actor", "reason"]
     date_hierarchy = "at"
+
+    def get_fields(self, request, obj=None):
+        # Entries written before URLs were redacted in the trail (issue 24) may hold a webhook
+        # URL's credentials, and the trail cannot be changed: they are redacted where it is read.
+        fields = super().get_fields(request, obj)
+        return [
+            ("details_shown" if name == "details" else name) for name in fields if name != "details_shown"
+        ]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [*super().get_readonly_fields(request, obj), "details_shown"]
+
+    @admin.display(description="details")
+    def details_shown(self, entry):
+        return json.dumps(redacted_urls_within(entry.details), ensure_ascii=False, indent=1, sort_keys=True)
 
     @admin.display(description="object")
     def object_link(self, entry):

@@ -12,6 +12,8 @@ import logging
 import re
 from datetime import UTC, datetime
 
+from odal.redact import redacted_urls_in
+
 IDS = ("delivery", "consumer", "claim", "registration", "attempt", "event")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -37,10 +39,26 @@ class JsonFormatter(logging.Formatter):
                 value = record.__dict__[key]
                 whole = isinstance(value, int) and not isinstance(value, bool)
                 line[key] = value if whole or value is None else _text(value)
-        if record.exc_info:
-            line["exc"] = _text(self.formatException(record.exc_info))
-        elif record.exc_text:
+        if record.exc_text:  # (RedactUrls made it, without credentials)
             line["exc"] = _text(record.exc_text)
+        elif record.exc_info:
+            line["exc"] = _text(self.formatException(record.exc_info))
         if record.stack_info:
             line["stack"] = _text(self.formatStack(record.stack_info))
         return json.dumps(line, ensure_ascii=True, default=str)
+
+
+class RedactUrls(logging.Filter):
+    """Every line odal's console handler writes, with the credentials of any URL in it (the
+    password of its userinfo, its query values) shown as *** (odal.redact): a log is read by more
+    people than may see a webhook's URL whole. The message is formatted here, once, and the
+    traceback too (as logging.Formatter would, then cached in exc_text, which formatters use)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = _text(record.getMessage())
+        hidden = redacted_urls_in(message)
+        if hidden != message:
+            record.msg, record.args = hidden, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redacted_urls_in(logging.Formatter().formatException(record.exc_info))
+        return True

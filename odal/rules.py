@@ -60,6 +60,8 @@ RETENTION = (timedelta(minutes=1), timedelta(days=36_500))
 CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Zl", "Zp"})
 CONTROL_PROBLEM = "must not contain control characters (a line break, a tab or an escape)"
 
+IDENTIFIERS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")  # a.b.c (ASCII)
+DOTTED_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+")  # module.callable
 NAME = re.compile(r"[A-Za-z0-9_-]+")  # a consumer's name: it is also a URL path segment
 EVENT_TYPE = re.compile(r"[a-z0-9_]+(?:\.[a-z0-9_]+)*")  # always fullmatch: `$` allows a final \n
 WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]{1,30}\s*")
@@ -125,8 +127,40 @@ def actor(value) -> str:
 
 
 def python_target(value) -> str:
-    """A python consumer's dotted path (whether it imports is the consumer's own check)."""
-    return text(value, max_length=PYTHON_TARGET_LENGTH, required=True)
+    """A python consumer's dotted path. Whether ODAL_PYTHON_CONSUMERS allows it (checked before
+    anything is imported) and whether it imports are the consumer's own checks
+    (outbox.consumers.python_callable), refused as invalid_target on every surface."""
+    value = text(value, max_length=PYTHON_TARGET_LENGTH, required=True)
+    if not DOTTED_PATH.fullmatch(value):
+        raise ValueError("must be a dotted path to a callable, such as package.module.function")
+    return value
+
+
+def python_target_allowed(target: str, allowed: tuple[str, ...]) -> bool:
+    """Whether an entry of the allow-list names `target`: the same dotted path, or `prefix.*`
+    with `target` under prefix (outbox.models.ConsumerQuerySet.python_outside is the same test
+    in SQL)."""
+    return any(
+        target.startswith(entry[:-1]) if entry.endswith(".*") else target == entry for entry in allowed
+    )
+
+
+def python_module_allowed(module: str, allowed: tuple[str, ...]) -> bool:
+    """Whether the module a callable is defined in lies under a `prefix.*` entry of the list."""
+    return any(entry.endswith(".*") and f"{module}.".startswith(entry[:-1]) for entry in allowed)
+
+
+def python_allow_list(value: str) -> tuple[str, ...]:
+    """ODAL_PYTHON_CONSUMERS: comma-separated dotted paths (a callable each) or `prefix.*` (every
+    callable under a package or module)."""
+    entries = tuple(entry.strip() for entry in value.split(","))
+    for entry in entries:
+        if not (DOTTED_PATH.fullmatch(entry) or (entry.endswith(".*") and IDENTIFIERS.fullmatch(entry[:-2]))):
+            raise ValueError(
+                "must be comma-separated dotted paths (package.module.function) or prefixes "
+                f"(package.module.*); {shown(entry)} is neither"
+            )
+    return entries
 
 
 def consumer_name(value) -> str:

@@ -206,6 +206,15 @@ def env_address(name: str, default: str) -> str:
         raise ImproperlyConfigured(f"{name} {exc}, got {raw!r}") from None
 
 
+def env_python_consumers(name: str, default: str) -> tuple[str, ...]:
+    """The allow-list of Python consumers' targets (odal.rules.python_allow_list)."""
+    raw = (os.environ.get(name) or "").strip() or default
+    try:
+        return rules.python_allow_list(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} {exc}, got {raw!r}") from None
+
+
 def cores() -> int:
     """The cores this process may run on (a container's CPU set, not the whole machine's)."""
     try:
@@ -355,6 +364,9 @@ ODAL_BROKER_URL = os.environ.get("ODAL_BROKER_URL", "").strip()
 # Webhook consumers on loopback/private addresses are refused in production unless allowed.
 ODAL_ALLOW_PRIVATE_WEBHOOKS = env_bool("ODAL_ALLOW_PRIVATE_WEBHOOKS", not PRODUCTION)
 # How many requests a sweep process has in flight at once to any one webhook consumer.
+# The callables a Python consumer's target may name (dotted paths, or prefix.*); anything else is
+# refused on every surface, and a consumer outside it is paused by the sweep, never called.
+ODAL_PYTHON_CONSUMERS = env_python_consumers("ODAL_PYTHON_CONSUMERS", "outbox.receiver.*")
 ODAL_WEBHOOK_CONCURRENCY = env_int("ODAL_WEBHOOK_CONCURRENCY", 8, minimum=1, maximum=64)
 # Kick an immediate sweep when a commit creates deliveries (off in most unit tests).
 ODAL_KICK_SWEEP = env_bool("ODAL_KICK_SWEEP", True)
@@ -506,10 +518,12 @@ LOGGING = {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
         "json": {"()": "odal.logs.JsonFormatter"},
     },
+    "filters": {"redact_urls": {"()": "odal.logs.RedactUrls"}},  # no URL credentials in a log
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": "json" if ODAL_LOG_FORMAT == "json" else "plain",
+            "filters": ["redact_urls"],
         }
     },
     "loggers": {

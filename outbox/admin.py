@@ -7,6 +7,7 @@ from odal.admin import OdalAdmin, ReadOnlyAdmin, ReadOnlyInline, actor_of
 from odal.admin_actions import ReasonForm, StorableFormMixin, reason_action
 from odal.checks import consumer_timeout_warning
 from odal.errors import Refused
+from odal.redact import redacted_url
 from outbox import service
 from outbox.consumers import check_python_target, check_webhook_url
 from outbox.events import check_event_pattern
@@ -75,7 +76,35 @@ class ConsumerAdmin(OdalAdmin):
     actions = ["pause_selected", "resume_selected", "rotate_secret", "send_test_event"]
 
     def get_readonly_fields(self, request, obj=None):
-        return ["name", "kind", "paused", "paused_by", "paused_reason"] if obj else []
+        shown = ["name", "kind", "paused", "paused_by", "paused_reason"] if obj else []
+        # (the add page has no URL to hide: whoever may add a consumer types it)
+        return shown if obj is None or self.sees_whole_urls(request, obj) else [*shown, "url_redacted"]
+
+    # A webhook URL whole only to staff who may change consumers (they configure it); to everyone
+    # else, Viewers and Operators, without its credentials (odal.redact). Nor may they search by
+    # it: a search for "token=a", then "token=ab"… would spell the secret out.
+    def sees_whole_urls(self, request, obj=None) -> bool:
+        return self.has_change_permission(request, obj)
+
+    def get_list_display(self, request):
+        if self.sees_whole_urls(request):
+            return self.list_display
+        return [("url_redacted" if name == "url" else name) for name in self.list_display]
+
+    def get_search_fields(self, request):
+        if self.sees_whole_urls(request):
+            return self.search_fields
+        return [name for name in self.search_fields if name != "url"]
+
+    def get_fields(self, request, obj=None):
+        fields = super().get_fields(request, obj)
+        if obj is None or self.sees_whole_urls(request, obj):
+            return fields
+        return [("url_redacted" if name == "url" else name) for name in fields if name != "url_redacted"]
+
+    @admin.display(description="url")
+    def url_redacted(self, consumer):
+        return redacted_url(consumer.url)
 
     def save_model(self, request, obj, form, change):
         """Through outbox.service, as the API and the command line: checked, audited."""

@@ -21,7 +21,9 @@ from django.utils.module_loading import import_string
 from standardwebhooks import Webhook
 
 from odal.addresses import why_not_public
+from odal import rules
 from odal.errors import Refused
+from odal.redact import redacted_urls_in, without_secrets_of
 from odal.text import error_text, excerpt, storable
 
 USER_AGENT = "odal-webhooks/1"
@@ -250,7 +252,11 @@ def _reading(error: str, status: int | None) -> str:
 def call_python(consumer, delivery_id, event) -> Outcome:
     started = time.monotonic()
     try:
-        returned = import_string(consumer.target)(event, delivery_id)
+        func = python_callable(consumer.target)  # the allow-list as this process has it
+    except Refused as exc:
+        return Outcome(False, storable(f"not called: {exc.detail}"))
+    try:
+        returned = func(event, delivery_id)
     except Exception as exc:  # whatever the consumer raises fails the attempt
         return Outcome(False, error_text(exc), duration_ms=_since(started))
     answer = "" if returned is None else answer_excerpt(returned)
@@ -258,9 +264,18 @@ def call_python(consumer, delivery_id, event) -> Outcome:
 
 
 def call(consumer, delivery_id, event, client: httpx.Client) -> Outcome:
+    """Call the consumer. The error it ends with goes to the attempt log, the delivery's lastError,
+    the process log and an automatic pause's reason, all read by people who may not see the
+    webhook's credentials: any URL in it (an HTTP library's message, a redirect's Location) and
+    any credential of the webhook's URL that it or the answer quotes are redacted here, once for
+    all of them."""
     if consumer.kind == "python":
-        return call_python(consumer, delivery_id, event)
-    return call_webhook(consumer, delivery_id, event, client)
+        outcome = call_python(consumer, delivery_id, event)
+    else:
+        outcome = call_webhook(consumer, delivery_id, event, client)
+        outcome.answer = without_secrets_of(consumer.url, outcome.answer)
+    outcome.error = without_secrets_of(consumer.url, redacted_urls_in(outcome.error))
+    return outcome
 
 
 def _since(started: float) -> int:
@@ -447,11 +462,42 @@ def webhook_client(
     return _WebhookClient(limits=limits, verify=verify, network=network)
 
 
-def check_python_target(target: str) -> str:
+def python_callable(target: str):
+    """The callable a Python consumer's `target` names, checked, the allow-list first: nothing
+    outside ODAL_PYTHON_CONSUMERS is imported (an import runs the module's code). Under an entry
+    `prefix.*` the callable must also be defined under the prefix: `outbox.receiver.Webhook` is a
+    class imported there from elsewhere, and the allow-list names modules, not what they import.
+    Refused (422 invalid_target) with a sentence for a person, whatever the import raises."""
+    allowed = settings.ODAL_PYTHON_CONSUMERS
+    try:
+        target = rules.python_target(target)
+    except ValueError as exc:
+        raise Refused(f"The target {rules.shown(target)} {exc}.", code="invalid_target", status=422) from None
+    if not rules.python_target_allowed(target, allowed):
+        raise Refused(
+            f"The target {target} is not one this node allows (ODAL_PYTHON_CONSUMERS: {', '.join(allowed)}).",
+            code="invalid_target",
+            status=422,
+        )
     try:
         func = import_string(target)
-    except ImportError as exc:
-        raise Refused(f"{target!r} cannot be imported: {exc}.", code="invalid_target", status=422) from None
+    except Exception as exc:  # ImportError, or whatever importing the module raised
+        raise Refused(
+            f"{target!r} cannot be imported: {error_text(exc)}.", code="invalid_target", status=422
+        ) from None
     if not callable(func):
         raise Refused(f"{target!r} is not callable.", code="invalid_target", status=422)
+    module = getattr(func, "__module__", None) or "?"
+    if target not in allowed and not rules.python_module_allowed(module, allowed):
+        raise Refused(
+            f"{target!r} is not defined under an allowed prefix (it comes from {module}); name it in "
+            "ODAL_PYTHON_CONSUMERS itself to allow it.",
+            code="invalid_target",
+            status=422,
+        )
+    return func
+
+
+def check_python_target(target: str) -> str:
+    python_callable(target)
     return target

@@ -34,6 +34,36 @@ def default_max_attempts() -> int:
     return settings.ODAL_MAX_ATTEMPTS
 
 
+class ConsumerQuerySet(models.QuerySet):
+    def python_outside(self, allowed: tuple[str, ...]):
+        """Python consumers whose target no entry of `allowed` (ODAL_PYTHON_CONSUMERS) names: the
+        SQL form of odal.rules.python_target_allowed (an exact path, or under `prefix.*`)."""
+        named = models.Q(pk__in=[])  # (nothing, when the list is empty)
+        for entry in allowed:
+            named |= (
+                models.Q(target__startswith=entry[:-1]) if entry.endswith(".*") else models.Q(target=entry)
+            )
+        return self.filter(kind=Consumer.Kind.PYTHON).exclude(named)
+
+    def pause_outside(
+        self, allowed: tuple[str, ...], *, by: str, reason: str, now: datetime
+    ) -> dict[int, str]:
+        """Pause every Python consumer not paused yet whose target `allowed` does not name, in one
+        UPDATE whose filter restates all three (kind, not paused, target outside), so a consumer
+        paused or changed to an allowed target meanwhile is left alone. The rows are locked
+        first, so those read are exactly those the UPDATE takes (FOR NO KEY UPDATE, as the UPDATE
+        itself locks: a publish's key-share lock on a consumer does not wait for it). Returns
+        {id: target} taken."""
+        with transaction.atomic(savepoint=False):
+            outside = self.python_outside(allowed).filter(paused=False)
+            taken = dict(outside.select_for_update(no_key=True).values_list("pk", "target"))
+            if taken:
+                Consumer.objects.filter(pk__in=taken).python_outside(allowed).filter(paused=False).update(
+                    paused=True, paused_by=by, paused_reason=reason, paused_at=now
+                )
+        return taken
+
+
 class Consumer(models.Model):
     class Kind(models.TextChoices):
         WEBHOOK = "webhook"
@@ -68,6 +98,8 @@ class Consumer(models.Model):
     previous_secret = models.CharField(max_length=100, blank=True, default="", editable=False)
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    objects = ConsumerQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]

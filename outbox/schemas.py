@@ -8,7 +8,8 @@ from ninja import Field, Schema
 from pydantic import field_validator
 
 from odal import rules
-from outbox.models import Delivery
+from odal.redact import may_see_whole_urls, redacted_url
+from outbox.models import Consumer, Delivery
 
 
 class DeliveryFilterIn(Schema):
@@ -31,7 +32,10 @@ class DeliveryFilterIn(Schema):
 class ConsumerOut(Schema):
     name: str
     kind: str
-    url: str
+    url: str = Field(
+        description="Whole only to admin scope and to staff who may change consumers; to everyone else "
+        "the password of its userinfo and every query value read ***."
+    )
     target: str
     eventTypes: list[str] = Field(alias="event_types")
     maxAttempts: int = Field(alias="max_attempts")
@@ -45,6 +49,15 @@ class ConsumerOut(Schema):
         description="While a rotated-out secret still signs (both signatures are sent), until when.",
     )
     createdAt: datetime = Field(alias="created_at")
+
+    @staticmethod
+    def resolve_url(consumer: Consumer, context) -> str:
+        """Redacted unless the caller may see it whole (an API request's caller, or `whole_url`
+        from a surface of its own: the command line, whose user holds the database)."""
+        context = context or {}
+        if context.get("whole_url") or (context.get("request") and may_see_whole_urls(context["request"])):
+            return consumer.url
+        return redacted_url(consumer.url)
 
 
 class DeliveryOut(Schema):
@@ -114,5 +127,5 @@ def delivery_json(delivery: Delivery) -> dict:
 
 
 def consumer_json(consumer) -> dict:
-    """A consumer as the API shows it, for `--json` on the command line."""
-    return ConsumerOut.from_orm(consumer).model_dump(mode="json")
+    """A consumer as the API shows it to admin scope, for `--json` on the command line."""
+    return ConsumerOut.from_orm(consumer, context={"whole_url": True}).model_dump(mode="json")

@@ -19,6 +19,7 @@ from odal import rules, tally
 from odal.errors import Refused
 from odal.models import AuditEntry
 from odal.reasons import clean_reason
+from odal.redact import redacted_url
 from odal.text import excerpt, storable
 from outbox.consumers import check_python_target, check_webhook_url, signing_secrets  # noqa: F401
 from outbox.events import check_event_pattern, emit
@@ -136,7 +137,12 @@ def create_consumer(
                 actor=actor,
                 action="consumer_created",
                 obj=consumer,
-                details={"kind": kind, "url": url, "target": target, "eventTypes": list(event_types)},
+                details={
+                    "kind": kind,
+                    "url": redacted_url(url),  # the trail is read by Viewers: no credentials in it
+                    "target": target,
+                    "eventTypes": list(event_types),
+                },
             )
     except IntegrityError:
         raise Refused(f"A consumer named {name!r} already exists.", code="consumer_exists") from None
@@ -178,10 +184,19 @@ def change_consumer(consumer: Consumer, *, actor: str, reason: str = "", **chang
             action="consumer_changed",
             obj=consumer,
             reason=clean_reason(reason) if reason else "",
-            details={CHANGEABLE[k]: {"was": before[k], "now": v} for k, v in differs.items()},
+            details={CHANGEABLE[k]: _audited(k, before[k], v) for k, v in differs.items()},
         )
     consumer.refresh_from_db()
     return consumer
+
+
+def _audited(field: str, was, now) -> dict:
+    """What a change of `field` leaves in the audit trail: a URL without its credentials (and,
+    when only those changed, a note saying so: both would read the same)."""
+    if field == "url":
+        shown = {"was": redacted_url(was), "now": redacted_url(now)}
+        return shown | ({"credentialsChanged": True} if shown["was"] == shown["now"] else {})
+    return {"was": was, "now": now}
 
 
 def pause(consumer: Consumer, *, actor: str, reason: str, now: datetime | None = None) -> bool:
@@ -210,9 +225,23 @@ def resume(consumer: Consumer, *, actor: str, reason: str, progress=None) -> int
     parked rows are unparked in batches of BULK_BATCH, each its own statement (committed as
     it ends), `progress(batches, total)` after each."""
     reason = clean_reason(reason)
+    allowed = settings.ODAL_PYTHON_CONSUMERS
+    if consumer.kind == Consumer.Kind.PYTHON and not rules.python_target_allowed(consumer.target, allowed):
+        raise Refused(
+            f"{consumer.name} calls {consumer.target}, which ODAL_PYTHON_CONSUMERS ({', '.join(allowed)}) "
+            "does not allow; it stays paused. Change its target to one the list allows, or widen the "
+            "list, then resume it.",
+            code="target_not_allowed",
+        )
     with transaction.atomic():
-        took = Consumer.objects.filter(pk=consumer.pk, paused=True).update(
-            paused=False, paused_reason="", paused_by="", paused_at=None, failing_since=None, failures=0
+        # Restated in the write: a target outside the list is never resumed (it would be called).
+        outside = Consumer.objects.python_outside(allowed).values("pk")
+        took = (
+            Consumer.objects.filter(pk=consumer.pk, paused=True)
+            .exclude(pk__in=outside)
+            .update(
+                paused=False, paused_reason="", paused_by="", paused_at=None, failing_since=None, failures=0
+            )
         )
         if not took:
             return None
@@ -314,7 +343,7 @@ def remove_consumer(
             action="consumer_removed",
             obj=consumer,
             reason=reason,
-            details={"kind": consumer.kind, "url": consumer.url, "deliveriesRemoved": gone},
+            details={"kind": consumer.kind, "url": redacted_url(consumer.url), "deliveriesRemoved": gone},
         )
         Consumer.objects.filter(pk=consumer.pk).delete()
     return {"deliveriesRemoved": gone}
@@ -523,3 +552,50 @@ def auto_pause(consumer: Consumer, errors: list[str]) -> bool:
 
 
 AUTO_ACTOR = "odal"
+
+
+# -- Python consumers outside the allow-list ------------------------------------------------------
+
+
+def pause_python_consumers_outside_allow_list(*, now: datetime | None = None) -> list[str]:
+    """Pause, as odal, every Python consumer whose target ODAL_PYTHON_CONSUMERS (as this process
+    has it) does not name: made before the list, or before it was narrowed. Its deliveries wait
+    (parked), none is called; a person changes its target to an allowed one, or widens the list,
+    then resumes it. Each pause is audited (`consumer_paused`, automatic, with the target and the
+    list) and emits `consumer.paused`, as an automatic pause does. The sweep calls this at the
+    start of every run of passes and about once a second after (see Housekeeping). One UPDATE
+    that takes nothing while every Python consumer is allowed or paused. Returns the names."""
+    allowed = settings.ODAL_PYTHON_CONSUMERS
+    now = now or timezone.now()
+    reason = storable(
+        f"its target is not one ODAL_PYTHON_CONSUMERS allows ({', '.join(allowed)}): odal does not call it",
+        500,
+    )
+    with transaction.atomic():
+        taken = Consumer.objects.pause_outside(allowed, by=AUTO_ACTOR, reason=reason, now=now)
+        paused = list(Consumer.objects.filter(pk__in=taken).order_by("name"))
+        for consumer in paused:
+            AuditEntry.objects.record(
+                actor=AUTO_ACTOR,
+                action="consumer_paused",
+                obj=consumer,
+                reason=reason,
+                details={"automatic": True, "target": taken[consumer.pk], "allowed": list(allowed)},
+            )
+            emit(
+                "consumer.paused",
+                {
+                    "consumer": consumer.name,
+                    "reason": reason,
+                    "pausedBy": AUTO_ACTOR,
+                    "pausedAt": now.isoformat(),
+                },
+                exclude=consumer,
+            )
+            Delivery.objects.filter(consumer_id=consumer.pk).park_paused(now=now)
+    for consumer in paused:
+        log.warning(
+            "Python consumer %s paused: %s (its target is %s)", consumer.name, reason, taken[consumer.pk],
+            extra={"consumer": consumer.name},
+        )  # fmt: skip
+    return [consumer.name for consumer in paused]

@@ -606,6 +606,9 @@ def sweep_once(
     if housekeeping:
         # Parking only keeps paused rows out of the due index (no claim or dead-lettering takes
         # a paused consumer's row anyway); unparking is the net under a resume (see the models).
+        # A Python consumer whose target ODAL_PYTHON_CONSUMERS does not allow is paused before any
+        # of its rows can be claimed: on the first pass of every run, so at every start.
+        service.pause_python_consumers_outside_allow_list(now=now)
         Delivery.objects.park_paused(now=now)  # (one statement; takes nothing while none is paused)
         for consumer_id in Delivery.objects.resumed_consumers_with_parked_rows():  # (one statement)
             Delivery.objects.unpark(consumer_id=consumer_id)

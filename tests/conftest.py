@@ -16,6 +16,11 @@ def pytest_configure(config):
     # and the triggers odal relies on.
     if settings.DATABASES["default"]["ENGINE"] != "odal.database":  # (Django's PostgreSQL, bounded)
         raise pytest.UsageError("Run the suite with `make test`: it needs PostgreSQL (DATABASE_URL).")
+    if "tests.consumers.*" not in settings.ODAL_PYTHON_CONSUMERS:
+        raise pytest.UsageError(
+            "Run the suite with `make test` (tests/pg.py): its Python consumers (tests.consumers.*) must be "
+            "allowed by ODAL_PYTHON_CONSUMERS, for it and for every process it starts."
+        )
 
 
 def _kind(item) -> int:

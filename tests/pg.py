@@ -149,11 +149,17 @@ def run_with_throwaway_cluster(command: list[str]) -> int:
         return subprocess.call(command, env=env)
 
 
+# The suite's Python consumers live in tests.consumers: allowed explicitly, here, for the suite and
+# every process it starts (an `odal` command, a sweep), beside the default's demo receiver.
+SUITE_PYTHON_CONSUMERS = "outbox.receiver.*,tests.consumers.*"
+
+
 def main(argv: list[str]) -> int:
     if "--" not in argv:
         sys.stderr.write(__doc__)
         return 2
     command = argv[argv.index("--") + 1 :]
+    os.environ.setdefault("ODAL_PYTHON_CONSUMERS", SUITE_PYTHON_CONSUMERS)
     url = os.environ.get("DATABASE_URL", "").strip()
     if url:
         if not url.startswith(("postgres://", "postgresql://")):

@@ -178,7 +178,8 @@ PYTHON_ANSWERS = {
 
 
 @pytest.mark.parametrize("value, kept", PYTHON_ANSWERS.values(), ids=PYTHON_ANSWERS)
-def test_a_python_consumer_answer_is_what_it_returned_bounded(value, kept):
+def test_a_python_consumer_answer_is_what_it_returned_bounded(value, kept, settings):
+    settings.ODAL_PYTHON_CONSUMERS = (*settings.ODAL_PYTHON_CONSUMERS, f"{__name__}.returns")
     RETURNED["value"] = value
     ConsumerFactory(target=f"{__name__}.returns")
     emit("passport.published", {})

@@ -60,6 +60,7 @@ def test_post_consumer_shows_the_secret_once(api_as):
     [
         ({"name": "x", "kind": "webhook"}, "invalid_consumer"),
         ({"name": "x", "kind": "webhook", "url": "ftp://files.example.eu/"}, "invalid_url"),
+        ({"name": "x", "kind": "python", "target": "tests.consumers.no_such_func"}, "invalid_target"),
         ({"name": "x", "kind": "python", "target": "no.such.module.func"}, "invalid_target"),
         ({"name": "x", "kind": "carrier-pigeon", "url": "https://a.example.eu"}, "invalid_request"),
         ({"name": "bad name!", "kind": "webhook", "url": "https://a.example.eu"}, "invalid_request"),

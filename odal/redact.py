@@ -1,0 +1,103 @@
+"""Credentials in URLs, hidden from whoever need not see them.
+
+A webhook URL may carry credentials: `http://alice:PASSWORD@host/hook?token=SECRET`. It is shown
+whole only to admin scope and to staff who may change consumers (they configure it); everyone and
+everything else (read/write scope, Viewers, the audit trail, the logs, the attempt log) sees the
+password of its userinfo and every query value as ***: `http://alice:***@host/hook?token=***`.
+`redacted_url` is the one function that hides them; the sweep keeps calling the whole URL.
+"""
+
+import re
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
+
+HIDDEN = "***"
+# A URL inside free text (an error message, a log line): a scheme, ://, then up to the first
+# whitespace or quote. Whatever follows it in the text is left as it is.
+URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
+
+
+def redacted_url(url: str) -> str:
+    """`url` with the password of its userinfo and every query value (and a fragment, which may
+    carry a token too) shown as ***; the scheme, user, host, port, path and query keys stay, so a
+    person still recognises the URL. A URL that cannot be read at all is shown as *** whole."""
+    if not url:
+        return url
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+    except ValueError:  # e.g. an unbalanced [ in the host
+        return HIDDEN
+    userinfo, at, host = netloc.rpartition("@")
+    if at:
+        user, colon, _password = userinfo.partition(":")
+        netloc = f"{user}:{HIDDEN}@{host}" if colon else netloc
+    query = "&".join(_hidden_value(item) for item in parts.query.split("&")) if parts.query else ""
+    fragment = HIDDEN if parts.fragment else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, fragment))
+
+
+def _hidden_value(item: str) -> str:
+    key, equals, _value = item.partition("=")
+    # `?SECRET` alone (no =) is a value without a key: hidden whole.
+    return f"{key}={HIDDEN}" if equals else (HIDDEN if key else "")
+
+
+def redacted_urls_in(text: str) -> str:
+    """`text` with every URL in it redacted (see redacted_url): for error messages and log lines,
+    which may quote a URL (an HTTP library's error, a redirect's Location)."""
+    if not text or "://" not in text:
+        return text
+    return URL_IN_TEXT.sub(lambda match: redacted_url(match.group()), text)
+
+
+def redacted_urls_within(value):
+    """A JSON value (an audit entry's details) with every URL in its strings redacted."""
+    if isinstance(value, str):
+        return redacted_urls_in(value)
+    if isinstance(value, list):
+        return [redacted_urls_within(item) for item in value]
+    if isinstance(value, dict):
+        return {key: redacted_urls_within(item) for key, item in value.items()}
+    return value
+
+
+# A credential of a URL shorter than this is not looked for in free text: replacing "1" or "true"
+# everywhere would garble the text, and a secret that short protects nothing anyway.
+SHORTEST_SECRET = 6
+
+
+def secrets_of(url: str) -> list[str]:
+    """The parts of `url` that redacted_url hides (the password, each query value, the fragment),
+    raw and percent-decoded, longest first: what must not be quoted back in free text either."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    found = []
+    userinfo, at, _host = parts.netloc.rpartition("@")
+    if at and ":" in userinfo:
+        found.append(userinfo.partition(":")[2])
+    found += [item.partition("=")[2] or item.partition("=")[0] for item in parts.query.split("&")]
+    found.append(parts.fragment)
+    found += [unquote_plus(value) for value in found]
+    return sorted({v for v in found if len(v) >= SHORTEST_SECRET}, key=len, reverse=True)
+
+
+def without_secrets_of(url: str, text: str) -> str:
+    """`text` with each credential of `url` (secrets_of) that it quotes (a relative Location, an
+    answer echoing the request) shown as ***."""
+    for secret in secrets_of(url):
+        text = text.replace(secret, HIDDEN)
+    return text
+
+
+def may_see_whole_urls(request) -> bool:
+    """Whether the caller of an API request sees webhook URLs whole: a bearer token of admin scope,
+    or a staff session whose user may change consumers (`outbox.change_consumer`)."""
+    principal = getattr(request, "auth", None)
+    if principal is None:
+        return False
+    if principal.scope is not None:  # a bearer token: its scope decides
+        return principal.scope == "admin"
+    user = getattr(request, "user", None)
+    return bool(user is not None and user.is_authenticated and user.has_perm("outbox.change_consumer"))

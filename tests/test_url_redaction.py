@@ -1,0 +1,240 @@
+"""A webhook URL's credentials (the password of its userinfo, every query value) are shown whole
+only to admin scope and to staff who may change consumers; everyone and everything else (read and
+write scope, Viewers and Operators, the audit trail, the logs, the attempt log) reads ***."""
+
+import logging
+
+import pytest
+from django.contrib.auth.models import Group, Permission
+
+from odal.groups import ensure_groups
+from odal.logs import JsonFormatter, RedactUrls
+from odal.models import AuditEntry
+from odal.redact import redacted_url, redacted_urls_in
+from outbox.events import emit
+from outbox.models import Consumer, Delivery
+from outbox.schemas import consumer_json
+from outbox.sweep import sweep_once
+from tests.factories import UserFactory, WebhookConsumerFactory
+from tests.webhook_server import Answer, WebhookServer
+
+PASSWORD, TOKEN = "PASSWORD-of-alice", "SECRET-token-42"
+URL = f"http://alice:{PASSWORD}@127.0.0.1:9/hook?token={TOKEN}&v=2"
+SHOWN = "http://alice:***@127.0.0.1:9/hook?token=***&v=***"
+
+
+def assert_hidden(text) -> None:
+    text = str(text)
+    assert PASSWORD not in text and TOKEN not in text, text
+
+
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        (URL, SHOWN),
+        ("https://hooks.example/x", "https://hooks.example/x"),
+        ("https://alice@hooks.example/x", "https://alice@hooks.example/x"),  # a user alone is no secret
+        ("https://hooks.example/x?SECRET", "https://hooks.example/x?***"),  # a value without a key
+        ("https://hooks.example/x?a=1#frag-token", "https://hooks.example/x?a=***#***"),
+        ("https://:pw@hooks.example:8443/x?a=%20b&c=", "https://:***@hooks.example:8443/x?a=***&c=***"),
+        ("http://[::1/x?token=SECRET", "***"),  # cannot be read: hidden whole
+    ],
+)
+def test_redacted_url_hides_the_password_and_every_query_value(url, shown):
+    assert redacted_url(url) == shown
+
+
+def test_urls_inside_a_text_are_redacted():
+    text = f"connection to {URL} failed; see https://docs.example/page"
+    assert redacted_urls_in(text) == f"connection to {SHOWN} failed; see https://docs.example/page"
+
+
+# -- the API -----------------------------------------------------------------------------------------
+
+
+def staff(client, *perms: str, group: str | None = None):
+    user = UserFactory()
+    if group:
+        ensure_groups()
+        user.groups.add(Group.objects.get(name=group))
+    user.user_permissions.add(*(Permission.objects.get(codename=p) for p in perms))
+    client.force_login(user)
+    return client
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("scope, whole", [("read", False), ("write", False), ("admin", True)])
+def test_the_api_shows_a_webhook_url_whole_to_admin_scope_only(api_as, scope, whole):
+    WebhookConsumerFactory(name="hook", url=URL)
+    api = api_as(scope)
+    one = api.get("outbox/consumers/hook").json()
+    [listed] = api.get("outbox/consumers").json()["items"]
+    assert one["url"] == listed["url"] == (URL if whole else SHOWN)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "group, perms, whole",
+    [("Viewers", (), False), ("Operators", (), False), (None, ("view_consumer", "change_consumer"), True)],
+)
+def test_a_staff_session_sees_a_webhook_url_whole_only_if_it_may_change_consumers(
+    client, group, perms, whole
+):
+    WebhookConsumerFactory(name="hook", url=URL)
+    staff(client, *perms, group=group)
+    one = client.get("/vault/api/v1/outbox/consumers/hook")
+    listed = client.get("/vault/api/v1/outbox/consumers")
+    assert one.status_code == listed.status_code == 200
+    assert one.json()["url"] == listed.json()["items"][0]["url"] == (URL if whole else SHOWN)
+
+
+@pytest.mark.django_db
+def test_an_operator_pausing_through_the_api_gets_the_url_redacted(client):
+    WebhookConsumerFactory(name="hook", url=URL)
+    staff(client, group="Operators")
+    answer = client.post(
+        "/vault/api/v1/outbox/consumers/hook/pause",
+        {"reason": "maintenance"},
+        content_type="application/json",
+    )
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["url"] == SHOWN
+
+
+@pytest.mark.django_db
+def test_the_command_lines_json_shows_the_url_whole():
+    # Whoever runs `odal` holds the database (and its DATABASE_URL): nothing to hide from them.
+    assert consumer_json(WebhookConsumerFactory(url=URL))["url"] == URL
+
+
+# -- the audit trail ---------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_audit_trail_keeps_no_credentials_of_a_webhook_url(admin_api):
+    made = admin_api.post("outbox/consumers", {"name": "hook", "url": URL})
+    assert made.status_code == 201, made.content
+    assert made.json()["url"] == URL  # (admin scope: whole)
+    other = URL.replace(TOKEN, TOKEN + "-2")
+    changed = admin_api.patch("outbox/consumers/hook", {"url": other, "reason": "new token"})
+    assert changed.status_code == 200, changed.content
+    assert Consumer.objects.get().url == other  # the sweep calls the whole URL
+    removed = admin_api.delete("outbox/consumers/hook", {"reason": "gone"})
+    assert removed.status_code == 200, removed.content
+
+    entries = {e.action: e.details for e in AuditEntry.objects.filter(object_type="outbox.consumer")}
+    assert set(entries) == {"consumer_created", "consumer_changed", "consumer_removed"}
+    assert entries["consumer_created"]["url"] == SHOWN
+    # Only the token changed: both read the same, and the entry says the credentials changed.
+    assert entries["consumer_changed"]["url"] == {"was": SHOWN, "now": SHOWN, "credentialsChanged": True}
+    assert entries["consumer_removed"]["url"] == SHOWN
+    for details in entries.values():
+        assert_hidden(details)
+
+
+# -- the admin -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("group", ["Viewers", "Operators"])
+def test_the_admin_hides_the_credentials_from_staff_who_may_not_change_consumers(client, group):
+    consumer = WebhookConsumerFactory(name="hook", url=URL)
+    staff(client, group=group)
+    listed = client.get("/admin/outbox/consumer/")
+    page = client.get(f"/admin/outbox/consumer/{consumer.pk}/change/")
+    assert listed.status_code == page.status_code == 200
+    assert "alice:***@127.0.0.1:9/hook?token=***" in listed.content.decode()
+    assert "alice:***@127.0.0.1:9/hook?token=***" in page.content.decode()
+    assert_hidden(listed.content.decode())
+    assert_hidden(page.content.decode())
+
+
+@pytest.mark.django_db
+def test_a_viewer_cannot_spell_the_secret_out_by_searching(client):
+    WebhookConsumerFactory(name="hook", url=URL)
+    staff(client, group="Viewers")
+    found = client.get("/admin/outbox/consumer/", {"q": TOKEN[:8]})
+    assert found.status_code == 200 and found.context["cl"].result_count == 0
+    assert client.get("/admin/outbox/consumer/", {"q": "hook"}).context["cl"].result_count == 1
+
+
+@pytest.mark.django_db
+def test_the_admin_shows_the_url_whole_to_who_may_change_consumers(admin_client):
+    consumer = WebhookConsumerFactory(name="hook", url=URL)
+    page = admin_client.get(f"/admin/outbox/consumer/{consumer.pk}/change/").content.decode()
+    assert f'value="{URL}"' in page.replace("&amp;", "&")
+    assert URL in admin_client.get("/admin/outbox/consumer/").content.decode().replace("&amp;", "&")
+
+
+# -- the attempt log and the logs ------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_attempt_log_keeps_no_credential_a_redirect_or_an_answer_quotes(settings, caplog):
+    settings.ODAL_BACKOFF_BASE_SECONDS = 0
+    # A server that adds a trailing slash answers with the request's own query: the token.
+    moved = Answer(
+        301,
+        f"Moved to /hook/?token={TOKEN} for alice:{PASSWORD}".encode(),
+        [("location", f"/hook/?token={TOKEN}&v=2")],
+    )
+    with WebhookServer([moved]) as server, caplog.at_level(logging.WARNING, logger="outbox"):
+        url = server.url.replace("http://", f"http://alice:{PASSWORD}@") + f"?token={TOKEN}"
+        WebhookConsumerFactory(url=url, timeout_seconds=1)
+        emit("passport.published", {"n": 1})
+        assert sweep_once().failed == 1
+        assert server.received  # the whole URL was called: its credentials were sent
+    delivery = Delivery.objects.get()
+    line = delivery.attempt_log.get()
+    assert line.error == "HTTP 301 redirect to /hook/?token=***&v=2 (not followed)"
+    assert_hidden(line.error)
+    assert_hidden(line.answer)
+    assert_hidden(delivery.last_error)
+    assert "failed: HTTP 301 redirect" in caplog.text
+    assert_hidden(caplog.text)
+
+
+def test_every_line_of_the_log_has_its_urls_redacted():
+    record = logging.LogRecord("outbox.sweep", logging.WARNING, __file__, 1, "calling %s", (URL,), None)
+    try:
+        raise ValueError(f"no route to {URL}")
+    except ValueError:
+        import sys
+
+        record.exc_info = sys.exc_info()
+    assert RedactUrls().filter(record) is True
+    plain = logging.Formatter("%(message)s").format(record)
+    assert f"calling {SHOWN}" in plain and "no route to" in plain
+    assert_hidden(plain)
+    assert_hidden(JsonFormatter().format(record))
+
+
+def test_the_console_handler_redacts():
+    # The handler odal's settings give its loggers (LOGGING), as a process writes through it.
+    [handler] = logging.getLogger("outbox").handlers
+    record = logging.LogRecord("outbox.sweep", logging.WARNING, __file__, 1, "calling %s", (URL,), None)
+    assert handler.filter(record)
+    assert f"calling {SHOWN}" in handler.format(record)
+    assert_hidden(handler.format(record))
+
+
+@pytest.mark.django_db
+def test_an_audit_entry_written_before_redaction_is_shown_redacted(client):
+    # The trail is append-only: an entry from before this release keeps the URL it was written with.
+    consumer = WebhookConsumerFactory(name="hook", url=URL)
+    entry = AuditEntry.objects.record(
+        actor="token:ops", action="consumer_created", obj=consumer, details={"kind": "webhook", "url": URL}
+    )
+    staff(client, group="Viewers")
+    page = client.get(f"/admin/odal/auditentry/{entry.pk}/change/")
+    assert page.status_code == 200
+    text = page.content.decode().replace("&quot;", '"')
+    assert SHOWN.replace("&", "&amp;") in text
+    assert_hidden(text)
+
+
+@pytest.mark.django_db
+def test_staff_who_may_add_but_not_change_consumers_can_still_type_a_url(client):
+    staff(client, "view_consumer", "add_consumer")
+    page = client.get("/admin/outbox/consumer/add/").content.decode()
+    assert 'name="url"' in page

@@ -4,7 +4,7 @@ from django.db import connection
 
 from odal import rules
 from odal.admin import OdalAdmin, ReadOnlyAdmin, ReadOnlyInline, actor_of
-from odal.admin_actions import ReasonForm, StorableFormMixin, reason_action
+from odal.admin_actions import ReasonForm, StorableFormMixin, reason_action, secret_page
 from odal.checks import consumer_timeout_warning
 from odal.errors import Refused
 from outbox import service
@@ -99,12 +99,15 @@ class ConsumerAdmin(OdalAdmin):
             timeout_seconds=data["timeout_seconds"], actor=actor_of(request),
         )  # fmt: skip
         obj.pk, obj.secret = created.pk, created.secret
-        self.message_user(
-            request,
-            f"Signing secret of {obj.name}: {obj.secret} — copy it now; it is not shown again.",
-            messages.WARNING,
-        )
         self.warn_of_timeout(request, created)
+
+    def response_add(self, request, obj, post_url_continue=None):
+        """The signing secret, on the answer to the POST itself (see secret_page)."""
+        return secret_page(
+            self, request, title=f"Consumer {obj.name} added", label=f"Signing secret of {obj.name}",
+            secret=obj.secret,
+            lines=["The consumer checks each request's webhook-signature with it (Standard Webhooks)."],
+        )  # fmt: skip
 
     def warn_of_timeout(self, request, consumer):
         """odal.W001, to the person who set the timeout: the processes running now checked at their
@@ -167,23 +170,22 @@ class ConsumerAdmin(OdalAdmin):
                 )
             except Refused as exc:
                 self.message_user(request, exc.detail, messages.ERROR)
-                return
+                return None
             until = (
-                f"the old one signs beside it until {expires:%Y-%m-%d %H:%M} UTC"
+                f"The old secret signs beside it until {expires:%Y-%m-%d %H:%M:%S} UTC."
                 if expires
-                else "the old one no longer signs"
+                else "The old secret no longer signs."
             )
-            self.message_user(
-                request,
-                f"New signing secret of {consumer.name}: {secret} — copy it now; it is not shown again ({until}).",
-                messages.WARNING,
-            )
+            return secret_page(
+                self, request, title=f"Signing secret of {consumer.name} rotated",
+                label=f"New signing secret of {consumer.name}", secret=secret, lines=[until],
+            )  # fmt: skip
 
         return reason_action(
             self, request, queryset, title=f"Rotate the signing secret of {consumer.name}",
             intro="A new secret is made and shown once. During the grace period every request carries both "
             "signatures, so the consumer can switch without a failed delivery; 0 drops the old one at once "
-            "(a leaked secret).",
+            "(a leaked secret). While an earlier rotation's grace runs, only 0 is accepted.",
             perform=perform, form_class=RotateForm,
         )  # fmt: skip
 

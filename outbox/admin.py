@@ -18,10 +18,19 @@ class ConsumerForm(StorableFormMixin, forms.ModelForm):
     (odal.rules), the URL or target through the consumer's own checks."""
 
     url = forms.URLField(max_length=2000, required=False, assume_scheme="https")
+    # The version of the consumer this form was opened on: a change saved since makes it stale
+    # (ConsumerAdmin.save_model refuses it, whatever field either changed).
+    opened_at_version = forms.IntegerField(required=False, widget=forms.HiddenInput)
+    stale = False  # set by ConsumerAdmin.changeform_view when the guarded write refused this form
 
     class Meta:
         model = Consumer
         fields = ["name", "kind", "url", "target", "event_types", "max_attempts", "timeout_seconds"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.fields["opened_at_version"].initial = self.instance.version
 
     def clean_name(self):
         return rules.form_value(rules.consumer_name, self.cleaned_data.get("name"))
@@ -45,6 +54,8 @@ class ConsumerForm(StorableFormMixin, forms.ModelForm):
 
     def clean(self):
         data = super().clean()
+        if self.stale:
+            raise forms.ValidationError(STALE_FORM)
         kind = data.get("kind") or (self.instance.kind if self.instance.pk else None)
         try:
             if kind == Consumer.Kind.WEBHOOK:
@@ -54,6 +65,16 @@ class ConsumerForm(StorableFormMixin, forms.ModelForm):
         except Refused as exc:
             raise forms.ValidationError(exc.detail) from None
         return data
+
+
+STALE_FORM = (
+    "Someone else changed this consumer since you opened this form; nothing was saved, so their "
+    "change stands. Reload the page to see it, then make yours again."
+)
+
+
+class StaleForm(Exception):
+    """save_model's guarded write took no row: the form is older than the consumer."""
 
 
 @admin.register(Consumer)
@@ -72,25 +93,54 @@ class ConsumerAdmin(OdalAdmin):
     list_filter = ["kind", "paused"]
     search_fields = ["name", "url", "target"]
 
-    actions = ["pause_selected", "resume_selected", "rotate_secret", "send_test_event"]
+    actions = ["pause_selected", "resume_selected", "rotate_secret", "send_test_event", "delete_selected"]
 
     def get_readonly_fields(self, request, obj=None):
         return ["name", "kind", "paused", "paused_by", "paused_reason"] if obj else []
+
+    def has_delete_permission(self, request, obj=None):
+        # Removal is the "Remove…" action (delete_selected below): reasoned, guarded, audited.
+        # Django's own delete page of one consumer (obj given) would delete it past all three.
+        return obj is None and super().has_delete_permission(request)
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except StaleForm:
+            # Its transaction is rolled back; the same POST again, now shown with the form error.
+            request.odal_stale_form = True
+            return super().changeform_view(request, object_id, form_url, extra_context)
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change, **kwargs)
+        form.stale = getattr(request, "odal_stale_form", False)
+        return form
 
     def save_model(self, request, obj, form, change):
         """Through outbox.service, as the API and the command line: checked, audited."""
         data = form.cleaned_data
         if change:
             consumer = Consumer.objects.get(pk=obj.pk)
-            # The form shows url and target both; only its kind's is the consumer's (the other is
-            # blank, and change_consumer refuses a url for a python consumer, a target for a webhook).
+            # Only the fields this person changed (Django compares the post with the row read now,
+            # which the version check below proves is the row the form was opened on). The form
+            # shows url and target both; only its kind's is the consumer's.
             own = "url" if consumer.kind == Consumer.Kind.WEBHOOK else "target"
-            changed = service.change_consumer(
-                consumer,
-                actor=actor_of(request),
-                **{k: data[k] for k in (own, "event_types", "max_attempts", "timeout_seconds") if k in data},
-            )
-            if "timeout_seconds" in form.changed_data:
+            fields = [
+                k for k in (own, "event_types", "max_attempts", "timeout_seconds") if k in form.changed_data
+            ]
+            version = data.get("opened_at_version")
+            try:
+                changed = service.change_consumer(
+                    consumer,
+                    actor=actor_of(request),
+                    if_version=-1 if version is None else version,  # (a form without one is no one's)
+                    **{k: data[k] for k in fields},
+                )
+            except Refused as exc:
+                if exc.code in ("precondition_failed", "consumer_changed"):
+                    raise StaleForm from None
+                raise
+            if "timeout_seconds" in fields:
                 self.warn_of_timeout(request, changed)
             return
         created = service.create_consumer(
@@ -197,6 +247,35 @@ class ConsumerAdmin(OdalAdmin):
             self.message_user(
                 request, f"Test event sent to {consumer.name}: delivery {delivery.pk}{waiting}."
             )
+
+    @admin.action(description="Remove… (with a reason; only with no delivery owed)", permissions=["delete"])
+    def delete_selected(self, request, queryset):
+        """Replaces Django's delete_selected: each consumer through service.remove_consumer, the
+        same guarded, audited removal as the API's DELETE and `odal outbox consumer remove`."""
+
+        def perform(data):
+            removed, refused = [], []
+            for consumer in queryset:
+                try:
+                    service.remove_consumer(consumer, actor=actor_of(request), reason=data["reason"])
+                except Refused as exc:
+                    refused.append(exc.detail)
+                else:
+                    removed.append(consumer.name)
+            selected = len(removed) + len(refused)
+            self.message_user(
+                request, f"Removed {len(removed)} of {selected} selected: {', '.join(removed) or 'none'}.",
+                messages.SUCCESS if removed else messages.WARNING,
+            )  # fmt: skip
+            for detail in refused:
+                self.message_user(request, detail, messages.ERROR)
+
+        return reason_action(
+            self, request, queryset, title="Remove consumers",
+            intro="Each goes with its settled deliveries and their attempt lines, every row audited. One "
+            "with a delivery pending or paused is not removed (it is owed).",
+            perform=perform,
+        )  # fmt: skip
 
 
 class RotateForm(ReasonForm):

@@ -9,6 +9,7 @@ from the model's attributes through their aliases, never a dict built beside it.
 import uuid
 from datetime import datetime, timedelta
 
+from django.http import HttpResponse
 from ninja import Field, Router, Schema, Status
 from pydantic import field_validator, model_validator
 
@@ -172,25 +173,34 @@ def list_consumers(request):
 
 
 @router.get("outbox/consumers/{name}", auth=VIEW, response=responses({200: ConsumerOut}, 404))
-def get_consumer(request, name: str):
-    """One consumer."""
-    return service.consumer_or_404(name)
+def get_consumer(request, name: str, response: HttpResponse):
+    """One consumer. Its `ETag` goes in PATCH's `If-Match`."""
+    consumer = service.consumer_or_404(name)
+    response["ETag"] = service.etag(consumer)
+    return consumer
 
 
-@router.patch("outbox/consumers/{name}", auth=CHANGE, response=responses({200: ConsumerOut}, 404, body=True))
-def change_consumer(request, name: str, payload: ConsumerPatch):
+@router.patch(
+    "outbox/consumers/{name}", auth=CHANGE, response=responses({200: ConsumerOut}, 404, 409, 412, body=True)
+)
+def change_consumer(request, name: str, payload: ConsumerPatch, response: HttpResponse):
     """Change a consumer's url (or target), event types, timeout or attempt budget; audited with
-    what each was. Fields left out stay as they are."""
-    return service.change_consumer(
-        service.consumer_or_404(name),
+    what each was. Fields left out stay as they are. With `If-Match: <ETag of GET>`, a consumer
+    changed since (paused, rotated, changed) is 412 precondition_failed and nothing is written."""
+    consumer = service.consumer_or_404(name)
+    changed = service.change_consumer(
+        consumer,
         actor=request.auth.actor,
         reason=payload.reason or "",
+        if_version=service.version_of_if_match(request.headers.get("If-Match"), consumer),
         url=payload.url,
         target=payload.target,
         event_types=payload.eventTypes,
         max_attempts=payload.maxAttempts,
         timeout_seconds=payload.timeoutSeconds,
     )
+    response["ETag"] = service.etag(changed)
+    return changed
 
 
 @router.delete(

@@ -34,6 +34,14 @@ def default_max_attempts() -> int:
     return settings.ODAL_MAX_ATTEMPTS
 
 
+class ConsumerQuerySet(models.QuerySet):
+    def change_settings(self, *, version: int, **changes) -> bool:
+        """Write `changes` (url, target, event types, budget, timeout) only while the row is still
+        at `version`, the one they were read or shown at, and count a new version. False: someone
+        else changed it meanwhile; nothing written (the "was" values read before stay true)."""
+        return self.filter(version=version).update(**changes, version=F("version") + 1) == 1
+
+
 class Consumer(models.Model):
     class Kind(models.TextChoices):
         WEBHOOK = "webhook"
@@ -68,6 +76,11 @@ class Consumer(models.Model):
     previous_secret = models.CharField(max_length=100, blank=True, default="", editable=False)
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # Counts every write of what the API shows of it (settings, pause, rotation): the ETag of
+    # GET outbox/consumers/{name}, checked by PATCH's If-Match and by the admin's change form.
+    version = models.PositiveIntegerField(default=1, editable=False)
+
+    objects = ConsumerQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]

@@ -147,15 +147,25 @@ CHANGEABLE = {"url": "url", "event_types": "eventTypes", "timeout_seconds": "tim
               "max_attempts": "maxAttempts", "target": "target"}  # fmt: skip
 
 
-def change_consumer(consumer: Consumer, *, actor: str, reason: str = "", **changes) -> Consumer:
+def change_consumer(
+    consumer: Consumer, *, actor: str, reason: str = "", if_version: int | None = None, **changes
+) -> Consumer:
     """Change a consumer's url (or target), event types, timeout or attempt budget, each
     checked as at creation; audited with what it was and what it became. Only what differs is
-    written; nothing that differs, nothing written. Deliveries already made keep their budget."""
+    written; nothing that differs, nothing written. Deliveries already made keep their budget.
+
+    The write takes the row only while it is still at the version `consumer` was read at, so
+    a change made meanwhile is never undone and every "was" in the audit is what it replaced.
+    `if_version`: the version the caller saw (PATCH's If-Match, the admin form's); another is
+    refused 412 precondition_failed. Without it, a change that lands between the read and the
+    write is refused 409 consumer_changed."""
     unknown = set(changes) - set(CHANGEABLE)
     if unknown:
         raise Refused(
             f"These cannot be changed: {', '.join(sorted(unknown))}.", code="invalid_request", status=422
         )
+    if if_version is not None and if_version != consumer.version:
+        raise _stale(consumer)
     changes = {k: v for k, v in changes.items() if v is not None}
     if "url" in changes:
         if consumer.kind != Consumer.Kind.WEBHOOK:
@@ -172,7 +182,14 @@ def change_consumer(consumer: Consumer, *, actor: str, reason: str = "", **chang
     if not differs:
         return consumer
     with transaction.atomic():
-        Consumer.objects.filter(pk=consumer.pk).update(**differs)
+        if not Consumer.objects.filter(pk=consumer.pk).change_settings(version=consumer.version, **differs):
+            if if_version is not None:
+                raise _stale(consumer)
+            raise Refused(
+                f"{consumer.name} was changed by someone else meanwhile; nothing was written. Read it "
+                "again, then make your change.",
+                code="consumer_changed",
+            )
         AuditEntry.objects.record(
             actor=actor,
             action="consumer_changed",
@@ -184,6 +201,34 @@ def change_consumer(consumer: Consumer, *, actor: str, reason: str = "", **chang
     return consumer
 
 
+def _stale(consumer: Consumer) -> Refused:
+    return Refused(
+        f"{consumer.name} was changed since you read it (it is at version {consumer.version} now, or "
+        "later); nothing was written. Read it again, then make your change.",
+        code="precondition_failed",
+        status=412,
+    )
+
+
+def etag(consumer: Consumer) -> str:
+    """The ETag of GET outbox/consumers/{name}: the row's version, which every write of what the
+    API shows of it counts."""
+    return f'"{consumer.version}"'
+
+
+def version_of_if_match(header: str | None, consumer: Consumer) -> int | None:
+    """The version an If-Match header asks for: None without one (no precondition), the current
+    version for `*`, -1 (matches no row) for anything that is not one of our ETags."""
+    if header is None:
+        return None
+    tags = [tag.strip() for tag in header.split(",")]
+    if "*" in tags:
+        return consumer.version
+    if etag(consumer) in tags:  # strong comparison: W/"…" never matches, as RFC 9110 says
+        return consumer.version
+    return -1
+
+
 def pause(consumer: Consumer, *, actor: str, reason: str, now: datetime | None = None) -> bool:
     """Pause a consumer: from now on its deliveries are parked (status paused): still created,
     never claimed, spending no attempt, never dead-lettered. Attempts already running finish and
@@ -193,7 +238,7 @@ def pause(consumer: Consumer, *, actor: str, reason: str, now: datetime | None =
     now = now or timezone.now()
     with transaction.atomic():
         took = Consumer.objects.filter(pk=consumer.pk, paused=False).update(
-            paused=True, paused_reason=reason, paused_by=actor, paused_at=now
+            paused=True, paused_reason=reason, paused_by=actor, paused_at=now, version=F("version") + 1
         )
         if not took:
             return False
@@ -212,8 +257,9 @@ def resume(consumer: Consumer, *, actor: str, reason: str, progress=None) -> int
     reason = clean_reason(reason)
     with transaction.atomic():
         took = Consumer.objects.filter(pk=consumer.pk, paused=True).update(
-            paused=False, paused_reason="", paused_by="", paused_at=None, failing_since=None, failures=0
-        )
+            paused=False, paused_reason="", paused_by="", paused_at=None, failing_since=None, failures=0,
+            version=F("version") + 1,
+        )  # fmt: skip
         if not took:
             return None
         AuditEntry.objects.record(
@@ -257,6 +303,7 @@ def rotate_secret(
             secret=new,
             previous_secret=consumer.secret if expires else "",
             previous_secret_expires_at=expires,
+            version=F("version") + 1,
         )
         if not took:
             raise Refused(
@@ -497,7 +544,9 @@ def auto_pause(consumer: Consumer, errors: list[str]) -> bool:
             paused=False,
             failing_since__lte=now - after,
             failures__gte=AUTO_PAUSE_MIN_FAILURES,
-        ).update(paused=True, paused_by=AUTO_ACTOR, paused_reason=reason, paused_at=now)
+        ).update(
+            paused=True, paused_by=AUTO_ACTOR, paused_reason=reason, paused_at=now, version=F("version") + 1
+        )
         if not took:
             return False
         consumer.refresh_from_db()

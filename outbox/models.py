@@ -41,6 +41,26 @@ class ConsumerQuerySet(models.QuerySet):
         else changed it meanwhile; nothing written (the "was" values read before stay true)."""
         return self.filter(version=version).update(**changes, version=F("version") + 1) == 1
 
+    def rotate_secret(self, *, secret: str, new: str, grace_until: datetime | None, now: datetime) -> bool:
+        """Replace `secret` (the one read) by `new`. With a grace (`grace_until`), only while no
+        earlier rotation's grace still runs: a secret announced valid until its
+        previousSecretExpiresAt is never dropped before then (the caller answers
+        rotation_in_progress). Without one (a leaked secret), every older secret stops signing at
+        once. Returns whether it took the row."""
+        rows = self.filter(secret=secret)
+        if grace_until is not None:
+            rows = rows.filter(models.Q(previous_secret_expires_at__isnull=True)
+                               | models.Q(previous_secret_expires_at__lte=now))  # fmt: skip
+        return (
+            rows.update(
+                secret=new,
+                previous_secret=secret if grace_until else "",
+                previous_secret_expires_at=grace_until,
+                version=F("version") + 1,
+            )
+            == 1
+        )
+
 
 class Consumer(models.Model):
     class Kind(models.TextChoices):

@@ -10,6 +10,7 @@ import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 from django.db.models import Count, F, Min, Value
 from django.db.models.functions import Coalesce
@@ -291,21 +292,32 @@ def rotate_secret(
 ) -> tuple[str, datetime | None]:
     """A new signing secret; the old one keeps signing alongside it for `grace` (every request
     then carries both signatures), so the consumer can switch over without losing a delivery.
-    `grace` 0 drops the old one at once (a leaked secret). Audited, without either secret.
-    Returns the new secret (shown once) and when the old one stops signing."""
+    `grace` 0 drops every old one at once (a leaked secret). Audited, without either secret.
+    Returns the new secret (shown once) and when the old one stops signing.
+
+    A rotation with a grace while an earlier one's grace still runs is refused (409
+    rotation_in_progress): it would drop the oldest secret before the time it was announced
+    valid until. At most two secrets ever sign at once."""
     reason = clean_reason(reason)
     now = now or timezone.now()
     new = new_secret()
     expires = now + grace if grace > timedelta(0) else None
     with transaction.atomic():
         # Guarded by the secret read: of two rotations at once, the second is refused, not lost.
-        took = Consumer.objects.filter(pk=consumer.pk, secret=consumer.secret).update(
-            secret=new,
-            previous_secret=consumer.secret if expires else "",
-            previous_secret_expires_at=expires,
-            version=F("version") + 1,
+        took = Consumer.objects.filter(pk=consumer.pk).rotate_secret(
+            secret=consumer.secret, new=new, grace_until=expires, now=now
         )
         if not took:
+            current = Consumer.objects.filter(pk=consumer.pk).first()
+            if current and current.secret == consumer.secret:  # the secret is the one read: a grace runs
+                until = current.previous_secret_expires_at
+                raise Refused(
+                    f"The previous rotation's grace runs until {until:%Y-%m-%d %H:%M:%S}Z: its old secret "
+                    "was announced valid until then, so nothing was changed. Rotate again after it, or "
+                    "with a grace of 0 (a leaked secret: every old secret stops signing at once).",
+                    code="rotation_in_progress",
+                    previousSecretExpiresAt=DjangoJSONEncoder().default(until),  # as the API writes times
+                )
             raise Refused(
                 "The secret was rotated by someone else meanwhile; nothing was changed. Look at the "
                 "consumer again before rotating.",

@@ -10,6 +10,7 @@ import uuid
 from datetime import datetime, timedelta
 
 from django.http import HttpResponse
+from django.utils.cache import add_never_cache_headers
 from ninja import Field, Router, Schema, Status
 from pydantic import field_validator, model_validator
 
@@ -151,8 +152,9 @@ RESEND = ScopedAuth("admin", perm="outbox.replay_delivery")
     auth=ScopedAuth("admin", perm="outbox.add_consumer"),
     response=responses({201: ConsumerCreatedOut}, 409, body=True),
 )
-def post_consumer(request, payload: ConsumerIn):
-    """Add a consumer. The response carries its signing secret, shown this once."""
+def post_consumer(request, payload: ConsumerIn, response: HttpResponse):
+    """Add a consumer. The response carries its signing secret, shown this once (no-store)."""
+    add_never_cache_headers(response)
     consumer = service.create_consumer(
         name=payload.name,
         kind=payload.kind,
@@ -241,9 +243,13 @@ def resume_consumer(request, name: str, payload: ReasonIn):
     auth=CHANGE,
     response=responses({200: RotateOut}, 404, 409, body=True),
 )
-def rotate_secret(request, name: str, payload: RotateIn):
-    """A new signing secret, shown once. The old one keeps signing beside it for graceSeconds
-    (default a day), so the consumer can switch without a failed delivery; 0 drops it at once."""
+def rotate_secret(request, name: str, payload: RotateIn, response: HttpResponse):
+    """A new signing secret, shown once (no-store). The old one keeps signing beside it for
+    graceSeconds (default a day), so the consumer can switch without a failed delivery; 0 drops
+    it at once. While an earlier rotation's grace runs, only graceSeconds 0 is taken: any other
+    is 409 rotation_in_progress (with that grace's previousSecretExpiresAt), so no secret stops
+    signing before the time it was announced valid until."""
+    add_never_cache_headers(response)
     secret, expires = service.rotate_secret(
         service.consumer_or_404(name),
         actor=request.auth.actor,

@@ -88,3 +88,15 @@ def test_a_rotated_secret_is_shown_on_the_answer_to_the_action_and_kept_nowhere(
     assert secret.encode() not in admin_client.get("/admin/outbox/consumer/").content
     for each in (secret, old):
         assert kept(admin_client, each, caplog) == []
+
+
+def test_the_api_answers_that_carry_a_secret_are_no_store(admin_api):
+    created = admin_api.post(
+        "outbox/consumers",
+        {"name": "deployer", "kind": "webhook", "url": "https://deploy.example.eu/hook", "eventTypes": []},
+    )
+    assert created.status_code == 201, created.content
+    assert created.json()["secret"].startswith("whsec_") and "no-store" in created.headers["Cache-Control"]
+    rotated = admin_api.post("outbox/consumers/deployer/rotate-secret", {"reason": "yearly"})
+    assert rotated.status_code == 200, rotated.content
+    assert "no-store" in rotated.headers["Cache-Control"]

@@ -123,7 +123,7 @@ def secret_page(modeladmin, request, *, title: str, label: str, secret: str, lin
         "opts": modeladmin.model._meta,
     }
     response = TemplateResponse(request, "admin/secret_once.html", context)
-    add_never_cache_headers(
-        response
-    )  # Cache-Control: max-age=0, no-cache, no-store, must-revalidate, private
+    # Cache-Control: max-age=0, no-cache, no-store, must-revalidate, private. (Every admin view is
+    # never_cache already, through AdminSite.admin_view; said again here, where it matters most.)
+    add_never_cache_headers(response)
     return response

@@ -3536,6 +3536,77 @@ GUARDS = [
         '"graceful_timeout": hold,',
         "tests/test_bounds.py -k graceful",
     ),
+    Guard(
+        "secrets (issue 24): a new API token is the answer to its POST, not a message kept in a cookie",
+        "odal/admin.py",
+        "        obj.plaintext = plaintext  # for response_add only; never stored\n\n    def response_add(",
+        '        self.message_user(request, f"Token: {plaintext}")\n\n    def _response_add(',
+        "tests/test_secrets_shown_once.py -k api_token",
+    ),
+    Guard(
+        "secrets (issue 24): a new consumer's secret is the answer to its POST, not a message kept in a cookie",
+        "outbox/admin.py",
+        "        self.warn_of_timeout(request, created)\n\n    def response_add(",
+        '        self.message_user(request, f"Secret: {obj.secret}")\n\n    def _response_add(',
+        "tests/test_secrets_shown_once.py -k new_consumers_secret",
+    ),
+    Guard(
+        "secrets (issue 24): the API answers that carry a secret are no-store",
+        "outbox/consumer_api.py",
+        '    """Add a consumer. The response carries its signing secret, shown this once (no-store)."""\n'
+        "    add_never_cache_headers(response)\n",
+        '    """Add a consumer. The response carries its signing secret, shown this once (no-store)."""\n',
+        "tests/test_secrets_shown_once.py -k api_answers",
+    ),
+    Guard(
+        "consumer changes (issue 24): change_settings takes the row only at the version read",
+        "outbox/models.py",
+        'return self.filter(version=version).update(**changes, version=F("version") + 1) == 1',
+        'return self.update(**changes, version=F("version") + 1) == 1',
+        "tests/test_consumer_versions.py -k stale_reading",
+    ),
+    Guard(
+        "consumer changes (issue 24): PATCH's If-Match must name the version read",
+        "outbox/service.py",
+        "    if if_version is not None and if_version != consumer.version:\n        raise _stale(consumer)\n",
+        "",
+        "tests/test_consumer_versions.py -k stale_etag or not_the_etag",
+    ),
+    Guard(
+        "consumer changes (issue 24): a pause counts a version (a PATCH read before it is stale)",
+        "outbox/service.py",
+        'paused=True, paused_reason=reason, paused_by=actor, paused_at=now, version=F("version") + 1',
+        "paused=True, paused_reason=reason, paused_by=actor, paused_at=now",
+        "tests/test_consumer_versions.py -k stale_etag",
+    ),
+    Guard(
+        "consumer changes (issue 24): the admin's change form is checked against the version it was opened on",
+        "outbox/admin.py",
+        "if_version=-1 if version is None else version,",
+        "if_version=None,",
+        "tests/test_consumer_versions.py -k form_older",
+    ),
+    Guard(
+        "consumer changes (issue 24): Django's delete page of one consumer is refused",
+        "outbox/admin.py",
+        "return obj is None and super().has_delete_permission(request)",
+        "return super().has_delete_permission(request, obj)",
+        "tests/test_consumer_versions.py -k delete_page",
+    ),
+    Guard(
+        "consumer changes (issue 24): the admin's delete_selected is the guarded, audited removal",
+        "outbox/admin.py",
+        '"send_test_event", "delete_selected"]',
+        '"send_test_event"]',
+        "tests/test_consumer_versions.py -k removal",
+    ),
+    Guard(
+        "rotation (issue 24): a rotation with a grace is refused while an earlier grace runs",
+        "outbox/models.py",
+        "        if grace_until is not None:\n            rows = rows.filter(",
+        "        if False:\n            rows = rows.filter(",
+        "tests/test_rotation_grace.py -k inside_the_grace or two_readings",
+    ),
 ]
 
 

@@ -2,18 +2,20 @@
 signing secret and a rotated one are the answer to the admin POST that made them, marked
 no-store, and never kept in a message (Django's default storage keeps those in the signed but
 unencrypted `messages` cookie, or the session row), a cookie, the session or a log. After each
-flow every cookie (decoded as Django decodes it) and every session row is read."""
+flow every cookie (decoded as Django decodes it), every session row, the log, the admin's
+history and the audit trail are read."""
 
 import logging
 import re
 
 import pytest
 from django.contrib.admin import helpers
+from django.contrib.admin.models import LogEntry
 from django.contrib.messages.storage.cookie import CookieStorage
 from django.contrib.sessions.models import Session
 from django.http import HttpRequest
 
-from odal.models import ApiToken
+from odal.models import ApiToken, AuditEntry
 from outbox.models import Consumer
 from tests.factories import WebhookConsumerFactory
 
@@ -35,6 +37,12 @@ def kept(client, secret: str, caplog) -> list[str]:
             found.append(f"session row {session.session_key}")
     if secret in caplog.text:
         found.append("log")
+    for entry in LogEntry.objects.all():  # Django's admin history
+        if secret in f"{entry.object_repr} {entry.change_message}":
+            found.append(f"admin log entry {entry.pk}")
+    for entry in AuditEntry.objects.all():
+        if secret in f"{entry.reason} {entry.details}":
+            found.append(f"audit entry {entry.pk}")
     return found
 
 

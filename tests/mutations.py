@@ -3607,6 +3607,20 @@ GUARDS = [
         "        if False:\n            rows = rows.filter(",
         "tests/test_rotation_grace.py -k inside_the_grace or two_readings",
     ),
+    Guard(
+        "consumer changes (issue 24): a resume counts a version",
+        "outbox/service.py",
+        'failing_since=None, failures=0,\n            version=F("version") + 1,\n',
+        "failing_since=None, failures=0,\n",
+        "tests/test_consumer_versions.py -k counts_a_version",
+    ),
+    Guard(
+        "consumer changes (issue 24): a rotation counts a version",
+        "outbox/models.py",
+        '                previous_secret_expires_at=grace_until,\n                version=F("version") + 1,\n',
+        "                previous_secret_expires_at=grace_until,\n",
+        "tests/test_consumer_versions.py -k counts_a_version",
+    ),
 ]
 
 

@@ -14,7 +14,13 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
 from odal import lifecycle, rules
-from odal.admin_actions import StorableFormMixin, StorableJSONField, StorableModelForm, reason_action
+from odal.admin_actions import (
+    StorableFormMixin,
+    StorableJSONField,
+    StorableModelForm,
+    reason_action,
+    secret_page,
+)
 from odal.errors import Refused
 from odal.models import ApiToken, AuditEntry, Passport
 from odal.reasons import MAX_REASON_LENGTH, clean_reason
@@ -456,11 +462,14 @@ class ApiTokenAdmin(OdalAdmin):
             obj=token,
             details={"name": token.name, "scope": token.scope},
         )
-        self.message_user(
-            request,
-            f"Token for {token.name}: {plaintext} — copy it now; it is not shown again.",
-            messages.WARNING,
-        )
+        obj.plaintext = plaintext  # for response_add only; never stored
+
+    def response_add(self, request, obj, post_url_continue=None):
+        """The token, on the answer to the POST itself (see secret_page)."""
+        return secret_page(
+            self, request, title=f"API token {obj.name} created", label=f"Token for {obj.name} ({obj.scope})",
+            secret=obj.plaintext, lines=["Send it as Authorization: Bearer <token>."],
+        )  # fmt: skip
 
     @admin.action(description="Revoke selected tokens", permissions=["revoke"])
     def revoke_selected(self, request, queryset):

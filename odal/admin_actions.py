@@ -6,6 +6,7 @@ cannot store."""
 from django import forms
 from django.contrib.admin import helpers
 from django.template.response import TemplateResponse
+from django.utils.cache import add_never_cache_headers
 
 from odal.errors import Refused
 from odal.reasons import MAX_REASON_LENGTH, clean_reason
@@ -82,13 +83,13 @@ def reason_action(
     form_class=ReasonForm,
 ):
     """Run `perform(cleaned_data)` on the second pass once the form (a reason, and whatever else
-    `form_class` asks) is valid, and return None so the admin goes back to the list; otherwise
+    `form_class` asks) is valid, and return what it returns: None, so the admin goes back to the
+    list, or a page of its own (secret_page); otherwise
     render the page (again, with its errors). A `warning` is shown above the intro, as the
     admin shows a warning message."""
     form = form_class(request.POST if request.POST.get("post") else None)
     if request.POST.get("post") and form.is_valid():
-        perform(form.cleaned_data)
-        return None
+        return perform(form.cleaned_data)
     context = {
         **modeladmin.admin_site.each_context(request),
         "title": title,
@@ -106,3 +107,23 @@ def reason_action(
         "select_across": request.POST.get("select_across", "0"),
     }
     return TemplateResponse(request, "admin/reason_action.html", context)
+
+
+def secret_page(modeladmin, request, *, title: str, label: str, secret: str, lines=()):
+    """The answer of the POST that made a secret (an API token, a consumer's signing secret): a
+    page of its own that shows it this once. Never a message (Django keeps those in a cookie or
+    the session until they are shown), never a redirect, and no-store so that no cache or
+    browser history keeps it."""
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": title,
+        "label": label,
+        "secret": secret,
+        "lines": list(lines),
+        "opts": modeladmin.model._meta,
+    }
+    response = TemplateResponse(request, "admin/secret_once.html", context)
+    # Cache-Control: max-age=0, no-cache, no-store, must-revalidate, private. (Every admin view is
+    # never_cache already, through AdminSite.admin_view; said again here, where it matters most.)
+    add_never_cache_headers(response)
+    return response

@@ -4,7 +4,7 @@ from django.db import connection
 
 from odal import rules
 from odal.admin import OdalAdmin, ReadOnlyAdmin, ReadOnlyInline, actor_of
-from odal.admin_actions import ReasonForm, StorableFormMixin, reason_action
+from odal.admin_actions import ReasonForm, StorableFormMixin, reason_action, secret_page
 from odal.checks import consumer_timeout_warning
 from odal.errors import Refused
 from odal.redact import redacted_url
@@ -19,10 +19,19 @@ class ConsumerForm(StorableFormMixin, forms.ModelForm):
     (odal.rules), the URL or target through the consumer's own checks."""
 
     url = forms.URLField(max_length=2000, required=False, assume_scheme="https")
+    # The version of the consumer this form was opened on: a change saved since makes it stale
+    # (ConsumerAdmin.save_model refuses it, whatever field either changed).
+    opened_at_version = forms.IntegerField(required=False, widget=forms.HiddenInput)
+    stale = False  # set by ConsumerAdmin.changeform_view when the guarded write refused this form
 
     class Meta:
         model = Consumer
         fields = ["name", "kind", "url", "target", "event_types", "max_attempts", "timeout_seconds"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.fields["opened_at_version"].initial = self.instance.version
 
     def clean_name(self):
         return rules.form_value(rules.consumer_name, self.cleaned_data.get("name"))
@@ -46,6 +55,8 @@ class ConsumerForm(StorableFormMixin, forms.ModelForm):
 
     def clean(self):
         data = super().clean()
+        if self.stale:
+            raise forms.ValidationError(STALE_FORM)
         kind = data.get("kind") or (self.instance.kind if self.instance.pk else None)
         try:
             if kind == Consumer.Kind.WEBHOOK:
@@ -55,6 +66,16 @@ class ConsumerForm(StorableFormMixin, forms.ModelForm):
         except Refused as exc:
             raise forms.ValidationError(exc.detail) from None
         return data
+
+
+STALE_FORM = (
+    "Someone else changed this consumer since you opened this form; nothing was saved, so their "
+    "change stands. Reload the page to see it, then make yours again."
+)
+
+
+class StaleForm(Exception):
+    """save_model's guarded write took no row: the form is older than the consumer."""
 
 
 @admin.register(Consumer)
@@ -73,7 +94,7 @@ class ConsumerAdmin(OdalAdmin):
     list_filter = ["kind", "paused"]
     search_fields = ["name", "url", "target"]
 
-    actions = ["pause_selected", "resume_selected", "rotate_secret", "send_test_event"]
+    actions = ["pause_selected", "resume_selected", "rotate_secret", "send_test_event", "delete_selected"]
 
     def get_readonly_fields(self, request, obj=None):
         shown = ["name", "kind", "paused", "paused_by", "paused_reason"] if obj else []
@@ -106,20 +127,49 @@ class ConsumerAdmin(OdalAdmin):
     def url_redacted(self, consumer):
         return redacted_url(consumer.url)
 
+    def has_delete_permission(self, request, obj=None):
+        # Removal is the "Remove…" action (delete_selected below): reasoned, guarded, audited.
+        # Django's own delete page of one consumer (obj given) would delete it past all three.
+        return obj is None and super().has_delete_permission(request)
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except StaleForm:
+            # Its transaction is rolled back; the same POST again, now shown with the form error.
+            request.odal_stale_form = True
+            return super().changeform_view(request, object_id, form_url, extra_context)
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change, **kwargs)
+        form.stale = getattr(request, "odal_stale_form", False)
+        return form
+
     def save_model(self, request, obj, form, change):
         """Through outbox.service, as the API and the command line: checked, audited."""
         data = form.cleaned_data
         if change:
             consumer = Consumer.objects.get(pk=obj.pk)
-            # The form shows url and target both; only its kind's is the consumer's (the other is
-            # blank, and change_consumer refuses a url for a python consumer, a target for a webhook).
+            # Only the fields this person changed (Django compares the post with the row read now,
+            # which the version check below proves is the row the form was opened on). The form
+            # shows url and target both; only its kind's is the consumer's.
             own = "url" if consumer.kind == Consumer.Kind.WEBHOOK else "target"
-            changed = service.change_consumer(
-                consumer,
-                actor=actor_of(request),
-                **{k: data[k] for k in (own, "event_types", "max_attempts", "timeout_seconds") if k in data},
-            )
-            if "timeout_seconds" in form.changed_data:
+            fields = [
+                k for k in (own, "event_types", "max_attempts", "timeout_seconds") if k in form.changed_data
+            ]
+            version = data.get("opened_at_version")
+            try:
+                changed = service.change_consumer(
+                    consumer,
+                    actor=actor_of(request),
+                    if_version=-1 if version is None else version,  # (a form without one is no one's)
+                    **{k: data[k] for k in fields},
+                )
+            except Refused as exc:
+                if exc.code in ("precondition_failed", "consumer_changed"):
+                    raise StaleForm from None
+                raise
+            if "timeout_seconds" in fields:
                 self.warn_of_timeout(request, changed)
             return
         created = service.create_consumer(
@@ -128,12 +178,15 @@ class ConsumerAdmin(OdalAdmin):
             timeout_seconds=data["timeout_seconds"], actor=actor_of(request),
         )  # fmt: skip
         obj.pk, obj.secret = created.pk, created.secret
-        self.message_user(
-            request,
-            f"Signing secret of {obj.name}: {obj.secret} — copy it now; it is not shown again.",
-            messages.WARNING,
-        )
         self.warn_of_timeout(request, created)
+
+    def response_add(self, request, obj, post_url_continue=None):
+        """The signing secret, on the answer to the POST itself (see secret_page)."""
+        return secret_page(
+            self, request, title=f"Consumer {obj.name} added", label=f"Signing secret of {obj.name}",
+            secret=obj.secret,
+            lines=["The consumer checks each request's webhook-signature with it (Standard Webhooks)."],
+        )  # fmt: skip
 
     def warn_of_timeout(self, request, consumer):
         """odal.W001, to the person who set the timeout: the processes running now checked at their
@@ -196,23 +249,22 @@ class ConsumerAdmin(OdalAdmin):
                 )
             except Refused as exc:
                 self.message_user(request, exc.detail, messages.ERROR)
-                return
+                return None
             until = (
-                f"the old one signs beside it until {expires:%Y-%m-%d %H:%M} UTC"
+                f"The old secret signs beside it until {expires:%Y-%m-%d %H:%M:%S} UTC."
                 if expires
-                else "the old one no longer signs"
+                else "The old secret no longer signs."
             )
-            self.message_user(
-                request,
-                f"New signing secret of {consumer.name}: {secret} — copy it now; it is not shown again ({until}).",
-                messages.WARNING,
-            )
+            return secret_page(
+                self, request, title=f"Signing secret of {consumer.name} rotated",
+                label=f"New signing secret of {consumer.name}", secret=secret, lines=[until],
+            )  # fmt: skip
 
         return reason_action(
             self, request, queryset, title=f"Rotate the signing secret of {consumer.name}",
             intro="A new secret is made and shown once. During the grace period every request carries both "
             "signatures, so the consumer can switch without a failed delivery; 0 drops the old one at once "
-            "(a leaked secret).",
+            "(a leaked secret). While an earlier rotation's grace runs, only 0 is accepted.",
             perform=perform, form_class=RotateForm,
         )  # fmt: skip
 
@@ -224,6 +276,35 @@ class ConsumerAdmin(OdalAdmin):
             self.message_user(
                 request, f"Test event sent to {consumer.name}: delivery {delivery.pk}{waiting}."
             )
+
+    @admin.action(description="Remove… (with a reason; only with no delivery owed)", permissions=["delete"])
+    def delete_selected(self, request, queryset):
+        """Replaces Django's delete_selected: each consumer through service.remove_consumer, the
+        same guarded, audited removal as the API's DELETE and `odal outbox consumer remove`."""
+
+        def perform(data):
+            removed, refused = [], []
+            for consumer in queryset:
+                try:
+                    service.remove_consumer(consumer, actor=actor_of(request), reason=data["reason"])
+                except Refused as exc:
+                    refused.append(exc.detail)
+                else:
+                    removed.append(consumer.name)
+            selected = len(removed) + len(refused)
+            self.message_user(
+                request, f"Removed {len(removed)} of {selected} selected: {', '.join(removed) or 'none'}.",
+                messages.SUCCESS if removed else messages.WARNING,
+            )  # fmt: skip
+            for detail in refused:
+                self.message_user(request, detail, messages.ERROR)
+
+        return reason_action(
+            self, request, queryset, title="Remove consumers",
+            intro="Each goes with its settled deliveries and their attempt lines, every row audited. One "
+            "with a delivery pending or paused is not removed (it is owed).",
+            perform=perform,
+        )  # fmt: skip
 
 
 class RotateForm(ReasonForm):

@@ -9,6 +9,8 @@ from the model's attributes through their aliases, never a dict built beside it.
 import uuid
 from datetime import datetime, timedelta
 
+from django.http import HttpResponse
+from django.utils.cache import add_never_cache_headers
 from ninja import Field, Router, Schema, Status
 from pydantic import field_validator, model_validator
 
@@ -150,8 +152,9 @@ RESEND = ScopedAuth("admin", perm="outbox.replay_delivery")
     auth=ScopedAuth("admin", perm="outbox.add_consumer"),
     response=responses({201: ConsumerCreatedOut}, 409, body=True),
 )
-def post_consumer(request, payload: ConsumerIn):
-    """Add a consumer. The response carries its signing secret, shown this once."""
+def post_consumer(request, payload: ConsumerIn, response: HttpResponse):
+    """Add a consumer. The response carries its signing secret, shown this once (no-store)."""
+    add_never_cache_headers(response)
     consumer = service.create_consumer(
         name=payload.name,
         kind=payload.kind,
@@ -172,25 +175,34 @@ def list_consumers(request):
 
 
 @router.get("outbox/consumers/{name}", auth=VIEW, response=responses({200: ConsumerOut}, 404))
-def get_consumer(request, name: str):
-    """One consumer."""
-    return service.consumer_or_404(name)
+def get_consumer(request, name: str, response: HttpResponse):
+    """One consumer. Its `ETag` goes in PATCH's `If-Match`."""
+    consumer = service.consumer_or_404(name)
+    response["ETag"] = service.etag(consumer)
+    return consumer
 
 
-@router.patch("outbox/consumers/{name}", auth=CHANGE, response=responses({200: ConsumerOut}, 404, body=True))
-def change_consumer(request, name: str, payload: ConsumerPatch):
+@router.patch(
+    "outbox/consumers/{name}", auth=CHANGE, response=responses({200: ConsumerOut}, 404, 409, 412, body=True)
+)
+def change_consumer(request, name: str, payload: ConsumerPatch, response: HttpResponse):
     """Change a consumer's url (or target), event types, timeout or attempt budget; audited with
-    what each was. Fields left out stay as they are."""
-    return service.change_consumer(
-        service.consumer_or_404(name),
+    what each was. Fields left out stay as they are. With `If-Match: <ETag of GET>`, a consumer
+    changed since (paused, rotated, changed) is 412 precondition_failed and nothing is written."""
+    consumer = service.consumer_or_404(name)
+    changed = service.change_consumer(
+        consumer,
         actor=request.auth.actor,
         reason=payload.reason or "",
+        if_version=service.version_of_if_match(request.headers.get("If-Match"), consumer),
         url=payload.url,
         target=payload.target,
         event_types=payload.eventTypes,
         max_attempts=payload.maxAttempts,
         timeout_seconds=payload.timeoutSeconds,
     )
+    response["ETag"] = service.etag(changed)
+    return changed
 
 
 @router.delete(
@@ -231,9 +243,13 @@ def resume_consumer(request, name: str, payload: ReasonIn):
     auth=CHANGE,
     response=responses({200: RotateOut}, 404, 409, body=True),
 )
-def rotate_secret(request, name: str, payload: RotateIn):
-    """A new signing secret, shown once. The old one keeps signing beside it for graceSeconds
-    (default a day), so the consumer can switch without a failed delivery; 0 drops it at once."""
+def rotate_secret(request, name: str, payload: RotateIn, response: HttpResponse):
+    """A new signing secret, shown once (no-store). The old one keeps signing beside it for
+    graceSeconds (default a day), so the consumer can switch without a failed delivery; 0 drops
+    it at once. While an earlier rotation's grace runs, only graceSeconds 0 is taken: any other
+    is 409 rotation_in_progress (with that grace's previousSecretExpiresAt), so no secret stops
+    signing before the time it was announced valid until."""
+    add_never_cache_headers(response)
     secret, expires = service.rotate_secret(
         service.consumer_or_404(name),
         actor=request.auth.actor,

@@ -59,9 +59,35 @@ class ConsumerQuerySet(models.QuerySet):
             taken = dict(outside.select_for_update(no_key=True).values_list("pk", "target"))
             if taken:
                 Consumer.objects.filter(pk__in=taken).python_outside(allowed).filter(paused=False).update(
-                    paused=True, paused_by=by, paused_reason=reason, paused_at=now
+                    paused=True, paused_by=by, paused_reason=reason, paused_at=now, version=F("version") + 1
                 )
         return taken
+
+    def change_settings(self, *, version: int, **changes) -> bool:
+        """Write `changes` (url, target, event types, budget, timeout) only while the row is still
+        at `version`, the one they were read or shown at, and count a new version. False: someone
+        else changed it meanwhile; nothing written (the "was" values read before stay true)."""
+        return self.filter(version=version).update(**changes, version=F("version") + 1) == 1
+
+    def rotate_secret(self, *, secret: str, new: str, grace_until: datetime | None, now: datetime) -> bool:
+        """Replace `secret` (the one read) by `new`. With a grace (`grace_until`), only while no
+        earlier rotation's grace still runs: a secret announced valid until its
+        previousSecretExpiresAt is never dropped before then (the caller answers
+        rotation_in_progress). Without one (a leaked secret), every older secret stops signing at
+        once. Returns whether it took the row."""
+        rows = self.filter(secret=secret)
+        if grace_until is not None:
+            rows = rows.filter(models.Q(previous_secret_expires_at__isnull=True)
+                               | models.Q(previous_secret_expires_at__lte=now))  # fmt: skip
+        return (
+            rows.update(
+                secret=new,
+                previous_secret=secret if grace_until else "",
+                previous_secret_expires_at=grace_until,
+                version=F("version") + 1,
+            )
+            == 1
+        )
 
 
 class Consumer(models.Model):
@@ -98,6 +124,9 @@ class Consumer(models.Model):
     previous_secret = models.CharField(max_length=100, blank=True, default="", editable=False)
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # Counts every write of what the API shows of it (settings, pause, rotation): the ETag of
+    # GET outbox/consumers/{name}, checked by PATCH's If-Match and by the admin's change form.
+    version = models.PositiveIntegerField(default=1, editable=False)
 
     objects = ConsumerQuerySet.as_manager()
 

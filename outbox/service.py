@@ -10,6 +10,7 @@ import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 from django.db.models import Count, F, Min, Value
 from django.db.models.functions import Coalesce
@@ -153,15 +154,25 @@ CHANGEABLE = {"url": "url", "event_types": "eventTypes", "timeout_seconds": "tim
               "max_attempts": "maxAttempts", "target": "target"}  # fmt: skip
 
 
-def change_consumer(consumer: Consumer, *, actor: str, reason: str = "", **changes) -> Consumer:
+def change_consumer(
+    consumer: Consumer, *, actor: str, reason: str = "", if_version: int | None = None, **changes
+) -> Consumer:
     """Change a consumer's url (or target), event types, timeout or attempt budget, each
     checked as at creation; audited with what it was and what it became. Only what differs is
-    written; nothing that differs, nothing written. Deliveries already made keep their budget."""
+    written; nothing that differs, nothing written. Deliveries already made keep their budget.
+
+    The write takes the row only while it is still at the version `consumer` was read at, so
+    a change made meanwhile is never undone and every "was" in the audit is what it replaced.
+    `if_version`: the version the caller saw (PATCH's If-Match, the admin form's); another is
+    refused 412 precondition_failed. Without it, a change that lands between the read and the
+    write is refused 409 consumer_changed."""
     unknown = set(changes) - set(CHANGEABLE)
     if unknown:
         raise Refused(
             f"These cannot be changed: {', '.join(sorted(unknown))}.", code="invalid_request", status=422
         )
+    if if_version is not None and if_version != consumer.version:
+        raise _stale(consumer)
     changes = {k: v for k, v in changes.items() if v is not None}
     if "url" in changes:
         if consumer.kind != Consumer.Kind.WEBHOOK:
@@ -178,7 +189,14 @@ def change_consumer(consumer: Consumer, *, actor: str, reason: str = "", **chang
     if not differs:
         return consumer
     with transaction.atomic():
-        Consumer.objects.filter(pk=consumer.pk).update(**differs)
+        if not Consumer.objects.filter(pk=consumer.pk).change_settings(version=consumer.version, **differs):
+            if if_version is not None:
+                raise _stale(consumer)
+            raise Refused(
+                f"{consumer.name} was changed by someone else meanwhile; nothing was written. Read it "
+                "again, then make your change.",
+                code="consumer_changed",
+            )
         AuditEntry.objects.record(
             actor=actor,
             action="consumer_changed",
@@ -199,6 +217,34 @@ def _audited(field: str, was, now) -> dict:
     return {"was": was, "now": now}
 
 
+def _stale(consumer: Consumer) -> Refused:
+    return Refused(
+        f"{consumer.name} was changed since you read it (it is at version {consumer.version} now, or "
+        "later); nothing was written. Read it again, then make your change.",
+        code="precondition_failed",
+        status=412,
+    )
+
+
+def etag(consumer: Consumer) -> str:
+    """The ETag of GET outbox/consumers/{name}: the row's version, which every write of what the
+    API shows of it counts."""
+    return f'"{consumer.version}"'
+
+
+def version_of_if_match(header: str | None, consumer: Consumer) -> int | None:
+    """The version an If-Match header asks for: None without one (no precondition), the current
+    version for `*`, -1 (matches no row) for anything that is not one of our ETags."""
+    if header is None:
+        return None
+    tags = [tag.strip() for tag in header.split(",")]
+    if "*" in tags:
+        return consumer.version
+    if etag(consumer) in tags:  # strong comparison: W/"…" never matches, as RFC 9110 says
+        return consumer.version
+    return -1
+
+
 def pause(consumer: Consumer, *, actor: str, reason: str, now: datetime | None = None) -> bool:
     """Pause a consumer: from now on its deliveries are parked (status paused): still created,
     never claimed, spending no attempt, never dead-lettered. Attempts already running finish and
@@ -208,7 +254,7 @@ def pause(consumer: Consumer, *, actor: str, reason: str, now: datetime | None =
     now = now or timezone.now()
     with transaction.atomic():
         took = Consumer.objects.filter(pk=consumer.pk, paused=False).update(
-            paused=True, paused_reason=reason, paused_by=actor, paused_at=now
+            paused=True, paused_reason=reason, paused_by=actor, paused_at=now, version=F("version") + 1
         )
         if not took:
             return False
@@ -240,7 +286,13 @@ def resume(consumer: Consumer, *, actor: str, reason: str, progress=None) -> int
             Consumer.objects.filter(pk=consumer.pk, paused=True)
             .exclude(pk__in=outside)
             .update(
-                paused=False, paused_reason="", paused_by="", paused_at=None, failing_since=None, failures=0
+                paused=False,
+                paused_reason="",
+                paused_by="",
+                paused_at=None,
+                failing_since=None,
+                failures=0,
+                version=F("version") + 1,
             )
         )
         if not took:
@@ -274,20 +326,32 @@ def rotate_secret(
 ) -> tuple[str, datetime | None]:
     """A new signing secret; the old one keeps signing alongside it for `grace` (every request
     then carries both signatures), so the consumer can switch over without losing a delivery.
-    `grace` 0 drops the old one at once (a leaked secret). Audited, without either secret.
-    Returns the new secret (shown once) and when the old one stops signing."""
+    `grace` 0 drops every old one at once (a leaked secret). Audited, without either secret.
+    Returns the new secret (shown once) and when the old one stops signing.
+
+    A rotation with a grace while an earlier one's grace still runs is refused (409
+    rotation_in_progress): it would drop the oldest secret before the time it was announced
+    valid until. At most two secrets ever sign at once."""
     reason = clean_reason(reason)
     now = now or timezone.now()
     new = new_secret()
     expires = now + grace if grace > timedelta(0) else None
     with transaction.atomic():
         # Guarded by the secret read: of two rotations at once, the second is refused, not lost.
-        took = Consumer.objects.filter(pk=consumer.pk, secret=consumer.secret).update(
-            secret=new,
-            previous_secret=consumer.secret if expires else "",
-            previous_secret_expires_at=expires,
+        took = Consumer.objects.filter(pk=consumer.pk).rotate_secret(
+            secret=consumer.secret, new=new, grace_until=expires, now=now
         )
         if not took:
+            current = Consumer.objects.filter(pk=consumer.pk).first()
+            if current and current.secret == consumer.secret:  # the secret is the one read: a grace runs
+                until = current.previous_secret_expires_at
+                raise Refused(
+                    f"The previous rotation's grace runs until {until:%Y-%m-%d %H:%M:%S}Z: its old secret "
+                    "was announced valid until then, so nothing was changed. Rotate again after it, or "
+                    "with a grace of 0 (a leaked secret: every old secret stops signing at once).",
+                    code="rotation_in_progress",
+                    previousSecretExpiresAt=DjangoJSONEncoder().default(until),  # as the API writes times
+                )
             raise Refused(
                 "The secret was rotated by someone else meanwhile; nothing was changed. Look at the "
                 "consumer again before rotating.",
@@ -526,7 +590,9 @@ def auto_pause(consumer: Consumer, errors: list[str]) -> bool:
             paused=False,
             failing_since__lte=now - after,
             failures__gte=AUTO_PAUSE_MIN_FAILURES,
-        ).update(paused=True, paused_by=AUTO_ACTOR, paused_reason=reason, paused_at=now)
+        ).update(
+            paused=True, paused_by=AUTO_ACTOR, paused_reason=reason, paused_at=now, version=F("version") + 1
+        )
         if not took:
             return False
         consumer.refresh_from_db()

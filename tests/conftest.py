@@ -74,10 +74,10 @@ class ApiClient:
             **extra,
         )
 
-    def patch(self, path, body=None):
+    def patch(self, path, body=None, headers=None):
         return self.client.patch(
             f"/vault/api/v1/{path}", body if body is not None else {}, content_type="application/json",
-            headers=self.headers,
+            headers={**self.headers, **(headers or {})},
         )  # fmt: skip
 
     def delete(self, path, body=None):

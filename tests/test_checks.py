@@ -219,10 +219,14 @@ def test_the_admin_warns_of_a_timeout_it_sets_not_shorter_than_the_hold(settings
         added
     )
     change = f"/admin/outbox/consumer/{Consumer.objects.get(name='slow').pk}/change/"
-    unchanged = admin_client.post(change, {**form, "max_attempts": 6, "timeout_seconds": 30}, follow=True)
+
+    def opened() -> dict:  # the form as opened now (it carries the consumer's version)
+        return {**form, "opened_at_version": Consumer.objects.get(name="slow").version}
+
+    unchanged = admin_client.post(change, {**opened(), "max_attempts": 6, "timeout_seconds": 30}, follow=True)
     assert "ODAL_CLAIM_HOLD_SECONDS" not in messages(unchanged)  # (its timeout was not what changed)
-    longer = admin_client.post(change, {**form, "timeout_seconds": 40}, follow=True)
+    longer = admin_client.post(change, {**opened(), "timeout_seconds": 40}, follow=True)
     assert "'slow' timeoutSeconds=40" in messages(longer)
-    shorter = admin_client.post(change, {**form, "timeout_seconds": 29}, follow=True)
+    shorter = admin_client.post(change, {**opened(), "timeout_seconds": 29}, follow=True)
     assert "ODAL_CLAIM_HOLD_SECONDS" not in messages(shorter)
     assert Consumer.objects.get(name="slow").timeout_seconds == 29

@@ -20,8 +20,8 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 from standardwebhooks import Webhook
 
-from odal.addresses import why_not_public
 from odal import rules
+from odal.addresses import why_not_public
 from odal.errors import Refused
 from odal.redact import redacted_urls_in, without_secrets_of
 from odal.text import error_text, excerpt, storable

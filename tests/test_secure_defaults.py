@@ -51,8 +51,10 @@ def test_outside_production_allowed_hosts_star_is_taken():
     assert read_settings(ALLOWED_HOSTS="*")["ALLOWED_HOSTS"] == ["*"]
 
 
-def test_an_error_of_djangos_deploy_checks_is_a_refusal_naming_its_setting(settings):
+def test_an_error_of_djangos_deploy_checks_is_a_refusal_naming_its_setting(settings, monkeypatch):
     from odal.checks import refuse_deploy_errors
+
+    monkeypatch.delenv("DJANGO_ALLOW_ASYNC_UNSAFE", raising=False)  # (the browser tests' own, async.E001)
 
     refuse_deploy_errors()  # odal's own settings: none
     settings.SECURE_REFERRER_POLICY = "bogus"  # security.E023

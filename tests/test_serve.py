@@ -46,7 +46,16 @@ def production(static_root, **changes) -> dict:
         k: v
         for k, v in os.environ.items()
         if not k.startswith(
-            ("ODAL_", "DEBUG", "SECRET_KEY", "ALLOWED_HOSTS", "CSRF_", "GUNICORN_", "FORWARDED_")
+            (
+                "ODAL_",
+                "DEBUG",
+                "SECRET_KEY",
+                "ALLOWED_HOSTS",
+                "CSRF_",
+                "GUNICORN_",
+                "FORWARDED_",
+                "DJANGO_ALLOW_ASYNC_UNSAFE",
+            )  # (the browser tests' own: production's deploy check refuses it)
         )
     }
     env.update(

@@ -23,7 +23,8 @@ def environment(**env) -> dict:
     environment = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("ODAL_", "DEBUG", "SECRET_KEY", "ALLOWED_HOSTS"))
+        # (DJANGO_ALLOW_ASYNC_UNSAFE: the browser tests' own, which production's deploy check refuses)
+        if not k.startswith(("ODAL_", "DEBUG", "SECRET_KEY", "ALLOWED_HOSTS", "DJANGO_ALLOW_ASYNC_UNSAFE"))
     }
     environment.update(env, DJANGO_SETTINGS_MODULE="odal.settings")
     return environment

@@ -5,11 +5,6 @@ Django's development server does) and under `odal serve` itself."""
 
 import io
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from contextlib import contextmanager
 
 import httpx
@@ -20,7 +15,7 @@ from odal.models import Passport
 from outbox.models import Event
 from tests.factories import issue_token
 from tests.pg import free_port
-from tests.test_serve import HOST, production, serving
+from tests.test_serve import HOST, answering, production, serving
 
 pytestmark = pytest.mark.django_db
 
@@ -172,35 +167,8 @@ def test_a_chunked_form_over_the_limit_outside_the_api_is_refused_too(client, se
 @contextmanager
 def development_server(port: int, env: dict, log):
     """`odal runserver` (Django's development server, as `make run` starts it) on `port`."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "odal", "runserver", "--noreload", f"127.0.0.1:{port}"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 60
-    try:
-        while process.poll() is None and time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", headers={"Host": HOST}).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        else:
-            log.seek(0)
-            pytest.fail(f"odal runserver did not answer within 60 s:\n{log.read()[-3000:]}")
+    with answering(["runserver", "--noreload", f"127.0.0.1:{port}"], port, env, log) as process:
         yield process
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
 
 
 def pieces(body: bytes):

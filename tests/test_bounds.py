@@ -226,15 +226,14 @@ def test_a_worker_whose_database_went_silent_has_exited_within_odal_stop_seconds
     assert "exiting now" in said and "Traceback" not in said, said[-3000:]
 
 
-@pytest.mark.slow
-@pytest.mark.django_db(transaction=True)
-def test_a_sweep_told_to_stop_finishes_the_attempt_in_flight_gives_the_rest_back_and_exits_0(proxy, tmp_path):
-    """A healthy database, a consumer that takes 3 s to answer: the attempt under way ends and is
-    written, the rows not started are given back, and the sweep exits 0 well within the bound."""
-    with WebhookServer([("stall", 3, 204)]) as server, (tmp_path / "sweep.log").open("w+") as log:
-        consumer = WebhookConsumerFactory(url=server.url, timeout_seconds=20)
+def sweep_stopped(proxy, tmp_path, *, stall: float, timeout_seconds: int, stop_seconds: int):
+    """Five deliveries to a webhook that stalls `stall` s, one at a time, under `odal outbox
+    sweep`; SIGTERM once the first arrived. Returns (exit code, seconds to exit, its log, the
+    webhook's requests, [(status, attempts, claim_token)] of the five)."""
+    with WebhookServer([("stall", stall, 204)] * 5) as server, (tmp_path / "sweep.log").open("w+") as log:
+        consumer = WebhookConsumerFactory(url=server.url, timeout_seconds=timeout_seconds)
         rows = [DeliveryFactory(consumer=consumer) for _ in range(5)]
-        env = worker_env(proxy, ODAL_STOP_SECONDS="10", ODAL_WEBHOOK_CONCURRENCY="1")
+        env = worker_env(proxy, ODAL_STOP_SECONDS=str(stop_seconds), ODAL_WEBHOOK_CONCURRENCY="1")
         process = started(["outbox", "sweep"], env, log)
         try:
             assert wait_for(lambda: server.received, 60), "no attempt started"
@@ -244,10 +243,25 @@ def test_a_sweep_told_to_stop_finishes_the_attempt_in_flight_gives_the_rest_back
                 os.killpg(process.pid, signal.SIGKILL)
         log.seek(0)
         said = log.read()
+        states = sorted(
+            Delivery.objects.filter(pk__in=[r.pk for r in rows]).values_list(
+                "status", "attempts", "claim_token"
+            )
+        )
+        return code, seconds, said, list(server.received), states
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_sweep_told_to_stop_finishes_the_attempt_in_flight_gives_the_rest_back_and_exits_0(proxy, tmp_path):
+    """A healthy database, a consumer that takes 3 s to answer: the attempt under way ends and is
+    written, the rows not started are given back, and the sweep exits 0 well within the bound."""
+    code, seconds, said, received, states = sweep_stopped(
+        proxy, tmp_path, stall=3, timeout_seconds=20, stop_seconds=10
+    )
     assert code == 0 and seconds < 10, (code, seconds, said[-3000:])
-    assert len(server.received) == 1
-    states = sorted(Delivery.objects.filter(pk__in=[r.pk for r in rows]).values_list("status", "attempts"))
-    assert states == [("delivered", 1)] + [("pending", 0)] * 4, said[-3000:]
+    assert len(received) == 1
+    assert [s[:2] for s in states] == [("delivered", 1)] + [("pending", 0)] * 4, said[-3000:]
     assert "4 claimed deliveries not started" in said
 
 

@@ -130,8 +130,16 @@ class Browser:
 def serving(port: int, env: dict, log, workers: int = 2):
     """`odal serve` on `port` with `env`, its output in `log`, once it answers /healthz; on the way
     out SIGTERM to its process group (its workers too), SIGKILL if it is still up 30 s later."""
+    argv = ["serve", "--bind", f"127.0.0.1:{port}", "--workers", str(workers)]
+    with answering(argv, port, env, log) as process:
+        yield process
+
+
+@contextmanager
+def answering(argv: list[str], port: int, env: dict, log):
+    """`odal ARGV`, a web server on `port`, once it answers /healthz (see serving)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "odal", "serve", "--bind", f"127.0.0.1:{port}", "--workers", str(workers)],
+        [sys.executable, "-m", "odal", *argv],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -149,7 +157,7 @@ def serving(port: int, env: dict, log, workers: int = 2):
             time.sleep(0.2)
         else:
             log.seek(0)
-            pytest.fail(f"odal serve did not answer within {START_SECONDS} s:\n{log.read()[-3000:]}")
+            pytest.fail(f"odal {argv[0]} did not answer within {START_SECONDS} s:\n{log.read()[-3000:]}")
         yield process
     finally:
         if process.poll() is None:

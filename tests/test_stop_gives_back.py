@@ -8,12 +8,10 @@ import time
 
 import pytest
 
-from outbox.models import Delivery
 from registry.models import Registration
-from tests.factories import DeliveryFactory, RegistrationFactory, WebhookConsumerFactory
-from tests.test_bounds import proxy, started, stopped_within, worker_env  # noqa: F401 (proxy: a fixture)
+from tests.factories import RegistrationFactory
+from tests.test_bounds import proxy, started, stopped_within, sweep_stopped, worker_env  # noqa: F401 (proxy: a fixture)
 from tests.waiting import wait_for
-from tests.webhook_server import WebhookServer
 
 
 @pytest.mark.slow
@@ -22,24 +20,11 @@ def test_a_sweep_ended_by_the_clock_has_given_back_the_rows_it_never_started(pro
     """A consumer that stalls past ODAL_STOP_SECONDS: the clock ends the sweep (143). The 4 rows
     queued behind the stalled one were never attempted: they should have been given back (claim
     None, attempts 0) before the process ended, as on a clean stop."""
-    with WebhookServer([("stall", 30, 204)] * 5) as server, (tmp_path / "sweep.log").open("w+") as log:
-        consumer = WebhookConsumerFactory(url=server.url, timeout_seconds=25)
-        rows = [DeliveryFactory(consumer=consumer) for _ in range(5)]
-        env = worker_env(proxy, ODAL_STOP_SECONDS="4", ODAL_WEBHOOK_CONCURRENCY="1")
-        process = started(["outbox", "sweep"], env, log)
-        try:
-            assert wait_for(lambda: server.received, 60), "no attempt started"
-            code, seconds = stopped_within(process, 20)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-        log.seek(0)
-        said = log.read()
-    assert code == 143, (code, said[-3000:])
-    assert len(server.received) == 1
-    states = sorted(
-        Delivery.objects.filter(pk__in=[r.pk for r in rows]).values_list("status", "attempts", "claim_token")
+    code, _, said, received, states = sweep_stopped(
+        proxy, tmp_path, stall=30, timeout_seconds=25, stop_seconds=4
     )
+    assert code == 143, (code, said[-3000:])
+    assert len(received) == 1
     never_started = [s for s in states if s[2] is None]
     assert len(never_started) == 4, (states, said[-3000:])
 

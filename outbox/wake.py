@@ -236,15 +236,22 @@ def take_turn(wake: Wake, *, relay: bool, listening, until_idle, owed, due):
     3. Unlock, then the last look: if anything is `due()` now, wake as a commit would (a new
        task, or whoever leads by then). See the module's docstring for why in this order."""
     from outbox.kick import kick
-    from outbox.models import Kick
 
-    try:
-        Kick.objects.started(wake.task)
-    except DatabaseError:  # (a lost database is the loops' to wait for, below)
-        log.warning("could not take the kick of the %s", wake.name, exc_info=True)
+    if not take_the_kick(wake):
+        # Its mark would hold every commit's kick back for KICK_WINDOW_SECONDS (nothing would
+        # drain meanwhile): taken once the work below has waited for the database.
+        try:
+            return until_idle()
+        finally:
+            take_the_kick(wake)
     if settings.Q_CLUSTER.get("workers", 1) < 2:
         return until_idle()
-    listener = Listener.open(wake)
+    try:
+        listener = Listener.open(wake)
+    except reconnect.ERRORS as exc:
+        if not reconnect.is_lost(exc):
+            raise
+        listener = None  # its own connection failed: do what is due, waiting for the database
     if listener is None:
         return until_idle()
     with listener:
@@ -261,6 +268,18 @@ def take_turn(wake: Wake, *, relay: bool, listening, until_idle, owed, due):
     if settings.ODAL_KICK_SWEEP and not relayed and asked(due):
         wake_up(wake)
     return report
+
+
+def take_the_kick(wake: Wake) -> bool:
+    """Kick.started for `wake`'s task; False when the database did not take it."""
+    from outbox.models import Kick
+
+    try:
+        Kick.objects.started(wake.task)
+    except DatabaseError:
+        log.warning("could not take the kick of the %s", wake.name, exc_info=True)
+        return False
+    return True
 
 
 def asked(question) -> bool:

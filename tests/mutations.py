@@ -4048,6 +4048,20 @@ GUARDS = [
         "                previous_secret_expires_at=grace_until,\n",
         "tests/test_consumer_versions.py -k counts_a_version",
     ),
+    Guard(
+        "kicks: a task that could not take its kick takes it once its work waited for the database",
+        "outbox/wake.py",
+        "        finally:\n            take_the_kick(wake)\n",
+        "        finally:\n            pass\n",
+        "tests/test_kicks.py -k could_not_be_taken",
+    ),
+    Guard(
+        "kicks: a task whose listener cannot connect does what is due instead of failing",
+        "outbox/wake.py",
+        "        listener = None  # its own connection failed",
+        "        raise  # its own connection failed",
+        "tests/test_kicks.py -k listener_cannot_connect",
+    ),
 ]
 
 

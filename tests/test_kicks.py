@@ -203,3 +203,45 @@ def test_withdrawing_a_kick_takes_back_only_its_own_mark(db):
     assert Kick.objects.request("registry.tasks.drain", now=later, window_seconds=5)  # a later kick's
     assert Kick.objects.withdraw("registry.tasks.drain", enqueued_at=now) == 0
     assert Kick.objects.get().enqueued_at == later
+
+
+def turn(wake_of):
+    """take_turn with work that only says it ran."""
+    return wake.take_turn(
+        wake_of, relay=False, listening=lambda *a: "listened", until_idle=lambda: "idle",
+        owed=lambda: False, due=lambda: False,
+    )  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_a_task_whose_kick_could_not_be_taken_takes_it_once_its_work_is_done(monkeypatch):
+    """A partition as the task starts: Kick.started fails. Its mark would hold back every commit's
+    kick for KICK_WINDOW_SECONDS (the short partition run saw its drain starve): the task does
+    what is due, waiting for the database, then takes the kick."""
+    from django.db import OperationalError
+
+    from outbox.models import KickQuerySet
+
+    Kick.objects.request(wake.SWEEP.task, window_seconds=60)
+    real, calls = KickQuerySet.started, []
+
+    def started(self, task):
+        calls.append(task)
+        if len(calls) == 1:
+            raise OperationalError("the database went")
+        return real(self, task)
+
+    monkeypatch.setattr(KickQuerySet, "started", started)
+    assert turn(wake.SWEEP) == "idle"
+    assert len(calls) == 2 and Kick.objects.get(task=wake.SWEEP.task).enqueued_at is None
+
+
+@pytest.mark.django_db
+def test_a_task_whose_listener_cannot_connect_does_what_is_due_instead_of_failing(monkeypatch):
+    import psycopg
+
+    def refused(cls, wake_of):
+        raise psycopg.OperationalError("connection failed: server closed the connection unexpectedly")
+
+    monkeypatch.setattr(Listener, "open", classmethod(refused))
+    assert turn(service.DRAIN) == "idle"

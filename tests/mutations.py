@@ -4037,8 +4037,8 @@ GUARDS = [
     Guard(
         "consumer changes (issue 24): a resume counts a version",
         "outbox/service.py",
-        'failing_since=None, failures=0,\n                version=F("version") + 1,\n',
-        "failing_since=None, failures=0,\n",
+        '                failures=0,\n                version=F("version") + 1,\n            )',
+        "                failures=0,\n            )",
         "tests/test_consumer_versions.py -k counts_a_version",
     ),
     Guard(

@@ -48,6 +48,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import bounds, bulk, counts, drain, retention  # noqa: E402
+
+# The bench's no-op consumer is a Python consumer: the allow-list names it (else the sweep pauses it).
+PYTHON_CONSUMERS = "outbox.receiver.*,bench.noop.*"
 from tests.torture import database_url, drop_database, recreate_database  # noqa: E402
 
 DATABASE = os.environ.get("ODAL_BENCH_DATABASE", "odal_bench")  # (one per run that may overlap)
@@ -487,7 +490,7 @@ def main() -> int:
     recreate_database(DATABASE)
     url = database_url(DATABASE)
     env = {**os.environ, "DATABASE_URL": url, "ODAL_KICK_SWEEP": "false", "ODAL_LOG_LEVEL": "ERROR",
-           "ODAL_METRICS_TOKEN": "bench-metrics-token"}  # fmt: skip
+           "ODAL_METRICS_TOKEN": "bench-metrics-token", "ODAL_PYTHON_CONSUMERS": PYTHON_CONSUMERS}  # fmt: skip
     subprocess.run([sys.executable, "-m", "odal", "migrate", "-v", "0"], env=env, cwd=ROOT, check=True)
     os.environ.update(env)
     os.environ["DJANGO_SETTINGS_MODULE"] = "odal.settings"

@@ -6,6 +6,7 @@ owns which row, and the terminal writes refuse whoever no longer owns it.
 """
 
 import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -311,39 +312,88 @@ class Overruns:
 OVERRUNS = Overruns()
 
 
+class PythonRunner:
+    """The thread Python attempts run on, kept from one attempt to the next: a thread (and its
+    database wrappers) made and ended per attempt halved the no-op sweep's throughput. One whose
+    attempt overran is left to finish it and then ends (stop); the next attempt gets a new one."""
+
+    def __init__(self):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self.loop, name="odal-python-runner", daemon=True)
+        self.thread.start()
+
+    def loop(self) -> None:
+        try:
+            while (job := self.jobs.get()) is not None:
+                try:
+                    close_old_connections()  # its connection, if a consumer opened one and it broke
+                    job()
+                except Exception:  # (a job says what it raised; this thread must go on)
+                    log.exception("a Python attempt's runner failed")
+        finally:
+            connections.close_all()
+
+    def stop(self) -> None:
+        self.jobs.put(None)
+
+
+RUNNER_LOCK = threading.Lock()
+RUNNER: PythonRunner | None = None
+
+
+def python_runner(*, replace: PythonRunner | None = None) -> PythonRunner:
+    """This process's runner; with `replace` (one whose attempt overran), a new one."""
+    global RUNNER
+    with RUNNER_LOCK:
+        if RUNNER is None or RUNNER is replace:
+            RUNNER = PythonRunner()
+        return RUNNER
+
+
 def attempt_python(consumer, delivery: Delivery, client: httpx.Client, claim) -> Finished | None:
-    """A Python consumer's attempt, on a thread of its own, waited for up to the consumer's
-    timeoutSeconds, as a webhook's request is. Past it the attempt is failed ("timed out after
-    Ns", written by the pass like any failure) and the thread is left to finish, counted in
-    OVERRUNS. What it returns later is written then, as a late write: guarded by the claim like
-    every outcome, so once the timeout's failure is written it takes nothing and goes to the
-    attempt log as late (a late success noted as lateSuccessAt), as a late webhook answer does."""
+    """A Python consumer's attempt, on the process's Python runner thread, waited for up to the
+    consumer's timeoutSeconds, as a webhook's request is. Past it the attempt is failed ("timed
+    out after Ns", written by the pass like any failure) and the runner is left to finish it,
+    counted in OVERRUNS (the next attempt gets a new runner). What it returns later is written
+    then, as a late write: guarded by the claim like every outcome, so once the timeout's failure
+    is written it takes nothing and goes to the attempt log as late (a late success noted as
+    lateSuccessAt), as a late webhook answer does."""
     box: dict = {}
     lock = threading.Lock()
+    done = threading.Event()
+    runner = python_runner()
 
     def run() -> None:
         try:
             f = attempt(consumer, delivery, client, claim)
-            with lock:
-                box["finished"], abandoned = f, box.get("abandoned", False)
-            if abandoned:
-                try:
-                    finish_attempts(claim.token, [f] if f else [])
-                except Exception:
-                    log.exception("delivery %s: the late outcome could not be written", delivery.pk)
-                OVERRUNS.done(consumer, thread)
+        except BaseException as exc:  # (a lost database: the pass's to unwind with, not this thread's)
+            box["raised"] = exc
+            return
         finally:
-            connections.close_all()  # this thread's own connection, if the consumer opened one
+            done.set()
+        with lock:
+            box["finished"], abandoned = f, box.get("abandoned", False)
+        if abandoned:
+            try:
+                finish_attempts(claim.token, [f] if f else [])
+            except Exception:
+                log.exception("delivery %s: the late outcome could not be written", delivery.pk)
+            OVERRUNS.done(consumer, runner.thread)
 
-    thread = threading.Thread(target=run, name=f"odal-python-{consumer.pk}", daemon=True)
     started_at = timezone.now()
-    thread.start()
-    thread.join(consumer.timeout_seconds)
+    runner.jobs.put(run)
+    done.wait(consumer.timeout_seconds)
     with lock:
+        if "raised" in box:
+            raise box["raised"]
         if "finished" in box:
             return box["finished"]
         box["abandoned"] = True
-        blocked = OVERRUNS.add(consumer, thread)  # (under the lock: the thread's done() comes after it)
+        blocked = OVERRUNS.add(
+            consumer, runner.thread
+        )  # (under the lock: the thread's done() comes after it)
+    runner.stop()  # once its attempt returns; the next attempt gets a new runner
+    python_runner(replace=runner)
     error = f"timed out after {consumer.timeout_seconds}s (the Python consumer still runs; what it returns is late)"
     log.warning(
         "delivery %s attempt %s (claim %s) to Python consumer %s: %s",

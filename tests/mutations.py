@@ -363,15 +363,15 @@ GUARDS = [
     Guard(
         "python timeout: the pass waits for a Python attempt no longer than its consumer's timeoutSeconds",
         "outbox/sweep.py",
-        "    thread.join(consumer.timeout_seconds)\n",
-        "    thread.join()\n",
+        "    done.wait(consumer.timeout_seconds)\n",
+        "    done.wait()\n",
         "tests/test_sweep_python.py::test_a_python_consumer_past_its_timeout_fails_its_attempt_and_the_pass_goes_on",
     ),
     Guard(
         "python timeout: what an overrunning Python consumer returns later is written as a late write",
         "outbox/sweep.py",
-        "                    finish_attempts(claim.token, [f] if f else [])\n",
-        "                    finish_attempts(claim.token, [])\n",
+        "                finish_attempts(claim.token, [f] if f else [])\n",
+        "                finish_attempts(claim.token, [])\n",
         "tests/test_sweep_python.py::test_a_python_consumer_past_its_timeout_fails_its_attempt_and_the_pass_goes_on",
     ),
     Guard(

@@ -4062,6 +4062,13 @@ GUARDS = [
         "        raise  # its own connection failed",
         "tests/test_kicks.py -k listener_cannot_connect",
     ),
+    Guard(
+        "python runner: a runner whose attempt overran is replaced (the next attempt does not queue behind it)",
+        "outbox/sweep.py",
+        "    python_runner(replace=runner)\n",
+        "",
+        "tests/test_sweep_python.py::test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consumers_rows",
+    ),
 ]
 
 

@@ -13,6 +13,7 @@ hold runs out, and are then due again (at least once: the guarded writes make th
 `odal serve` is gunicorn's, whose graceful timeout it sets below ODAL_STOP_SECONDS.
 """
 
+import contextlib
 import logging
 import os
 import signal
@@ -87,10 +88,8 @@ def end(signum: int, why: str) -> None:
         why,
     )
     for child in descendants():
-        try:
+        with contextlib.suppress(ProcessLookupError):  # gone meanwhile
             os.kill(child, signal.SIGKILL)
-        except OSError:
-            pass  # gone meanwhile
     for name in ("", "odal", "outbox", "registry"):
         for handler in logging.getLogger(name).handlers:
             handler.flush()

@@ -30,7 +30,7 @@ def test_short_partition_run_finds_no_violation(tmp_path):
     need(partition.preconditions)
     figures_file = tmp_path / "partition.json"
     result = partition.run_bounded(
-        [sys.executable, "tests/partition.py", "--hosts", "2", "--seconds", "20", "--settle", "15",
+        [sys.executable, "tests/partition.py", "--hosts", "2", "--seconds", "20", "--settle", "30",
          "--long-every", "0", "--json", str(figures_file)],
         cwd=ROOT, timeout=240,
     )  # fmt: skip

@@ -46,8 +46,10 @@ STATEMENT_MARGIN_SECONDS = 2.0  # a listener's own statement bound beside a wait
 TURN_SECONDS = 10.0  # a leading task's turn; short, so that stopping a cluster never waits long
 HANDOVER_SECONDS = 1.0  # the predecessor keeps working while its successor starts
 SUCCESSOR_WAIT_SECONDS = 5.0  # how long a successor waits for its predecessor's lock
-KICK_WINDOW_SECONDS = 60.0  # a kick not started this long after it was enqueued counts as lost (the
-# schedule's period: a lost kick costs no more than no kick at all)
+KICK_WINDOW_SECONDS = 10.0  # a kick not started this long after it was enqueued counts as lost: a
+# kick whose process or worker died between the mark and the task's start (a cut, a kill; a Redis
+# broker drops a task its worker took and never ran) holds commits' kicks back no longer than a
+# turn. The price of a kick merely waiting behind busy workers is one more task per window.
 
 
 @dataclass(frozen=True)

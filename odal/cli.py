@@ -57,7 +57,7 @@ def run_until_signalled(forever, **options):
     starts nothing more, gives back what it did not start and ends, and the loop returns what it
     did; the process has exited within ODAL_STOP_SECONDS in any case (odal.stopping)."""
     stopping.on_signals()
-    return forever(should_stop=stopping.asked, **options)
+    return forever(should_stop=stopping.requested, **options)
 
 
 def parse_uuid(value, what: str = "passport id") -> uuid.UUID:

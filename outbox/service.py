@@ -22,9 +22,9 @@ from odal.models import AuditEntry
 from odal.reasons import clean_reason
 from odal.redact import redacted_url
 from odal.text import excerpt, storable
+from odal.work.wake import SWEEP
 from outbox.consumers import check_python_target, check_webhook_url, signing_secrets  # noqa: F401
 from outbox.events import check_event_pattern, emit
-from outbox.kick import wake_sweep
 from outbox.models import BULK_BATCH, Consumer, Delivery, DeliveryAttempt, new_secret
 
 log = logging.getLogger(__name__)
@@ -311,7 +311,7 @@ def resume(consumer: Consumer, *, actor: str, reason: str, progress=None) -> int
         if progress:
             progress(batches, resumed)
     if resumed:
-        transaction.on_commit(wake_sweep)
+        SWEEP.on_commit()
     consumer.refresh_from_db()
     return resumed
 

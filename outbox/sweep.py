@@ -22,10 +22,10 @@ from django.utils import timezone
 
 from odal import reconnect, stopping, tally
 from odal.text import error_text, storable
+from odal.work.claims import backoff_delay
+from odal.work.wake import POLL_SECONDS, SWEEP, Listener, open_listener, passes_while_listening
 from outbox import consumers, service
-from outbox.claims import backoff_delay
 from outbox.models import Consumer, Delivery, DeliveryAttempt
-from outbox.wake import POLL_SECONDS, SWEEP, Listener, open_listener, passes_while_listening
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ def attempt(consumer, delivery: Delivery, client: httpx.Client, claim) -> Finish
     turn comes: then the row is due again and may be another sweep's, and None says it was not
     started (so it is when the process is stopping). Writes nothing, so it may run on a pool
     thread."""
-    if not claim.holds() or stopping.asked():
+    if not claim.holds() or stopping.requested():
         return None
     started_at = timezone.now()
     ids = {"delivery": delivery.pk, "event": delivery.event_id, "consumer": consumer.name, "claim": claim.token,
@@ -558,7 +558,7 @@ class Pass:
             queue = waiting[consumer_id]
             if queue:
                 self.refresh("main")
-            if consumer_id in self.paused or stopping.asked():  # paused, or stopping: no more attempts
+            if consumer_id in self.paused or stopping.requested():  # paused, or stopping: no more attempts
                 not_started.extend(d.pk for d in queue)
                 queue.clear()
             while queue and running[consumer_id] < bound:
@@ -587,7 +587,7 @@ class Pass:
                         self.finished(f)
                 if not done and self.pending:
                     self.flush()
-                if stopping.asked():
+                if stopping.requested():
                     self.give_back_unstarted(waiting, in_flight, start, not_started)
         finally:
             # Whatever stopped the pass, outcomes already known are written, not thrown away

@@ -31,9 +31,9 @@ from django.utils import timezone
 from odal import reconnect, stopping, tally
 from odal.models import Passport
 from odal.text import error_text, storable
-from outbox.claims import backoff_delay
+from odal.work.claims import backoff_delay
+from odal.work.wake import DRAIN, POLL_SECONDS, Listener, open_listener, passes_while_listening
 from outbox.events import emit_many
-from outbox.wake import POLL_SECONDS, Listener, open_listener, passes_while_listening
 from registry import adapters, service
 from registry.models import Registration, RegistrationAttempt, RegistrationQuerySet
 from registry.pace import PAUSE_REFRESH_SECONDS, Pace, monotonic_at
@@ -378,7 +378,7 @@ def withdraw(attempt: Attempt) -> None:
     token, rows, now = attempt.token, attempt.rows, timezone.now()
 
     def after_withdrawn():
-        service.kick_drain_on_commit()
+        DRAIN.on_commit()
         # Published again since the passport was read (the write waits for the pass's flush):
         # a row just suspended owes its registration again. (One now finding sees the publish
         # when the drain claims it, and registers afresh.)
@@ -475,7 +475,7 @@ def plan_deactivate(attempt: Attempt) -> Request | None:
                 "deactivate", "reregister",
                 "passport published again after a deactivation was attempted; registering afresh",
                 lambda: rows.reregister(token=token, now=timezone.now()) == 1,
-                on_taken=service.kick_drain_on_commit,
+                on_taken=DRAIN.on_commit,
             )  # fmt: skip
         return None
     if reg.finds_first:
@@ -648,11 +648,11 @@ def send_in_turn(request: Request, adapter, pace: Pace, slot: float, deadline: f
     withdrawn meanwhile, a 429 paused every drain, or the claim's hold has run out by the time
     this thread got to it (a pool thread may come free late: one still busy with a request of a
     pass that ended early). No database here."""
-    while (delay := slot - time.monotonic()) > 0 and not (request.withdrawn.is_set() or stopping.asked()):
+    while (delay := slot - time.monotonic()) > 0 and not (request.withdrawn.is_set() or stopping.requested()):
         request.withdrawn.wait(min(delay, PAUSE_REFRESH_SECONDS))  # (a stop is looked at as often)
     if request.withdrawn.is_set():
         return WITHDRAWN
-    if pace.held_back() or time.monotonic() >= deadline or stopping.asked():
+    if pace.held_back() or time.monotonic() >= deadline or stopping.requested():
         return NOT_SENT
     return request.send(adapter)
 
@@ -780,7 +780,7 @@ class Pass:
                     or time.monotonic() - self.flushed_at >= self.flush_seconds
                 ):
                     self.flush()
-                if stopping.asked() and (waiting or not_started):
+                if stopping.requested() and (waiting or not_started):
                     # Stopping while requests are still out: the rows behind them are given back
                     # now, not when those end, which may be after odal.stopping's clock has
                     # ended the process (their claim would hold them, an attempt counted that
@@ -917,5 +917,5 @@ def drain_forever(
     takes the drain's listener lock when free, so commits need not enqueue django-q2 drains
     meanwhile. A lost database is waited for, however long, and the passes go on; one that is
     down when it starts, too."""
-    with open_listener(service.DRAIN, should_stop=should_stop) or nullcontext() as listener:
+    with open_listener(DRAIN, should_stop=should_stop) or nullcontext() as listener:
         return drain_listening(listener, batch=batch, poll_seconds=idle_sleep, should_stop=should_stop)

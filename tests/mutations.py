@@ -54,28 +54,28 @@ GUARDS = [
     ),
     Guard(
         "claim: counts the attempt relatively, at claim time",
-        "outbox/claims.py",
+        "odal/work/claims.py",
         'attempts=F("attempts") + 1',
         "attempts=1",
         "tests/test_outbox_claims.py::test_overlapping_attempts_count_twice_so_the_bound_holds",
     ),
     Guard(
         "claim: pushes next_attempt_at past now by the hold",
-        "outbox/claims.py",
+        "odal/work/claims.py",
         "        held_until = now + hold\n",
         "        held_until = now\n",
         "tests/test_outbox_claims.py::test_a_claimed_row_is_not_due_until_its_hold_expires",
     ),
     Guard(
         "claim: FOR UPDATE SKIP LOCKED",
-        "outbox/claims.py",
+        "odal/work/claims.py",
         ".select_for_update(skip_locked=True)",
         ".select_for_update()",
         "tests/test_outbox_claims.py::test_a_claim_skips_rows_another_claimer_has_locked",
     ),
     Guard(
         "claim: never more rows than its limit, however many claim at once",
-        "outbox/claims.py",
+        "odal/work/claims.py",
         """                .values_list("pk", flat=True)[:limit]\n""",
         """                .values_list("pk", flat=True)\n""",
         "tests/test_outbox_claims.py -k limit",
@@ -132,34 +132,34 @@ GUARDS = [
     Guard(
         "sweep: no attempt (webhook or Python) starts after the claim's hold ran out",
         "outbox/sweep.py",
-        "    if not claim.holds() or stopping.asked():\n        return None\n",
-        "    if stopping.asked():\n        return None\n",
+        "    if not claim.holds() or stopping.requested():\n        return None\n",
+        "    if stopping.requested():\n        return None\n",
         "tests/test_outbox_sweep.py -k hold_ran_out",
     ),
     Guard(
         "wake: a commit NOTIFYs the listening sweep",
-        "outbox/wake.py",
+        "odal/work/wake.py",
         """                "SELECT pg_notify(%s, ''), pg_try_advisory_xact_lock_shared(%s)", [wake.channel, wake.lock]""",
         """                "SELECT length(%s), pg_try_advisory_xact_lock_shared(%s)", [wake.channel, wake.lock]""",
         "tests/test_outbox_wake.py::test_a_commit_wakes_the_listening_sweep_and_enqueues_no_task",
     ),
     Guard(
         "wake: no django-q2 task is enqueued while a sweep listens",
-        "outbox/wake.py",
+        "odal/work/wake.py",
         "    if notify(wake) or broker_resting():\n        return\n",
         "    if broker_resting():\n        return\n",
         "tests/test_outbox_wake.py -k enqueues",
     ),
     Guard(
         "wake: an idle listener looks again after poll_seconds (a retry falls due without a NOTIFY)",
-        "outbox/wake.py",
+        "odal/work/wake.py",
         "                pause = poll_seconds if remaining is None else min(poll_seconds, remaining)\n",
         "                pause = poll_seconds if remaining is None else remaining\n",
         "tests/test_outbox_wake.py::test_a_retry_falling_due_is_swept_by_the_poll_without_a_notification",
     ),
     Guard(
         "wake: one sweep leads at a time",
-        "outbox/wake.py",
+        "odal/work/wake.py",
         """        self.leading = self.conn.execute("SELECT pg_try_advisory_lock(%s)", [self.wake.lock]).fetchone()[0]""",
         """        self.leading = self.conn.execute("SELECT pg_try_advisory_lock(%s) OR true", [self.wake.lock]).fetchone()[0]""",
         "tests/test_outbox_wake.py -k lead",
@@ -342,8 +342,8 @@ GUARDS = [
     Guard(
         "sweep: no Python consumer starts after the claim's hold ran out",
         "outbox/sweep.py",
-        "    if not claim.holds() or stopping.asked():\n        return None\n",
-        "    if stopping.asked():\n        return None\n",
+        "    if not claim.holds() or stopping.requested():\n        return None\n",
+        "    if stopping.requested():\n        return None\n",
         "tests/test_sweep_python.py::test_no_python_consumer_starts_after_the_claims_hold_ran_out",
     ),
     Guard(
@@ -390,7 +390,7 @@ GUARDS = [
     ),
     Guard(
         "python timeout: a claim takes no row its skip names",
-        "outbox/claims.py",
+        "odal/work/claims.py",
         "self.claimable(now) if skip is None else self.claimable(now).exclude(skip)",
         "self.claimable(now)",
         "tests/test_sweep_python.py::test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consumers_rows",
@@ -405,8 +405,8 @@ GUARDS = [
     Guard(
         "drain: a request is not sent once its claim's hold ran out, however late its pool thread came",
         "registry/drain.py",
-        "    if pace.held_back() or time.monotonic() >= deadline or stopping.asked():\n",
-        "    if pace.held_back() or stopping.asked():\n",
+        "    if pace.held_back() or time.monotonic() >= deadline or stopping.requested():\n",
+        "    if pace.held_back() or stopping.requested():\n",
         "tests/test_hostile_16.py::test_a_request_whose_thread_comes_free_after_the_hold_is_not_sent",
     ),
     Guard(
@@ -418,14 +418,14 @@ GUARDS = [
     ),
     Guard(
         "release: only rows still held by the claim's token",
-        "outbox/claims.py",
+        "odal/work/claims.py",
         "        return self.filter(claim_token=token, status__in=self.claimable_statuses).update(\n",
         "        return self.filter(status__in=self.claimable_statuses).update(\n",
         "tests/test_registry_drain.py::test_release_gives_back_only_rows_the_claim_still_holds",
     ),
     Guard(
         "release: only rows still in a claimable status",
-        "outbox/claims.py",
+        "odal/work/claims.py",
         "        return self.filter(claim_token=token, status__in=self.claimable_statuses).update(\n",
         "        return self.filter(claim_token=token).update(\n",
         "tests/test_registry_drain.py::test_release_gives_back_only_rows_the_claim_still_holds",
@@ -699,7 +699,7 @@ GUARDS = [
     ),
     Guard(
         "webhooks: certificates are verified",
-        "outbox/consumers.py",
+        "odal/work/http.py",
         "ssl_context = httpx.create_ssl_context(verify=verify)",
         "ssl_context = httpx.create_ssl_context(verify=False)",
         "tests/test_webhook_pinning.py::test_a_tls_connection_verified_for_one_name_does_not_carry_another_names_request "
@@ -721,7 +721,7 @@ GUARDS = [
     ),
     Guard(
         "webhook client: its httpx transport sends through the pinning pool",
-        "outbox/consumers.py",
+        "odal/work/http.py",
         "self._pool = httpcore.ConnectionPool(",
         "self._unused = httpcore.ConnectionPool(",
         "tests/test_webhook_pinning.py::test_a_name_that_rebinds_after_the_check_is_connected_to_at_the_checked_address",
@@ -786,7 +786,7 @@ GUARDS = [
     ),
     Guard(
         "HTTP clients (registry adapter, webhooks): their connections hold each request to its deadline (DeadlineBackend)",
-        "outbox/consumers.py",
+        "odal/work/http.py",
         "            network_backend=DeadlineBackend(network),\n",
         "            network_backend=network or httpcore.SyncBackend(),\n",
         "tests/test_hostile_16.py -k trickling",
@@ -1103,7 +1103,7 @@ GUARDS = [
     ),
     Guard(
         "claim: the UPDATE restates 'still claimable' (without row locks, two claims never share a row)",
-        "outbox/claims.py",
+        "odal/work/claims.py",
         "            self.model._default_manager.filter(pk__in=ids).claimable(now).update(\n",
         "            self.model._default_manager.filter(pk__in=ids).update(\n",
         "tests/test_guards.py::test_without_row_locks_two_claims_never_take_the_same_row",
@@ -2069,7 +2069,7 @@ GUARDS = [
     ),
     Guard(
         "claims: rows run in the order they fell due",
-        "outbox/claims.py",
+        "odal/work/claims.py",
         "        claim.rows = [rows[pk] for pk in ids if pk in rows]\n",
         "        claim.rows = [rows[pk] for pk in sorted(rows)]\n",
         "tests/test_consumers.py::test_on_resume_the_waiting_deliveries_flow_in_creation_order",
@@ -2348,39 +2348,39 @@ GUARDS = [
     # -- issue 16: debounced kicks, the concurrent drain, the registry's pace -----------------------
     Guard(
         "kicks: a kick on its way holds back the next (a burst of commits enqueues one task)",
-        "outbox/models.py",
+        "odal/work/models.py",
         "        free = models.Q(enqueued_at__isnull=True) | models.Q(\n",
         "        free = models.Q() | models.Q(\n",
         "tests/test_kicks.py -k burst or on_its_way",
     ),
     Guard(
         "kicks: a task that starts takes its kick (the next commit may kick again)",
-        "outbox/wake.py",
+        "odal/work/wake.py",
         "        Kick.objects.started(wake.task)\n",
         "        pass\n",
         "tests/test_kicks.py::test_a_drain_task_takes_its_kick_when_it_starts",
     ),
     Guard(
         "kicks: a kick the broker refuses is withdrawn (the next commit tries again)",
-        "outbox/wake.py",
+        "odal/work/wake.py",
         '    if enqueue and not kick(wake.task, f"{wake.name} (kicked)"):\n',
         '    if enqueue and not kick(wake.task, f"{wake.name} (kicked)") and False:\n',
         "tests/test_kicks.py -k refuses_is_withdrawn",
     ),
     Guard(
         "kicks: a withdrawn kick takes back only its own mark",
-        "outbox/models.py",
+        "odal/work/models.py",
         "        return self.filter(task=task, enqueued_at=enqueued_at).update(enqueued_at=None)\n",
         "        return self.filter(task=task).update(enqueued_at=None)\n",
         "tests/test_kicks.py -k only_its_own_mark",
     ),
     Guard(
         "wake: a leader's last look comes after it unlocks (a commit that found the lock held is seen)",
-        "outbox/wake.py",
+        "odal/work/wake.py",
         "        if relayed:\n            report.add(listening(listener, HANDOVER_SECONDS))\n"
         "    # The last look, after the unlock (with a successor on its way, its first pass is the look).\n"
-        "    if settings.ODAL_KICK_SWEEP and not relayed and asked(due):\n",
-        "        looked = asked(due)\n        if relayed:\n            report.add(listening(listener, HANDOVER_SECONDS))\n"
+        "    if settings.ODAL_KICK_SWEEP and not relayed and answered_yes(due):\n",
+        "        looked = answered_yes(due)\n        if relayed:\n            report.add(listening(listener, HANDOVER_SECONDS))\n"
         "    # The last look, after the unlock (with a successor on its way, its first pass is the look).\n"
         "    if settings.ODAL_KICK_SWEEP and not relayed and looked:\n",
         "tests/test_kicks.py::test_a_publish_committed_while_a_leading_drain_ends_its_turn_is_kicked",
@@ -2394,8 +2394,8 @@ GUARDS = [
     ),
     Guard(
         "drain wake: publishing wakes the drain (not only the minute's schedule)",
-        "registry/service.py",
-        "    wake_on_commit(DRAIN)\n",
+        "odal/work/wake.py",
+        "            transaction.on_commit(lambda: wake_up(self))\n",
         "    pass\n",
         "tests/test_kicks.py -k burst or wakes_the_listening_drain",
     ),
@@ -2423,8 +2423,8 @@ GUARDS = [
     Guard(
         "drain: a request waiting for its slot is not sent once a pause holds",
         "registry/drain.py",
-        "    if pace.held_back() or time.monotonic() >= deadline or stopping.asked():\n        return NOT_SENT\n",
-        "    if time.monotonic() >= deadline or stopping.asked():\n        return NOT_SENT\n",
+        "    if pace.held_back() or time.monotonic() >= deadline or stopping.requested():\n        return NOT_SENT\n",
+        "    if time.monotonic() >= deadline or stopping.requested():\n        return NOT_SENT\n",
         "tests/test_registry_concurrency.py::test_a_request_waiting_for_its_slot_is_not_sent_once_a_429_pauses_the_drain",
     ),
     Guard(
@@ -2615,16 +2615,16 @@ GUARDS = [
     Guard(
         "bulk: a batch kicks the drain once, not once per passport",
         "registry/service.py",
-        '        kick_drain_on_commit()\n    return "registration queued"\n',
-        '        for _ in passport_ids:\n            kick_drain_on_commit()\n    return "registration queued"\n',
+        '        DRAIN.on_commit()\n    return "registration queued"\n',
+        '        for _ in passport_ids:\n            DRAIN.on_commit()\n    return "registration queued"\n',
         "tests/test_bulk_api.py::test_one_request_kicks_the_drain_once_and_wakes_the_sweep_once "
         "tests/test_passport_import.py::test_each_batch_kicks_the_drain_once_and_wakes_the_sweep_once",
     ),
     Guard(
         "bulk: a batch wakes the sweep once, not once per event",
         "outbox/events.py",
-        "        if any(not c.paused for c in consumers):\n            kick_sweep_on_commit()\n    return [event",
-        "        for _ in events:\n            kick_sweep_on_commit()\n    return [event",
+        "        if any(not c.paused for c in consumers):\n            SWEEP.on_commit()\n    return [event",
+        "        for _ in events:\n            SWEEP.on_commit()\n    return [event",
         "tests/test_bulk_api.py::test_one_request_kicks_the_drain_once_and_wakes_the_sweep_once "
         "tests/test_passport_import.py::test_each_batch_kicks_the_drain_once_and_wakes_the_sweep_once",
     ),
@@ -2681,7 +2681,7 @@ GUARDS = [
     ),
     Guard(
         "reconnect: a sweep or a drain started while the database is down waits for it (open_listener)",
-        "outbox/wake.py",
+        "odal/work/wake.py",
         "            if not outage.wait(exc):\n                return None\n",
         "            raise\n",
         "tests/test_reconnect.py::test_a_sweep_and_a_drain_started_while_the_database_is_down_wait_for_it",
@@ -2739,21 +2739,21 @@ GUARDS = [
     ),
     Guard(
         "reconnect: odal outbox sweep (and a relay turn) rides out a lost database",
-        "outbox/wake.py",
+        "odal/work/wake.py",
         "            if not outage.wait(exc):\n                break\n    return report\n",
         "            raise\n    return report\n",
         "tests/test_reconnect.py -k sweep_that and outbox",
     ),
     Guard(
         "kicks: after the broker failed one, a process enqueues none while it rests",
-        "outbox/kick.py",
+        "odal/work/wake.py",
         "    if broker_resting():\n",
         "    if False:\n",
         "tests/test_kicks.py::test_a_broker_that_failed_a_kick_is_not_asked_again_while_it_rests",
     ),
     Guard(
         "kicks: while the broker rests, a commit takes no kick mark",
-        "outbox/wake.py",
+        "odal/work/wake.py",
         "    if notify(wake) or broker_resting():\n",
         "    if notify(wake):\n",
         "tests/test_kicks.py::test_a_broker_that_failed_a_kick_is_not_asked_again_while_it_rests",
@@ -2809,21 +2809,21 @@ GUARDS = [
     ),
     Guard(
         "reconnect: odal registry drain rides out a lost database",
-        "outbox/wake.py",
+        "odal/work/wake.py",
         "            if not outage.wait(exc):\n                break\n    return report\n",
         "            raise\n    return report\n",
         "tests/test_reconnect.py -k drain_that and registry",
     ),
     Guard(
         "reconnect: a listening sweep reopens its listener once the database answers",
-        "outbox/wake.py",
+        "odal/work/wake.py",
         "reopen=listener and listener.reopen",
         "reopen=None",
         "tests/test_reconnect.py -k listening_sweep_whose",
     ),
     Guard(
         "reconnect: a reopened listener leads again",
-        "outbox/wake.py",
+        "odal/work/wake.py",
         "        if self.wants_lead:\n            self.try_lead()\n",
         "",
         "tests/test_reconnect.py -k listening_sweep_whose or relay",
@@ -3504,14 +3504,14 @@ GUARDS = [
     Guard(
         "stopping: an attempt whose turn comes after SIGTERM is not started (its row is given back)",
         "outbox/sweep.py",
-        "    if not claim.holds() or stopping.asked():\n        return None\n",
+        "    if not claim.holds() or stopping.requested():\n        return None\n",
         "    if not claim.holds():\n        return None\n",
         "tests/test_bounds.py -k told_to_stop_starts_nothing",
     ),
     Guard(
         "stopping: a register waiting for its turn when SIGTERM comes is not sent",
         "registry/drain.py",
-        "    if pace.held_back() or time.monotonic() >= deadline or stopping.asked():\n        return NOT_SENT\n",
+        "    if pace.held_back() or time.monotonic() >= deadline or stopping.requested():\n        return NOT_SENT\n",
         "    if pace.held_back() or time.monotonic() >= deadline:\n        return NOT_SENT\n",
         "tests/test_bounds.py -k drain_pass_told_to_stop",
     ),
@@ -3553,27 +3553,27 @@ GUARDS = [
     Guard(
         "stopping: a sweep told to stop gives back its queued rows at once, not when the running attempts end",
         "outbox/sweep.py",
-        "                if stopping.asked():\n                    self.give_back_unstarted(",
+        "                if stopping.requested():\n                    self.give_back_unstarted(",
         "                if False:\n                    self.give_back_unstarted(",
         "tests/test_stop_gives_back.py -k sweep_ended",
     ),
     Guard(
         "stopping: a sweep told to stop starts no queued webhook attempt",
         "outbox/sweep.py",
-        "if consumer_id in self.paused or stopping.asked():",
+        "if consumer_id in self.paused or stopping.requested():",
         "if consumer_id in self.paused:",
         "tests/test_stop_gives_back.py -k sweep_ended",
     ),
     Guard(
         "stopping: a drain told to stop gives back its waiting rows at once",
         "registry/drain.py",
-        "if stopping.asked() and (waiting or not_started):",
+        "if stopping.requested() and (waiting or not_started):",
         "if False:",
         "tests/test_stop_gives_back.py -k drain_ended",
     ),
     Guard(
         "statement bounds: a relay successor's lock wait is not cut short by the server's statement bound",
-        "outbox/wake.py",
+        "odal/work/wake.py",
         'f"{ms + int(STATEMENT_MARGIN_SECONDS * 1000)}ms"',
         '"100ms"',
         "tests/test_stop_gives_back.py -k successor_waiting",
@@ -4050,14 +4050,14 @@ GUARDS = [
     ),
     Guard(
         "kicks: a task that could not take its kick takes it once its work waited for the database",
-        "outbox/wake.py",
+        "odal/work/wake.py",
         "        finally:\n            take_the_kick(wake)\n",
         "        finally:\n            pass\n",
         "tests/test_kicks.py -k could_not_be_taken",
     ),
     Guard(
         "kicks: a task whose listener cannot connect does what is due instead of failing",
-        "outbox/wake.py",
+        "odal/work/wake.py",
         "        listener = None  # its own connection failed",
         "        raise  # its own connection failed",
         "tests/test_kicks.py -k listener_cannot_connect",

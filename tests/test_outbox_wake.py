@@ -15,11 +15,12 @@ from django.test import TestCase
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from outbox import tasks, wake
+from odal.work import wake
+from odal.work.wake import SWEEP, Listener
+from outbox import tasks
 from outbox.events import emit
 from outbox.models import Delivery
 from outbox.sweep import sweep_listening
-from outbox.wake import CHANNEL, Listener
 from tests.factories import ConsumerFactory, DeliveryFactory
 from tests.waiting import wait_for
 
@@ -51,7 +52,7 @@ class ListeningSweep(threading.Thread):
     def stop(self):
         self.stopping.set()
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
+            cursor.execute("SELECT pg_notify(%s, '')", [SWEEP.channel])
         self.join()
 
 

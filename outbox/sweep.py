@@ -11,7 +11,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import httpx
@@ -23,7 +23,8 @@ from django.utils import timezone
 from odal import reconnect, stopping, tally
 from odal.text import error_text, storable
 from odal.work.claims import backoff_delay
-from odal.work.wake import POLL_SECONDS, SWEEP, Listener, open_listener, passes_while_listening
+from odal.work.loops import Report, Work
+from odal.work.wake import SWEEP
 from outbox import consumers, service
 from outbox.models import Consumer, Delivery, DeliveryAttempt
 
@@ -31,28 +32,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class SweepReport:
+class SweepReport(Report):
     dead_lettered: int = 0
-    claimed: int = 0
     delivered: int = 0
     failed: int = 0
-    late: int = 0
-    not_started: int = 0  # claimed, but the hold ran out before their turn came
-    write_errors: int = 0  # outcomes the database refused (each in the attempt log)
-    passes: int = 0
-
-    def add(self, other: "SweepReport") -> None:
-        for name in (
-            "dead_lettered",
-            "claimed",
-            "delivered",
-            "failed",
-            "late",
-            "not_started",
-            "write_errors",
-            "passes",
-        ):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def summary(self) -> str:
         text = (
@@ -624,17 +607,17 @@ class Pass:
         self.release(not_started)
 
 
-class Housekeeping:
-    """When a run of passes parks and unparks again: on its first pass, then about once every
-    HOUSEKEEPING_SECONDS (each costs two statements; a busy sweep makes several passes a
-    second)."""
+class Every:
+    """Whether `seconds` have gone by since it last said so (and the first time it is asked):
+    how often a run of passes does its housekeeping (parking and unparking cost two statements;
+    a busy sweep makes several passes a second)."""
 
-    def __init__(self):
-        self.last = float("-inf")
+    def __init__(self, seconds: float):
+        self.seconds, self.last = seconds, float("-inf")
 
-    def due(self) -> bool:
+    def elapsed(self) -> bool:
         now = time.monotonic()
-        if now - self.last < HOUSEKEEPING_SECONDS:
+        if now - self.last < self.seconds:
             return False
         self.last = now
         return True
@@ -649,7 +632,7 @@ def sweep_once(
     housekeeping: bool = True,
 ) -> SweepReport:
     """One pass: park or unpark rows of paused or resumed consumers (with `housekeeping`: a run
-    of passes does it about once a second, see Housekeeping), dead-letter spent rows, claim up
+    of passes does it about once a second, see Every), dead-letter spent rows, claim up
     to `batch` due deliveries, run them."""
     report = SweepReport(passes=1)
     now = timezone.now()
@@ -696,54 +679,23 @@ def sweeper():
             python.submit(connections.close_all).result()  # that thread's own connection, if any
 
 
-def sweep_until_idle(*, batch: int = 100, max_seconds: float = 50.0) -> SweepReport:
-    """Passes until a pass claims nothing or `max_seconds` have gone by. A database lost
-    meanwhile is waited for until then (odal.reconnect); past it, its error is raised."""
-    report = SweepReport()
-    deadline = time.monotonic() + max_seconds
-    chores = Housekeeping()
-    outage = reconnect.Outage("outbox sweep", deadline=deadline)
-    with sweeper() as shared:
-        while True:
-            one = outage.attempt(lambda: sweep_once(batch=batch, housekeeping=chores.due(), **shared))
-            if one is None:
-                continue
-            report.add(one)
-            if one.claimed == 0 or time.monotonic() >= deadline:
-                return report
+class Sweep(Work):
+    """The sweep's runs (odal.work.loops): each pass is sweep_once, with the client, the webhook
+    pool and the Python thread a run shares, and housekeeping about once a second."""
+
+    name, wake, Report, rows, batch = "outbox sweep", SWEEP, SweepReport, Delivery.objects, 100
+
+    @contextmanager
+    def tools(self):
+        with sweeper() as shared:
+            yield {**shared, "chores": Every(HOUSEKEEPING_SECONDS)}
+
+    def one_pass(self, *, batch: int, chores: Every, **shared) -> SweepReport:
+        return sweep_once(batch=batch, housekeeping=chores.elapsed(), **shared)
+
+    def owed(self) -> bool:
+        return Delivery.objects.filter(status=Delivery.Status.PENDING).exists()
 
 
-def sweep_listening(
-    listener: Listener | None,
-    *,
-    batch: int = 100,
-    seconds: float | None = None,
-    poll_seconds: float = POLL_SECONDS,
-    should_stop=lambda: False,
-) -> SweepReport:
-    """Passes back to back while they find work; when a pass finds none, wait for a NOTIFY (a
-    commit created deliveries) or `poll_seconds` (a retry may have fallen due), whichever comes
-    first. Without a listener (not PostgreSQL) it just sleeps between passes. Runs for
-    `seconds`, or until `should_stop()`. A lost database (its own connection or the
-    listener's) is waited for, the listener reopened, and the passes go on (odal.reconnect);
-    if it does not answer within `seconds`, this returns what it did."""
-    chores = Housekeeping()
-    with sweeper() as shared:
-        return passes_while_listening(
-            "outbox sweep",
-            lambda: sweep_once(batch=batch, housekeeping=chores.due(), **shared),
-            SweepReport(),
-            listener,
-            seconds=seconds,
-            poll_seconds=poll_seconds,
-            should_stop=should_stop,
-        )
-
-
-def sweep_forever(
-    *, batch: int = 100, idle_sleep: float = POLL_SECONDS, should_stop=lambda: False
-) -> SweepReport:
-    """What `odal outbox sweep` runs: passes until told to stop, woken by commits when idle. It
-    takes the listener lock when free, so commits need not enqueue django-q2 sweeps meanwhile."""
-    with open_listener(SWEEP, should_stop=should_stop) or nullcontext() as listener:
-        return sweep_listening(listener, batch=batch, poll_seconds=idle_sleep, should_stop=should_stop)
+SWEEPING = Sweep()
+sweep_until_idle, sweep_listening, sweep_forever = SWEEPING.until_idle, SWEEPING.listening, SWEEPING.forever

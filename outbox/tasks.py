@@ -8,21 +8,12 @@ django-q2 worker keeps a listening sweep while deliveries are pending, and a ret
 attempted within about a second. Turns are short so that stopping the cluster never waits long.
 """
 
-from odal.work.wake import SWEEP, run_kicked_task
 from outbox import retention
-from outbox.models import Delivery
-from outbox.sweep import sweep_listening, sweep_until_idle
+from outbox.sweep import SWEEPING
 
 
 def sweep(relay: bool = False) -> str:
-    return run_kicked_task(
-        SWEEP,
-        relay=relay,
-        listening=lambda listener, seconds: sweep_listening(listener, seconds=seconds),
-        until_idle=lambda: sweep_until_idle(max_seconds=50),
-        owed=lambda: Delivery.objects.filter(status=Delivery.Status.PENDING).exists(),
-        due=lambda: Delivery.objects.due().exists(),
-    ).summary()
+    return SWEEPING.task(relay)
 
 
 def purge() -> str:

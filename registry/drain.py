@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -32,10 +32,11 @@ from odal import reconnect, stopping, tally
 from odal.models import Passport
 from odal.text import error_text, storable
 from odal.work.claims import backoff_delay
-from odal.work.wake import DRAIN, POLL_SECONDS, Listener, open_listener, passes_while_listening
+from odal.work.loops import Report, Work
+from odal.work.wake import DRAIN
 from outbox.events import emit_many
 from registry import adapters, service
-from registry.models import Registration, RegistrationAttempt, RegistrationQuerySet
+from registry.models import Registration, RegistrationAttempt
 from registry.pace import PAUSE_REFRESH_SECONDS, Pace, monotonic_at
 
 log = logging.getLogger(__name__)
@@ -46,23 +47,14 @@ FLUSH_SECONDS = 0.25  # ...or sooner (a quarter of the hold if that is less): a 
 
 
 @dataclass
-class DrainReport:
-    claimed: int = 0
+class DrainReport(Report):
     submitted: int = 0
     registered: int = 0
     rejected: int = 0
     deactivated: int = 0
     failed: int = 0
     unknown: int = 0  # no answer of the registry's own: the request may have reached it
-    late: int = 0
-    write_errors: int = 0  # outcomes the database refused (each in the attempt log)
-    not_started: int = 0  # claimed, but the hold ran out before their turn (attempt given back)
     rate_limited: int = 0  # the registry answered 429 (attempt given back, due when the pause ends)
-    passes: int = 0
-
-    def add(self, other: "DrainReport") -> None:
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def summary(self) -> str:
         text = (
@@ -846,76 +838,29 @@ def drain_once(
     return report
 
 
-def drain_until_idle(
-    *, batch: int = 50, max_seconds: float = 50.0, linger_seconds: float = 10.0
-) -> DrainReport:
-    """Passes until nothing is due. Rows falling due within `linger_seconds` (a submitted row's
-    next check, a short backoff) are waited for, so a registration goes through in one run; so is
-    a pause the registry asked for, within `max_seconds`. A database lost meanwhile is waited for
-    until `max_seconds` (odal.reconnect); past it, its error is raised."""
-    report = DrainReport()
-    deadline = time.monotonic() + max_seconds
-    outage = reconnect.Outage("registry drain", deadline=deadline)
-    with drainer() as shared:
-        while True:
-            one = outage.attempt(lambda: drain_once(batch=batch, **shared))
-            if one is None:
-                continue
-            report.add(one)
-            if time.monotonic() >= deadline:
-                return report
-            if one.claimed:
-                continue
-            if paused := shared["pace"].paused_for():
-                time.sleep(min(paused, max(0.0, deadline - time.monotonic())))
-                continue
-            now = timezone.now()
-            upcoming = (
-                Registration.objects.filter(status__in=RegistrationQuerySet.claimable_statuses)
-                .filter(next_attempt_at__gt=now, next_attempt_at__lte=now + timedelta(seconds=linger_seconds))
-                .order_by("next_attempt_at")
-                .values_list("next_attempt_at", flat=True)
-                .first()
-            )
-            if upcoming is None:
-                return report
-            time.sleep(
-                min(max(0.05, (upcoming - now).total_seconds()), max(0.0, deadline - time.monotonic()))
-            )
+class Drain(Work):
+    """The drain's runs (odal.work.loops): each pass is drain_once, with the adapter, the pace and
+    the pool a run shares. A run until idle waits for rows falling due within 10 s (a submitted
+    row's next check, a short backoff), so a registration goes through in one run, and for a
+    pause the registry asked for."""
+
+    name, wake, Report, rows, batch = "registry drain", DRAIN, DrainReport, Registration.objects, 50
+    linger_seconds = 10.0
+
+    def tools(self):
+        return drainer()
+
+    def one_pass(self, *, batch: int, **shared) -> DrainReport:
+        return drain_once(batch=batch, **shared)
+
+    def paused_for(self, tools: dict) -> float:
+        return tools["pace"].paused_for()
+
+    def owed(self) -> bool:
+        # The schedule's period: a row due later waits for it as well.
+        return Registration.objects.due(timezone.now() + RELAY_HORIZON).exists()
 
 
-def drain_listening(
-    listener: Listener | None,
-    *,
-    batch: int = 50,
-    seconds: float | None = None,
-    poll_seconds: float = POLL_SECONDS,
-    should_stop=lambda: False,
-) -> DrainReport:
-    """Passes back to back while they find work; when a pass finds none, wait for a NOTIFY (a
-    commit owes the registry something) or `poll_seconds` (a retry or a check may have fallen
-    due), whichever comes first. Without a listener (not PostgreSQL) it just sleeps between
-    passes. Runs for `seconds`, or until `should_stop()`. A lost database (its own connection or
-    the listener's) is waited for, the listener reopened, and the passes go on (odal.reconnect);
-    if it does not answer within `seconds`, this returns what it did."""
-    with drainer() as shared:
-        return passes_while_listening(
-            "registry drain",
-            lambda: drain_once(batch=batch, **shared),
-            DrainReport(),
-            listener,
-            seconds=seconds,
-            poll_seconds=poll_seconds,
-            should_stop=should_stop,
-        )
-
-
-def drain_forever(
-    *, batch: int = 50, idle_sleep: float = POLL_SECONDS, should_stop=lambda: False
-) -> DrainReport:
-    """What `odal registry drain` runs: passes until told to stop, woken by commits when idle. It
-    takes the drain's listener lock when free, so commits need not enqueue django-q2 drains
-    meanwhile. A lost database is waited for, however long, and the passes go on; one that is
-    down when it starts, too."""
-    with open_listener(DRAIN, should_stop=should_stop) or nullcontext() as listener:
-        return drain_listening(listener, batch=batch, poll_seconds=idle_sleep, should_stop=should_stop)
+RELAY_HORIZON = timedelta(seconds=60)  # a leading drain hands over while rows fall due this soon
+DRAINING = Drain()
+drain_until_idle, drain_listening, drain_forever = DRAINING.until_idle, DRAINING.listening, DRAINING.forever

@@ -9,23 +9,8 @@ registration's check or retry is made within about a second of falling due. Rows
 the minute's schedule's.
 """
 
-from datetime import timedelta
-
-from django.utils import timezone
-
-from odal.work.wake import DRAIN, run_kicked_task
-from registry.drain import drain_listening, drain_until_idle
-from registry.models import Registration
-
-RELAY_HORIZON = timedelta(seconds=60)  # the schedule's period: a row due later waits for it as well
+from registry.drain import DRAINING
 
 
 def drain(relay: bool = False) -> str:
-    return run_kicked_task(
-        DRAIN,
-        relay=relay,
-        listening=lambda listener, seconds: drain_listening(listener, seconds=seconds),
-        until_idle=lambda: drain_until_idle(max_seconds=50),
-        owed=lambda: Registration.objects.due(timezone.now() + RELAY_HORIZON).exists(),
-        due=lambda: Registration.objects.due().exists(),
-    ).summary()
+    return DRAINING.task(relay)

@@ -152,7 +152,7 @@ GUARDS = [
     ),
     Guard(
         "wake: an idle listener looks again after poll_seconds (a retry falls due without a NOTIFY)",
-        "odal/work/wake.py",
+        "odal/work/loops.py",
         "                pause = poll_seconds if remaining is None else min(poll_seconds, remaining)\n",
         "                pause = poll_seconds if remaining is None else remaining\n",
         "tests/test_outbox_wake.py::test_a_retry_falling_due_is_swept_by_the_poll_without_a_notification",
@@ -166,9 +166,9 @@ GUARDS = [
     ),
     Guard(
         "wake: a leading turn relays while deliveries are pending",
-        "outbox/tasks.py",
-        """        owed=lambda: Delivery.objects.filter(status=Delivery.Status.PENDING).exists(),\n""",
-        """        owed=lambda: False,\n""",
+        "outbox/sweep.py",
+        """        return Delivery.objects.filter(status=Delivery.Status.PENDING).exists()\n""",
+        """        return False\n""",
         "tests/test_outbox_wake.py -k relay",
     ),
     Guard(
@@ -2387,9 +2387,9 @@ GUARDS = [
     ),
     Guard(
         "drain wake: a leading drain relays while a registration falls due within the horizon",
-        "registry/tasks.py",
-        "        owed=lambda: Registration.objects.due(timezone.now() + RELAY_HORIZON).exists(),\n",
-        "        owed=lambda: Registration.objects.due(timezone.now()).exists(),\n",
+        "registry/drain.py",
+        "        return Registration.objects.due(timezone.now() + RELAY_HORIZON).exists()\n",
+        "        return Registration.objects.due(timezone.now()).exists()\n",
         "tests/test_kicks.py -k relays",
     ),
     Guard(
@@ -2739,9 +2739,9 @@ GUARDS = [
     ),
     Guard(
         "reconnect: odal outbox sweep (and a relay turn) rides out a lost database",
-        "odal/work/wake.py",
-        "            if not outage.wait(exc):\n                break\n    return report\n",
-        "            raise\n    return report\n",
+        "odal/work/loops.py",
+        "                    if not outage.wait(exc):\n                        break\n        return report\n",
+        "                    raise\n        return report\n",
         "tests/test_reconnect.py -k sweep_that and outbox",
     ),
     Guard(
@@ -2809,14 +2809,14 @@ GUARDS = [
     ),
     Guard(
         "reconnect: odal registry drain rides out a lost database",
-        "odal/work/wake.py",
-        "            if not outage.wait(exc):\n                break\n    return report\n",
-        "            raise\n    return report\n",
+        "odal/work/loops.py",
+        "                    if not outage.wait(exc):\n                        break\n        return report\n",
+        "                    raise\n        return report\n",
         "tests/test_reconnect.py -k drain_that and registry",
     ),
     Guard(
         "reconnect: a listening sweep reopens its listener once the database answers",
-        "odal/work/wake.py",
+        "odal/work/loops.py",
         "reopen=listener and listener.reopen",
         "reopen=None",
         "tests/test_reconnect.py -k listening_sweep_whose",

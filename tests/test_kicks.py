@@ -20,7 +20,7 @@ from odal import lifecycle
 from odal.work import wake
 from odal.work.models import Kick
 from odal.work.wake import DRAIN, Listener
-from registry import tasks
+from registry import drain, tasks
 from registry.drain import drain_listening
 from registry.models import Registration
 from tests.factories import ConsumerFactory, PassportFactory
@@ -141,7 +141,7 @@ def test_a_publish_committed_while_a_leading_drain_ends_its_turn_is_kicked(
 def test_a_leading_drain_relays_while_a_registration_falls_due_within_the_horizon(db, settings, short_turns):
     settings.ODAL_KICK_SWEEP = True
     published()
-    Registration.objects.update(next_attempt_at=timezone.now() + tasks.RELAY_HORIZON - timedelta(seconds=5))
+    Registration.objects.update(next_attempt_at=timezone.now() + drain.RELAY_HORIZON - timedelta(seconds=5))
     tasks.drain()
     (successor,) = OrmQ.objects.all()
     assert successor.task["func"] == "registry.tasks.drain" and successor.task["kwargs"] == {"relay": True}
@@ -152,7 +152,7 @@ def test_a_leading_drain_leaves_a_registration_due_past_the_horizon_to_the_sched
 ):
     settings.ODAL_KICK_SWEEP = True
     published()
-    Registration.objects.update(next_attempt_at=timezone.now() + tasks.RELAY_HORIZON + timedelta(seconds=5))
+    Registration.objects.update(next_attempt_at=timezone.now() + drain.RELAY_HORIZON + timedelta(seconds=5))
     tasks.drain()
     assert not OrmQ.objects.exists()
 

@@ -20,7 +20,7 @@ from odal.work.wake import SWEEP, Listener
 from outbox import tasks
 from outbox.events import emit
 from outbox.models import Delivery
-from outbox.sweep import sweep_listening
+from outbox.sweep import Sweep, sweep_listening
 from tests.factories import ConsumerFactory, DeliveryFactory
 from tests.waiting import wait_for
 
@@ -138,7 +138,7 @@ def test_a_leading_turn_with_nothing_pending_ends_without_a_successor(db, settin
 def test_a_sweep_task_that_cannot_lead_sweeps_what_is_due_and_returns(db, monkeypatch):
     ConsumerFactory()
     emit("passport.published", {})
-    monkeypatch.setattr(tasks, "sweep_listening", lambda *a, **k: pytest.fail("it must not listen"))
+    monkeypatch.setattr(Sweep, "listening", lambda *a, **k: pytest.fail("it must not listen"))
     with Listener.open() as leader:
         assert leader.try_lead()
         summary = tasks.sweep()

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import psycopg
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from odal import reconnect
@@ -328,46 +328,3 @@ def answered_yes(question) -> bool:
     except DatabaseError:
         log.warning("a leading turn could not look at its table", exc_info=True)
         return False
-
-
-def passes_while_listening(
-    what: str,
-    one_pass,
-    report,
-    listener: "Listener | None",
-    *,
-    seconds: float | None = None,
-    poll_seconds: float = POLL_SECONDS,
-    should_stop=lambda: False,
-):
-    """The loop of a listening sweep or drain: `one_pass()` back to back while passes claim
-    something (each added to `report`); when one claims nothing, wait for a NOTIFY or
-    `poll_seconds`, whichever comes first (without a listener, outside PostgreSQL, just sleep).
-    Runs for `seconds`, or until `should_stop()`. A lost database (its own connection or the
-    listener's) is waited for, the listener reopened, and the passes go on (odal.reconnect); if
-    it does not answer within `seconds`, this returns what it did."""
-    deadline = None if seconds is None else time.monotonic() + seconds
-    outage = reconnect.Outage(
-        what, should_stop=should_stop, deadline=deadline, reopen=listener and listener.reopen
-    )
-    while not should_stop():
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            break
-        try:
-            if not connection.in_atomic_block:  # (a caller's transaction, e.g. a test's, stays open)
-                close_old_connections()  # a long-lived loop drops a connection past its age or broken
-            one = one_pass()
-            report.add(one)
-            if one.claimed == 0 and not should_stop():
-                pause = poll_seconds if remaining is None else min(poll_seconds, remaining)
-                if listener is not None:
-                    listener.wait(pause)
-                else:
-                    time.sleep(pause)
-        except reconnect.ERRORS as exc:
-            if not reconnect.is_lost(exc):
-                raise
-            if not outage.wait(exc):
-                break
-    return report

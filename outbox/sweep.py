@@ -10,7 +10,7 @@ import queue
 import threading
 import time
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
@@ -24,6 +24,7 @@ from odal import reconnect, stopping, tally
 from odal.text import error_text, storable
 from odal.work.claims import backoff_delay
 from odal.work.loops import Report, Work
+from odal.work.passes import Pass, write_in_sets
 from odal.work.wake import SWEEP
 from outbox import consumers, service
 from outbox.models import Consumer, Delivery, DeliveryAttempt
@@ -147,33 +148,26 @@ class Settled:
 
 
 def finish_attempts(token, finished: list[Finished]) -> Settled:
-    """End a run of attempts of one claim. One transaction for the run; if the database refuses
-    it, each outcome is written again in a transaction of its own, so one row it cannot store
-    costs no other row its outcome. A row that still cannot be written keeps its claim until
-    the hold runs out (then it is due again, its attempt counted) and gets an attempt-log line
-    saying why (outcome write_error). Outcomes not taken are logged as late and change nothing
-    but a late success's note (lateSuccessAt), written with its attempt-log line.
-    If the database is lost meanwhile, DatabaseLost: nothing more is written for this claim (see
-    odal.reconnect), and its rows not written are due again after the hold."""
+    """End a run of attempts of one claim, written in sets (odal.work.passes.write_in_sets): a
+    row the database cannot store keeps its claim until the hold runs out (then it is due again,
+    its attempt counted) and gets an attempt-log line saying why (outcome write_error).
+    Outcomes not taken are logged as late and change nothing but a late success's note
+    (lateSuccessAt), written with its attempt-log line."""
     settled = Settled()
-    if not finished:
-        return settled
-    try:
-        with transaction.atomic():
-            settled.taken = _settle(token, finished)
-    except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below
-        reconnect.raise_if_lost(exc)
-        log.warning(
-            "writing %s outcomes together failed; writing them one by one", len(finished), exc_info=True
-        )
-        for f in finished:
-            try:
-                with transaction.atomic():
-                    settled.taken |= _settle(token, [f])
-            except Exception as exc:
-                reconnect.raise_if_lost(exc)
-                settled.unwritten.add(f.delivery.pk)
-                record_write_error(token, f, exc)
+
+    def write(some: list[Finished]) -> list[bool]:
+        taken = _settle(token, some)
+        return [f.delivery.pk in taken for f in some]
+
+    for f, took in zip(
+        finished,
+        write_in_sets(finished, write, lambda f, exc: record_write_error(token, f, exc)),
+        strict=True,
+    ):
+        if took is None:
+            settled.unwritten.add(f.delivery.pk)
+        elif took:
+            settled.taken.add(f.delivery.pk)
     for f in finished:
         if f.delivery.pk not in settled.taken and f.delivery.pk not in settled.unwritten:
             log.warning(
@@ -431,23 +425,35 @@ def run_python_consumers(jobs: list, client: httpx.Client, claim, run=None) -> N
             future.set_exception(exc)
 
 
-class Pass:
+class SweepPass(Pass):
     """The work of one claim. Webhooks run on the pool, at most ODAL_WEBHOOK_CONCURRENCY at once
     per consumer; Python consumers one after another on a thread of their own. Only this thread
-    writes, every FLUSH_ROWS outcomes or FLUSH_SECONDS, so no outcome waits behind a slow
-    consumer of another kind. No attempt starts after the claim's hold has run out; rows whose
-    turn came too late get their counted attempt back."""
+    writes (odal.work.passes), so no outcome waits behind a slow consumer of another kind. No
+    attempt starts after the claim's hold has run out, nor one of a consumer paused meanwhile."""
+
+    rows, flush_rows, flush_seconds = Delivery.objects, FLUSH_ROWS, FLUSH_SECONDS
+    look_seconds = FLUSH_SECONDS  # (the flush's period: see __init__)
+    not_started_line = (
+        "%s claimed deliveries not started: the claim's hold ran out first, their consumer was paused, "
+        "or this process is stopping"
+    )
 
     def __init__(self, claim, report: SweepReport, client: httpx.Client, pool: ThreadPoolExecutor, python):
-        self.claim, self.report, self.client, self.pool, self.python = claim, report, client, pool, python
-        self.pending: list[Finished] = []
-        self.last_flush = time.monotonic()
-        # Outcomes must be written well inside the claim's hold, or they arrive late for nothing.
-        self.flush_seconds = min(FLUSH_SECONDS, settings.ODAL_CLAIM_HOLD_SECONDS / 4)
-        self.consumers: dict = {}
+        super().__init__(claim, report)
+        self.look_seconds = self.flush_seconds
+        self.client, self.pool, self.python = client, pool, python
+        self.consumers = Consumer.objects.in_bulk({d.consumer_id for d in claim.rows})
+        self.refreshed = dict.fromkeys(("main", "python"), time.monotonic())  # just read
         self.paused: set = set()  # consumers paused during this pass (by a person or by odal)
-        self.refreshed: dict[str, float] = {}
         self.streaks_ended: set = set()  # consumers whose failure streak a success of this pass ended
+        self.waiting: dict[int, deque] = {}  # webhook rows by consumer, not started yet
+        self.python_jobs = []
+        for d in claim.rows:
+            if self.consumers[d.consumer_id].kind == Consumer.Kind.WEBHOOK:
+                self.waiting.setdefault(d.consumer_id, deque()).append(d)
+            else:
+                self.python_jobs.append((self.consumers[d.consumer_id], d, Future()))
+        self.running = dict.fromkeys(self.waiting, 0)
 
     def refresh(self, thread: str) -> None:
         """Re-read what a person may change under a running pass, at most every REFRESH_SECONDS
@@ -465,6 +471,51 @@ class Pass:
             consumer.previous_secret_expires_at = row["previous_secret_expires_at"]
             if row["paused"]:
                 self.paused.add(row["pk"])
+
+    def start_more(self) -> None:
+        if self.python_jobs:  # (all of them at once, on the Python thread, which starts each in turn)
+            jobs, self.python_jobs = self.python_jobs, []
+            self.in_flight.update({future: (d, None) for _, d, future in jobs})
+            self.python.submit(run_python_consumers, jobs, self.client, self.claim, self)
+        bound = settings.ODAL_WEBHOOK_CONCURRENCY
+        for consumer_id, rows in self.waiting.items():
+            if rows:
+                self.refresh("main")
+            if consumer_id in self.paused or stopping.requested():  # paused, or stopping: no more attempts
+                self.not_started.extend(d.pk for d in rows)
+                rows.clear()
+            while rows and self.running[consumer_id] < bound:
+                d = rows.popleft()
+                future = self.pool.submit(attempt, self.consumers[consumer_id], d, self.client, self.claim)
+                self.in_flight[future] = (d, consumer_id)
+                self.running[consumer_id] += 1
+
+    def ended(self, delivery, consumer_id, finished: Finished | None) -> None:
+        if consumer_id is not None:  # (a webhook's)
+            self.running[consumer_id] -= 1
+        if finished is None:
+            self.not_started.append(delivery.pk)
+        else:
+            self.pending.append(finished)
+
+    def take_waiting(self) -> list:
+        waiting = [d.pk for rows in self.waiting.values() for d in rows]
+        for rows in self.waiting.values():
+            rows.clear()
+        return waiting
+
+    def write(self, finished: list[Finished]) -> None:
+        settled = finish_attempts(self.claim.token, finished)
+        for f in finished:
+            if f.delivery.pk in settled.unwritten:
+                self.report.write_errors += 1
+            elif f.delivery.pk not in settled.taken:
+                self.report.late += 1
+            elif f.outcome.ok:
+                self.report.delivered += 1
+            else:
+                self.report.failed += 1
+        self.check_health(finished)
 
     def check_health(self, finished: list[Finished]) -> None:
         """Tell each consumer's failure streak what this flush saw (outbox.service.record_health):
@@ -499,112 +550,6 @@ class Pass:
                 if reconnect.is_lost(exc):
                     raise  # (they are written: the pass ends, and its loop waits for the database)
                 log.exception("recording the health of consumer %s failed", consumer.name)
-
-    def flush(self) -> None:
-        # Taken off first: a flush that lost the database (DatabaseLost) is not written again.
-        finished, self.pending = self.pending, []
-        self.last_flush = time.monotonic()
-        settled = finish_attempts(self.claim.token, finished)
-        for f in finished:
-            if f.delivery.pk in settled.unwritten:
-                self.report.write_errors += 1
-            elif f.delivery.pk not in settled.taken:
-                self.report.late += 1
-            elif f.outcome.ok:
-                self.report.delivered += 1
-            else:
-                self.report.failed += 1
-        self.check_health(finished)
-
-    def finished(self, f: Finished) -> None:
-        self.pending.append(f)
-        if len(self.pending) >= FLUSH_ROWS or time.monotonic() - self.last_flush >= self.flush_seconds:
-            self.flush()
-
-    def run(self) -> None:
-        by_id = self.consumers = Consumer.objects.in_bulk({d.consumer_id for d in self.claim.rows})
-        self.refreshed = dict.fromkeys(("main", "python"), time.monotonic())  # just read
-        waiting: dict[int, deque] = {}
-        python_jobs = []
-        for d in self.claim.rows:
-            consumer = by_id[d.consumer_id]
-            if consumer.kind == Consumer.Kind.WEBHOOK:
-                waiting.setdefault(d.consumer_id, deque()).append(d)
-            else:
-                python_jobs.append((consumer, d, Future()))
-        in_flight: dict = {}  # future -> (webhook consumer id or None, delivery)
-        running: dict[int, int] = dict.fromkeys(waiting, 0)
-        bound = settings.ODAL_WEBHOOK_CONCURRENCY
-        not_started = []
-
-        def start(consumer_id: int) -> None:
-            queue = waiting[consumer_id]
-            if queue:
-                self.refresh("main")
-            if consumer_id in self.paused or stopping.requested():  # paused, or stopping: no more attempts
-                not_started.extend(d.pk for d in queue)
-                queue.clear()
-            while queue and running[consumer_id] < bound:
-                d = queue.popleft()
-                future = self.pool.submit(attempt, by_id[consumer_id], d, self.client, self.claim)
-                in_flight[future] = (consumer_id, d)
-                running[consumer_id] += 1
-
-        try:
-            for consumer_id in waiting:
-                start(consumer_id)
-            if python_jobs:
-                in_flight.update({future: (None, d) for _, d, future in python_jobs})
-                self.python.submit(run_python_consumers, python_jobs, self.client, self.claim, self)
-            while in_flight:
-                done, _ = wait(in_flight, timeout=self.flush_seconds, return_when=FIRST_COMPLETED)
-                for future in done:
-                    consumer_id, d = in_flight.pop(future)
-                    if consumer_id is not None:
-                        running[consumer_id] -= 1
-                        start(consumer_id)
-                    f = future.result()
-                    if f is None:
-                        not_started.append(d.pk)
-                    else:
-                        self.finished(f)
-                if not done and self.pending:
-                    self.flush()
-                if stopping.requested():
-                    self.give_back_unstarted(waiting, in_flight, start, not_started)
-        finally:
-            # Whatever stopped the pass, outcomes already known are written, not thrown away
-            # (unless the database was lost while writing them: then nothing more is, see flush).
-            for future in in_flight:
-                future.cancel()
-            self.flush()
-        self.release(not_started)
-
-    def release(self, not_started: list) -> None:
-        if not_started:
-            # Their turn came after the hold ran out: no request went out for them. They get
-            # their counted attempt back and are due at once (unless another sweep took them).
-            self.report.not_started += len(not_started)
-            Delivery.objects.filter(pk__in=not_started).release(token=self.claim.token)
-            log.warning(
-                "%s claimed deliveries not started: the claim's hold ran out first, their consumer was "
-                "paused, or this process is stopping",
-                len(not_started),
-            )
-            not_started.clear()
-
-    def give_back_unstarted(self, waiting: dict, in_flight: dict, start, not_started: list) -> None:
-        """Stopping while attempts are still running: the rows queued behind them (webhooks) and
-        the Python jobs not yet picked up are given back now, not when the running ones end, which
-        may be after odal.stopping's clock has ended the process (their claim would then hold them,
-        each with an attempt counted that was never made)."""
-        for consumer_id in waiting:
-            start(consumer_id)  # (stopping: its queue goes to not_started)
-        for future, (consumer_id, d) in list(in_flight.items()):
-            if consumer_id is None and future.cancel():  # a Python job not picked up yet
-                del in_flight[future]
-                not_started.append(d.pk)
-        self.release(not_started)
 
 
 class Every:
@@ -660,7 +605,7 @@ def sweep_once(
                 pool or shared["pool"],
                 python or shared["python"],
             )
-        Pass(claim, report, client, pool, python).run()
+        SweepPass(claim, report, client, pool, python).run()
     tally.beat(tally.SWEEP)
     return report
 

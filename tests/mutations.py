@@ -125,8 +125,8 @@ GUARDS = [
     Guard(
         "sweep: at most ODAL_WEBHOOK_CONCURRENCY requests in flight per consumer",
         "outbox/sweep.py",
-        "            while queue and running[consumer_id] < bound:\n",
-        "            while queue:\n",
+        "            while rows and self.running[consumer_id] < bound:\n",
+        "            while rows:\n",
         "tests/test_outbox_sweep.py -k concurrently",
     ),
     Guard(
@@ -348,16 +348,16 @@ GUARDS = [
     ),
     Guard(
         "sweep: rows a pass claimed but never started get their counted attempt back",
-        "outbox/sweep.py",
-        "            Delivery.objects.filter(pk__in=not_started).release(token=self.claim.token)\n",
+        "odal/work/passes.py",
+        "        self.rows.filter(pk__in=self.not_started).release(token=self.claim.token)\n",
         "",
         "tests/test_sweep_python.py::test_no_python_consumer_starts_after_the_claims_hold_ran_out",
     ),
     Guard(
         "sweep: webhook outcomes are written while Python consumers run",
         "outbox/sweep.py",
-        "                self.python.submit(run_python_consumers, python_jobs, self.client, self.claim, self)\n",
-        "                run_python_consumers(python_jobs, self.client, self.claim, self)\n",
+        "            self.python.submit(run_python_consumers, jobs, self.client, self.claim, self)\n",
+        "            run_python_consumers(jobs, self.client, self.claim, self)\n",
         "tests/test_sweep_python.py::test_webhook_outcomes_are_written_while_a_python_consumer_runs",
     ),
     Guard(
@@ -398,7 +398,7 @@ GUARDS = [
     Guard(
         "drain: no attempt starts after the claim's hold ran out (nor one whose slot comes after it)",
         "registry/drain.py",
-        "        if slot is None or slot >= deadline:\n",
+        "        if slot is None or slot >= self.deadline:\n",
         "        if slot is None:\n",
         "tests/test_registry_drain.py tests/test_registry_concurrency.py -k hold_ran_out or slot_comes_after or not_even_planned",
     ),
@@ -1017,24 +1017,23 @@ GUARDS = [
     ),
     Guard(
         "sweep flush: a batch the database refuses is written again row by row",
-        "outbox/sweep.py",
-        "    except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below\n"
-        "        reconnect.raise_if_lost(exc)\n        log.warning(\n",
-        "    except ZeroDivisionError as exc:\n        reconnect.raise_if_lost(exc)\n        log.warning(\n",
+        "odal/work/passes.py",
+        "    except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below\n        reconnect.raise_if_lost(exc)\n        if len(items) == 1:\n",
+        "    except ZeroDivisionError as exc:\n        reconnect.raise_if_lost(exc)\n        if len(items) == 1:\n",
         "tests/test_batch_isolation.py::test_an_unwritable_success_mid_batch_leaves_the_others_delivered_and_the_sweep_going",
     ),
     Guard(
         "sweep flush: a row that still cannot be written does not end the pass",
-        "outbox/sweep.py",
-        "            except Exception as exc:\n                reconnect.raise_if_lost(exc)\n                settled.unwritten.add(f.delivery.pk)\n",
-        "            except ZeroDivisionError as exc:\n                reconnect.raise_if_lost(exc)\n                settled.unwritten.add(f.delivery.pk)\n",
+        "odal/work/passes.py",
+        "        except Exception as exc:\n            reconnect.raise_if_lost(exc)\n            refused(item, exc)\n",
+        "        except ZeroDivisionError as exc:\n            reconnect.raise_if_lost(exc)\n            refused(item, exc)\n",
         "tests/test_batch_isolation.py::test_an_unwritable_failure_mid_batch_leaves_the_other_failures_backed_off",
     ),
     Guard(
         "drain: an answer the database refuses does not end the drain",
-        "registry/drain.py",
-        "            except Exception as exc:\n                reconnect.raise_if_lost(exc)\n                ending.attempt.write_error(ending, exc)\n",
-        "            except ZeroDivisionError as exc:\n                reconnect.raise_if_lost(exc)\n                ending.attempt.write_error(ending, exc)\n",
+        "odal/work/passes.py",
+        "        except Exception as exc:\n            reconnect.raise_if_lost(exc)\n            refused(item, exc)\n",
+        "        except ZeroDivisionError as exc:\n            reconnect.raise_if_lost(exc)\n            refused(item, exc)\n",
         "tests/test_batch_isolation.py::test_an_unwritable_registry_answer_leaves_the_drain_going",
     ),
     # -- issue 12, item 8: the guards the list lacked ----------------------------------------------
@@ -2402,8 +2401,8 @@ GUARDS = [
     Guard(
         "drain: at most ODAL_REGISTRY_CONCURRENCY requests in flight (a row starts only when one ends)",
         "registry/drain.py",
-        "                while waiting and len(in_flight) < size:\n",
-        "                while waiting:\n",
+        "        while self.waiting and len(self.in_flight) < settings.ODAL_REGISTRY_CONCURRENCY:\n",
+        "        while self.waiting:\n",
         "tests/test_registry_concurrency.py -k in_flight or hold_ran_out",
     ),
     Guard(
@@ -2416,22 +2415,22 @@ GUARDS = [
     Guard(
         "drain: a pass starts no request once a pause holds (the rows are given back, not held through it)",
         "registry/drain.py",
-        "        if self.out_of_time or self.pace.paused_for():\n            return False",
-        "        if self.out_of_time:\n            return False",
+        "        if self.out_of_time or self.pace.paused_for():\n",
+        "        if self.out_of_time:\n",
         "tests/test_registry_concurrency.py::test_a_pass_starts_no_request_once_a_429_pauses_the_drain",
     ),
     Guard(
         "drain: a request waiting for its slot is not sent once a pause holds",
         "registry/drain.py",
-        "    if pace.held_back() or time.monotonic() >= deadline or stopping.requested():\n        return NOT_SENT\n",
-        "    if time.monotonic() >= deadline or stopping.requested():\n        return NOT_SENT\n",
+        "    if pace.held_back() or time.monotonic() >= deadline or stopping.requested():\n        return GIVEN_BACK\n",
+        "    if time.monotonic() >= deadline or stopping.requested():\n        return GIVEN_BACK\n",
         "tests/test_registry_concurrency.py::test_a_request_waiting_for_its_slot_is_not_sent_once_a_429_pauses_the_drain",
     ),
     Guard(
         "drain: while requests wait, the pass reads a pause another process wrote",
         "registry/drain.py",
-        "                self.pace.paused_for()\n                self.recheck_withdrawn(in_flight)\n",
-        "                self.recheck_withdrawn(in_flight)\n",
+        "        self.pace.paused_for()\n        self.recheck_withdrawn()\n",
+        "        self.recheck_withdrawn()\n",
         "tests/test_registry_concurrency.py::test_a_pause_another_process_writes_stops_a_request_waiting_for_its_slot",
     ),
     Guard(
@@ -2712,7 +2711,7 @@ GUARDS = [
     # nothing a test can see; the raise_if_lost calls are the guards, below and above.)
     Guard(
         "reconnect: a sweep's outcomes lost with the database are not written one by one",
-        "outbox/sweep.py",
+        "odal/work/passes.py",
         "    except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below\n"
         "        reconnect.raise_if_lost(exc)\n",
         "    except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below\n",
@@ -2720,21 +2719,16 @@ GUARDS = [
     ),
     Guard(
         "reconnect: a flush that lost the database is not written again by the pass's last flush",
-        "outbox/sweep.py",
-        "        finished, self.pending = self.pending, []\n"
-        "        self.last_flush = time.monotonic()\n"
-        "        settled = finish_attempts(self.claim.token, finished)\n",
-        "        finished = self.pending\n"
-        "        self.last_flush = time.monotonic()\n"
-        "        settled = finish_attempts(self.claim.token, finished)\n"
-        "        self.pending = []\n",
+        "odal/work/passes.py",
+        "        items = list(self.pending)\n        self.pending.clear()\n        self.flushed_at = time.monotonic()\n        if items:\n            self.write(items)\n",
+        "        items = self.pending\n        self.flushed_at = time.monotonic()\n        if items:\n            self.write(list(items))\n        self.pending.clear()\n",
         "tests/test_reconnect.py -k sweep_that",
     ),
     Guard(
         "reconnect: the drain writes nothing in place of an outcome lost with the database",
-        "registry/drain.py",
-        "        reconnect.raise_if_lost(exc)\n        if len(endings) == 1:\n",
-        "        if len(endings) == 1:\n",
+        "odal/work/passes.py",
+        "        reconnect.raise_if_lost(exc)\n        if len(items) == 1:\n",
+        "        if len(items) == 1:\n",
         "tests/test_reconnect.py -k drain_that_loses_the_database_while_writing",
     ),
     Guard(
@@ -2992,7 +2986,7 @@ GUARDS = [
     Guard(
         "drain: registers waiting for their slot are rechecked",
         "registry/drain.py",
-        "                self.recheck_withdrawn(in_flight)\n",
+        "        self.recheck_withdrawn()\n",
         "",
         "tests/test_registry_unknown.py::test_a_register_waiting_for_its_turn_under_the_rate_limit_is_not_sent_after_a_suspend",
     ),
@@ -3511,8 +3505,8 @@ GUARDS = [
     Guard(
         "stopping: a register waiting for its turn when SIGTERM comes is not sent",
         "registry/drain.py",
-        "    if pace.held_back() or time.monotonic() >= deadline or stopping.requested():\n        return NOT_SENT\n",
-        "    if pace.held_back() or time.monotonic() >= deadline:\n        return NOT_SENT\n",
+        "    if pace.held_back() or time.monotonic() >= deadline or stopping.requested():\n        return GIVEN_BACK\n",
+        "    if pace.held_back() or time.monotonic() >= deadline:\n        return GIVEN_BACK\n",
         "tests/test_bounds.py -k drain_pass_told_to_stop",
     ),
     Guard(
@@ -3552,7 +3546,7 @@ GUARDS = [
     ),
     Guard(
         "stopping: a sweep told to stop gives back its queued rows at once, not when the running attempts end",
-        "outbox/sweep.py",
+        "odal/work/passes.py",
         "                if stopping.requested():\n                    self.give_back_unstarted(",
         "                if False:\n                    self.give_back_unstarted(",
         "tests/test_stop_gives_back.py -k sweep_ended",
@@ -3567,8 +3561,8 @@ GUARDS = [
     Guard(
         "stopping: a drain told to stop gives back its waiting rows at once",
         "registry/drain.py",
-        "if stopping.requested() and (waiting or not_started):",
-        "if False:",
+        "        waiting = [reg.pk for reg in self.waiting]\n",
+        "        waiting = []\n",
         "tests/test_stop_gives_back.py -k drain_ended",
     ),
     Guard(

@@ -147,7 +147,7 @@ def test_an_attempt_whose_turn_comes_after_the_stop_is_not_started(monkeypatch):
     assert attempt(delivery.consumer, claim.rows[0], httpx.Client(), claim) is None
     now = time.monotonic()
     assert (
-        drain.send_in_turn(drain.Request("register", None), None, Pace(), now, now + 3600) is drain.NOT_SENT
+        drain.send_in_turn(drain.Request("register", None), None, Pace(), now, now + 3600) is drain.GIVEN_BACK
     )
 
 

@@ -6,8 +6,6 @@ owns which row, and the terminal writes refuse whoever no longer owns it.
 """
 
 import logging
-import queue
-import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,7 +15,6 @@ from dataclasses import dataclass, field
 import httpx
 from django.conf import settings
 from django.db import close_old_connections, connection, connections, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from odal import reconnect, stopping, tally
@@ -26,8 +23,9 @@ from odal.work.claims import backoff_delay
 from odal.work.loops import Report, Work
 from odal.work.passes import Pass, write_in_sets
 from odal.work.wake import SWEEP
-from outbox import consumers, service
+from outbox import consumers, python_consumers, service
 from outbox.models import Consumer, Delivery, DeliveryAttempt
+from outbox.python_consumers import OVERRUNS
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +54,6 @@ FLUSH_SECONDS = 1.0  # ...or sooner (a quarter of the hold if that is less), so 
 SWEEP_THREADS = 32  # webhook requests in flight per sweep process, all consumers together
 REFRESH_SECONDS = 0.5  # a pass re-reads its consumers' pause and secrets at most this often
 HOUSEKEEPING_SECONDS = 1.0  # a run of passes parks and unparks paused consumers' rows this often
-PYTHON_OVERRUNS_PER_CONSUMER = 4  # threads of one Python consumer left running past its timeout
-# before this process stops taking that consumer's rows (see Overruns)
 
 
 @dataclass
@@ -228,178 +224,29 @@ def attempt(consumer, delivery: Delivery, client: httpx.Client, claim) -> Finish
     return Finished(delivery, outcome, started_at, timezone.now())
 
 
-class Overruns:
-    """Threads of Python attempts that ran past their consumer's timeout and still run, per
-    consumer, in this process (a Python thread cannot be stopped, only left to finish). With
-    PYTHON_OVERRUNS_PER_CONSUMER of one consumer still running, this process takes none of its
-    rows until one returns, so a consumer that hangs costs at most that many threads; other
-    processes, and the rows of other consumers, go on."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.threads: dict[int, set] = {}
-
-    def add(self, consumer, thread: threading.Thread) -> bool:
-        """Count one more overrunning thread; True if that one made the consumer's threads reach
-        the bound (the caller counts it in outbox.python_blocked, outside this lock)."""
-        with self.lock:
-            running = self.threads.setdefault(consumer.pk, set())
-            running.add(thread)
-            if len(running) != PYTHON_OVERRUNS_PER_CONSUMER:
-                return False
-            log.error(
-                "Python consumer %s: %s attempts still running past its timeout of %ss; this process "
-                "takes none of its deliveries until one returns",
-                consumer.name, len(running), consumer.timeout_seconds, extra={"consumer": consumer.name},
-            )  # fmt: skip
-            return True
-
-    def done(self, consumer, thread: threading.Thread) -> None:
-        with self.lock:
-            running = self.threads.get(consumer.pk, set())
-            running.discard(thread)
-            if len(running) == PYTHON_OVERRUNS_PER_CONSUMER - 1:
-                log.warning(
-                    "Python consumer %s: an overrunning attempt returned; this process takes its deliveries again",
-                    consumer.name, extra={"consumer": consumer.name},
-                )  # fmt: skip
-            if not running:
-                self.threads.pop(consumer.pk, None)
-
-    def full(self, consumer_id: int) -> bool:
-        with self.lock:
-            return len(self.threads.get(consumer_id, ())) >= PYTHON_OVERRUNS_PER_CONSUMER
-
-    def skip(self) -> Q | None:
-        """The rows this process must not claim: those of consumers whose threads piled up."""
-        with self.lock:
-            full = [
-                pk for pk, running in self.threads.items() if len(running) >= PYTHON_OVERRUNS_PER_CONSUMER
-            ]
-        return Q(consumer_id__in=full) if full else None
-
-    def join(self, timeout: float | None = None) -> None:
-        """Wait for the overrunning threads to return (for tests)."""
-        with self.lock:
-            threads = [t for running in self.threads.values() for t in running]
-        for thread in threads:
-            thread.join(timeout)
-
-
-OVERRUNS = Overruns()
-
-
-class PythonRunner:
-    """The thread Python attempts run on, kept from one attempt to the next: a thread (and its
-    database wrappers) made and ended per attempt halved the no-op sweep's throughput. One whose
-    attempt overran is left to finish it and then ends (stop); the next attempt gets a new one."""
-
-    def __init__(self):
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self.loop, name="odal-python-runner", daemon=True)
-        self.thread.start()
-
-    def loop(self) -> None:
-        try:
-            while (job := self.jobs.get()) is not None:
-                try:
-                    close_old_connections()  # its connection, if a consumer opened one and it broke
-                    job()
-                except Exception:  # (a job says what it raised; this thread must go on)
-                    log.exception("a Python attempt's runner failed")
-        finally:
-            connections.close_all()
-
-    def stop(self) -> None:
-        self.jobs.put(None)
-
-
-RUNNER_LOCK = threading.Lock()
-RUNNER: PythonRunner | None = None
-
-
-def python_runner(*, replace: PythonRunner | None = None) -> PythonRunner:
-    """This process's runner; with `replace` (one whose attempt overran), a new one."""
-    global RUNNER
-    with RUNNER_LOCK:
-        if RUNNER is None or RUNNER is replace:
-            RUNNER = PythonRunner()
-        return RUNNER
-
-
 def attempt_python(consumer, delivery: Delivery, client: httpx.Client, claim) -> Finished | None:
-    """A Python consumer's attempt, on the process's Python runner thread, waited for up to the
-    consumer's timeoutSeconds, as a webhook's request is. Past it the attempt is failed ("timed
-    out after Ns", written by the pass like any failure) and the runner is left to finish it,
-    counted in OVERRUNS (the next attempt gets a new runner). What it returns later is written
-    then, as a late write: guarded by the claim like every outcome, so once the timeout's failure
-    is written it takes nothing and goes to the attempt log as late (a late success noted as
+    """A Python consumer's attempt, within its timeoutSeconds as a webhook's request is
+    (outbox.python_consumers.within_timeout). Past it the attempt is failed ("timed out after
+    Ns", written by the pass like any failure); what the consumer returns later is written then,
+    as a late write: guarded by the claim like every outcome, so once the timeout's failure is
+    written it takes nothing and goes to the attempt log as late (a late success noted as
     lateSuccessAt), as a late webhook answer does."""
-    box: dict = {}
-    lock = threading.Lock()
-    done = threading.Event()
-    runner = python_runner()
-
-    def run() -> None:
-        try:
-            f = attempt(consumer, delivery, client, claim)
-        except BaseException as exc:  # (a lost database: the pass's to unwind with, not this thread's)
-            box["raised"] = exc
-            return
-        finally:
-            done.set()
-        with lock:
-            box["finished"], abandoned = f, box.get("abandoned", False)
-        if abandoned:
-            try:
-                finish_attempts(claim.token, [f] if f else [])
-            except Exception:
-                log.exception("delivery %s: the late outcome could not be written", delivery.pk)
-            OVERRUNS.done(consumer, runner.thread)
-
     started_at = timezone.now()
-    runner.jobs.put(run)
-    done.wait(consumer.timeout_seconds)
-    with lock:
-        if "raised" in box:
-            raise box["raised"]
-        if "finished" in box:
-            return box["finished"]
-        box["abandoned"] = True
-        blocked = OVERRUNS.add(
-            consumer, runner.thread
-        )  # (under the lock: the thread's done() comes after it)
-    runner.stop()  # once its attempt returns; the next attempt gets a new runner
-    python_runner(replace=runner)
+    finished = python_consumers.within_timeout(
+        consumer,
+        lambda: attempt(consumer, delivery, client, claim),
+        late=lambda f: finish_attempts(claim.token, [f] if f else []),
+    )
+    if finished is not python_consumers.TIMED_OUT:
+        return finished
     error = f"timed out after {consumer.timeout_seconds}s (the Python consumer still runs; what it returns is late)"
     log.warning(
         "delivery %s attempt %s (claim %s) to Python consumer %s: %s",
         delivery.pk, delivery.attempts, claim.token, consumer.name, error,
         extra={"delivery": delivery.pk, "consumer": consumer.name, "claim": claim.token},
     )  # fmt: skip
-    count_overrun(consumer, blocked)
     outcome = consumers.Outcome(False, error, duration_ms=consumer.timeout_seconds * 1000)
     return Finished(delivery, outcome, started_at, timezone.now())
-
-
-PYTHON_TIMEOUTS = "outbox.python_timeouts"  # tally figures, key the consumer's id (see odal.tally)
-PYTHON_BLOCKED = "outbox.python_blocked"
-
-
-def count_overrun(consumer, blocked: bool) -> None:
-    """Add a Python attempt past its timeout, and (`blocked`) this process stopping to take the
-    consumer's rows, to the tally, so /metrics shows them: the web process that serves it
-    cannot see this worker's threads. A tally that cannot be written is logged, never raised:
-    the attempt's failure is still written by the pass."""
-    key = str(consumer.pk)
-    try:
-        with transaction.atomic():
-            tally.bump(PYTHON_TIMEOUTS, {key: 1})
-            if blocked:
-                tally.bump(PYTHON_BLOCKED, {key: 1})
-    except Exception:
-        log.exception("Python consumer %s: its timeout could not be counted", consumer.name,
-                      extra={"consumer": consumer.name})  # fmt: skip
 
 
 def run_python_consumers(jobs: list, client: httpx.Client, claim, run=None) -> None:

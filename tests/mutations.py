@@ -362,7 +362,7 @@ GUARDS = [
     ),
     Guard(
         "python timeout: the pass waits for a Python attempt no longer than its consumer's timeoutSeconds",
-        "outbox/sweep.py",
+        "outbox/python_consumers.py",
         "    done.wait(consumer.timeout_seconds)\n",
         "    done.wait()\n",
         "tests/test_sweep_python.py::test_a_python_consumer_past_its_timeout_fails_its_attempt_and_the_pass_goes_on",
@@ -370,8 +370,8 @@ GUARDS = [
     Guard(
         "python timeout: what an overrunning Python consumer returns later is written as a late write",
         "outbox/sweep.py",
-        "                finish_attempts(claim.token, [f] if f else [])\n",
-        "                finish_attempts(claim.token, [])\n",
+        "        late=lambda f: finish_attempts(claim.token, [f] if f else []),\n",
+        "        late=lambda f: finish_attempts(claim.token, []),\n",
         "tests/test_sweep_python.py::test_a_python_consumer_past_its_timeout_fails_its_attempt_and_the_pass_goes_on",
     ),
     Guard(
@@ -1754,14 +1754,14 @@ GUARDS = [
     ),
     Guard(
         "sweep: a Python attempt past its timeout is counted in outbox.python_timeouts",
-        "outbox/sweep.py",
+        "outbox/python_consumers.py",
         "            tally.bump(PYTHON_TIMEOUTS, {key: 1})\n",
         "            pass\n",
         "tests/test_sweep_python.py::test_a_python_consumer_past_its_timeout_fails_its_attempt_and_the_pass_goes_on",
     ),
     Guard(
         "sweep: a process that stops taking a Python consumer's rows counts it in outbox.python_blocked",
-        "outbox/sweep.py",
+        "outbox/python_consumers.py",
         "            if blocked:\n",
         "            if False:\n",
         "tests/test_sweep_python.py::test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consumers_rows",
@@ -3387,7 +3387,7 @@ GUARDS = [
     ),
     Guard(
         "hostile 22: a finding reads the task list on every pass, not the request found before alone",
-        "registry/drain.py",
+        "registry/finding.py",
         "    try:\n        found = adapter.find_submission(reg.passport.upi)\n",
         "    try:\n        found = (\n            adapters.NotFound(exhaustive=True) if reg.correlation_id else adapter.find_submission(reg.passport.upi)\n        )\n",
         "tests/test_hostile_22.py::"
@@ -4058,7 +4058,7 @@ GUARDS = [
     ),
     Guard(
         "python runner: a runner whose attempt overran is replaced (the next attempt does not queue behind it)",
-        "outbox/sweep.py",
+        "outbox/python_consumers.py",
         "    python_runner(replace=runner)\n",
         "",
         "tests/test_sweep_python.py::test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consumers_rows",

@@ -1010,7 +1010,7 @@ GUARDS = [
     ),
     Guard(
         "odal outbox sweep: --batch through its rule",
-        "outbox/management/commands/outbox.py",
+        "outbox/cli/sweep.py",
         "type=argument(rules.batch_size), default=100",
         "type=int, default=100",
         "tests/test_input_rules.py -k batch_size",
@@ -1684,7 +1684,7 @@ GUARDS = [
     ),
     Guard(
         "purge command: --evidence-older-than is never shorter than --older-than (and says so)",
-        "outbox/management/commands/outbox.py",
+        "outbox/cli/purge.py",
         "evidence_older_than or timedelta(days=settings.ODAL_EVIDENCE_RETENTION_DAYS), older_than\n",
         "evidence_older_than or timedelta(days=settings.ODAL_EVIDENCE_RETENTION_DAYS), timedelta(0)\n",
         "tests/test_retention.py::test_the_command_takes_the_evidence_period",
@@ -3167,23 +3167,24 @@ GUARDS = [
     ),
     Guard(
         "odal.W001 to who sets a timeout: odal outbox consumer add",
-        "outbox/management/commands/outbox.py",
-        "            self._warn_of_timeout(consumer)\n            return\n",
-        "            return\n",
+        "outbox/cli/consumers.py",
+        '    command.stdout.write(f"Signing secret (shown once): {consumer.secret}")\n'
+        "    warn_of_timeout(command, consumer)\n",
+        '    command.stdout.write(f"Signing secret (shown once): {consumer.secret}")\n',
         "tests/test_checks.py -k command_line_warns",
     ),
     Guard(
         "odal.W001 to who sets a timeout: odal outbox consumer change --timeout",
-        "outbox/management/commands/outbox.py",
-        '            if options["timeout"] is not None:  # (the start',
-        "            if False:  # (the start",
+        "outbox/cli/consumers.py",
+        "    if timeout is not None:  # (the start",
+        "    if False:  # (the start",
         "tests/test_checks.py -k command_line_warns",
     ),
     Guard(
         "odal.W001 to who sets a timeout: odal outbox consumer change without --timeout says nothing again",
-        "outbox/management/commands/outbox.py",
-        '            if options["timeout"] is not None:  # (the start',
-        "            if True:  # (the start",
+        "outbox/cli/consumers.py",
+        "    if timeout is not None:  # (the start",
+        "    if True:  # (the start",
         "tests/test_checks.py -k command_line_warns",
     ),
     Guard(
@@ -3314,8 +3315,8 @@ GUARDS = [
     ),
     Guard(
         "late success: odal outbox replay and resend print the warning",
-        "outbox/management/commands/outbox.py",
-        '        if warning:\n            self.stderr.write(f"Warning: {warning}")\n',
+        "outbox/cli/replay.py",
+        '    if warning:\n        command.stderr.write(f"Warning: {warning}")\n',
         "",
         "tests/test_late_success.py -k odal_outbox_replay_and_resend",
     ),

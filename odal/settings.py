@@ -1,8 +1,9 @@
 """odal's settings: Django's, and the knobs of CONTRACT.md's table, read from the environment.
 
 Every variable goes through a typed reader of odal.env that raises ImproperlyConfigured naming
-the variable, so a typo in a deployment stops start-up instead of running with a surprise.
-Below, each name is one reader's answer; what a knob means is said where it is read.
+the variable, so a typo in a deployment stops start-up instead of running with a surprise. What
+is left here are names, grouped by what they govern, each with why it has its default; the
+refusals that judge settings together (production's) stay beside the names they judge.
 """
 
 import os

@@ -3,7 +3,7 @@
 Each reader takes the variable's name and its default, and answers a value of its type or
 raises ImproperlyConfigured naming the variable, so a typo in a deployment stops start-up
 (exit 1) instead of running with a surprise. A variable that is unset or blank reads as its
-default. A refusal that shows a URL shows it without its password (a start-up refusal goes to
+default (env_str alone answers the text as it is set). A refusal that shows a URL shows it without its password (a start-up refusal goes to
 a terminal, a log, a CI run).
 """
 

@@ -1,10 +1,12 @@
 """Small helpers shared by odal's management commands."""
 
 import argparse
+import json
 import time
 import uuid
 
 from django.core.management.base import CommandError, CommandParser
+from django.core.serializers.json import DjangoJSONEncoder
 
 from odal import rules, stopping
 from odal.errors import Refused
@@ -50,6 +52,16 @@ def usage_error(option: str, value, exc: ValueError) -> CommandError:
 def refused(exc: Refused) -> CommandError:
     """A refusal as the command's error: its sentence on stderr, its exit code (1, or 3 to retry)."""
     return CommandError(exc.detail, returncode=exc.exit_code)
+
+
+def cli_actor(name: str | None) -> str:
+    """Who did it, for the audit trail: `cli`, or `cli:<name>` when --actor named someone."""
+    return f"cli:{name}" if name else "cli"
+
+
+def dumps(value) -> str:
+    """A command's --json output: indented, with dates and times as ISO 8601."""
+    return json.dumps(value, cls=DjangoJSONEncoder, indent=2)
 
 
 def run_until_signalled(forever, **options):
@@ -117,6 +129,22 @@ class Progress:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class Batches:
+    """The `progress` of a bulk write (replay, resend, resume, remove): counts the batches it
+    committed and shows the rows done on the command's Progress line."""
+
+    def __init__(self, progress: Progress):
+        self.progress, self.count = progress, 0
+
+    def __call__(self, batches: int, total: int) -> None:
+        self.count = batches
+        self.progress(total)
+
+    def said(self) -> str:
+        """For the summary line: nothing for one batch or none, else how many."""
+        return f" in {self.count:,} batches" if self.count > 1 else ""
 
 
 def serving(make_server, port: int, what: str, option: str = "--port"):

@@ -5,7 +5,8 @@ import json
 import time
 import uuid
 
-from django.core.management.base import CommandError, CommandParser
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 
 from odal import rules, stopping
@@ -70,6 +71,50 @@ def run_until_signalled(forever, **options):
     did; the process has exited within ODAL_STOP_SECONDS in any case (odal.stopping)."""
     stopping.on_signals()
     return forever(should_stop=stopping.requested, **options)
+
+
+class AreaCommand(BaseCommand):
+    """A command whose subcommands live in modules by area (`odal outbox`, `odal registry`): each
+    module's `add_arguments(sub)` adds its subcommands, each naming its handler; a refusal
+    becomes the command's error and exit code."""
+
+    areas: tuple = ()  # in the order --help lists their subcommands
+
+    def add_arguments(self, parser):
+        sub = subcommands(parser)
+        for area in self.areas:
+            area.add_arguments(sub)
+
+    def handle(self, *args, action, handler, **options):
+        try:
+            handler(self, **options)
+        except Refused as exc:
+            raise refused(exc) from None
+
+
+def add_work_subcommand(sub, work, name: str, *, help: str, batch: int, done: str, doing: str) -> None:
+    """The subcommand that runs a kind of claimed work (odal.work.loops.Work): `--once` makes
+    passes until nothing is due now, else passes run until SIGINT or SIGTERM. `done` and `doing`
+    are its verb in its output ("Swept once: …", "Sweeping until interrupted …")."""
+    parser = sub.add_parser(name, help=help)
+    parser.add_argument("--once", action="store_true", help="one pass, then exit")
+    parser.add_argument(
+        "--batch", type=argument(rules.batch_size), default=batch, help="rows per pass (1 to 10,000)"
+    )
+
+    def handle(command, *, once: bool, batch: int, **_):
+        if once:
+            report = work.until_idle(batch=batch, max_seconds=0, linger_seconds=0)
+            command.stdout.write(f"{done} once: {report.summary()}.")
+            return
+        command.stdout.write(
+            f"{doing} until interrupted (Ctrl-C or SIGTERM: no new attempts, stopped within "
+            f"{settings.ODAL_STOP_SECONDS}s)…"
+        )
+        report = run_until_signalled(work.forever, batch=batch)
+        command.stdout.write(f"Stopped after {report.passes} passes: {report.summary()}.")
+
+    parser.set_defaults(handler=handle)
 
 
 def parse_uuid(value, what: str = "passport id") -> uuid.UUID:

@@ -1010,9 +1010,9 @@ GUARDS = [
     ),
     Guard(
         "odal outbox sweep: --batch through its rule",
-        "outbox/cli/sweep.py",
-        "type=argument(rules.batch_size), default=100",
-        "type=int, default=100",
+        "odal/cli.py",
+        "type=argument(rules.batch_size), default=batch",
+        "type=int, default=batch",
         "tests/test_input_rules.py -k batch_size",
     ),
     Guard(

@@ -13,6 +13,7 @@ from django.db.models import Case, Exists, F, OuterRef, Value, When
 from django.db.models.functions import Cast, Coalesce, Concat, Least
 from django.utils import timezone
 
+from odal import rules
 from odal.errors import Refused
 from odal.models import AuditEntry
 from odal.reasons import clean_reason
@@ -386,6 +387,38 @@ class DeliveryQuerySet(ClaimQuerySet):
                 ),
             )
         )
+
+    def matching(
+        self,
+        *,
+        statuses=None,
+        consumer: str | None = None,
+        event_type: str | None = None,
+        dead_since: datetime | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ):
+        """What a replay or resend by filter selects, on every surface: rows of `statuses` (None:
+        any; replay and resend take only those they may), of the consumer named `consumer`, of
+        `event_type`, dead at or after `dead_since`, created in [`since`, `until`). A consumer that
+        does not exist is refused (422 unknown_consumer): a misspelt name must not read as
+        "nothing to send"."""
+        rows = self if statuses is None else self.filter(status__in=statuses)
+        if consumer:
+            if not Consumer.objects.filter(name=consumer).exists():
+                raise Refused(
+                    f"No consumer named {rules.shown(consumer)}.", code="unknown_consumer", status=422
+                )
+            rows = rows.filter(consumer__name=consumer)
+        if event_type:
+            rows = rows.filter(event__type=event_type)
+        if dead_since:
+            rows = rows.filter(dead_at__gte=dead_since)
+        if since:
+            rows = rows.filter(created_at__gte=since)
+        if until:
+            rows = rows.filter(created_at__lt=until)
+        return rows
 
     def replay(self, *, actor: str, reason: str, at: datetime | None = None, **batching) -> int:
         """Dead -> pending with a fresh attempt budget, due now. Only dead rows are taken; one

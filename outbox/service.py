@@ -440,36 +440,9 @@ def _remove_settled_batch(consumer: Consumer, *, actor: str, reason: str, batch:
     return deleted
 
 
-def deliveries_matching(*, consumer=None, event_type=None, dead_since=None):
-    rows = Delivery.objects.all()
-    if consumer:
-        if not Consumer.objects.filter(name=consumer).exists():
-            raise Refused(f"No consumer named {consumer!r}.", code="unknown_consumer", status=422)
-        rows = rows.filter(consumer__name=consumer)
-    if event_type:
-        rows = rows.filter(event__type=event_type)
-    if dead_since:
-        rows = rows.filter(dead_at__gte=dead_since)
-    return rows
-
-
+# What a resend takes (a pending or paused delivery is on its way): what a resend by filter selects
+# unless it names one of them.
 RESENDABLE = (Delivery.Status.DELIVERED.value, Delivery.Status.DEAD.value)
-
-
-def resendable(*, consumer=None, event_type=None, status=None, since=None, until=None):
-    """Delivered or dead deliveries matching the filter (what a bulk resend takes)."""
-    rows = Delivery.objects.filter(status__in=[status] if status else RESENDABLE)
-    if consumer:
-        if not Consumer.objects.filter(name=consumer).exists():
-            raise Refused(f"No consumer named {rules.shown(consumer)}.", code="unknown_consumer", status=422)
-        rows = rows.filter(consumer__name=consumer)
-    if event_type:
-        rows = rows.filter(event__type=event_type)
-    if since:
-        rows = rows.filter(created_at__gte=since)
-    if until:
-        rows = rows.filter(created_at__lt=until)
-    return rows
 
 
 # -- late successes ---------------------------------------------------------------------------------

@@ -4124,6 +4124,56 @@ GUARDS = [
         "        if not Consumer.objects.filter(pk=consumer.pk).remove() and False:\n",
         "tests/test_consumer_queryset.py::test_a_removal_of_a_consumer_removed_meanwhile_is_refused_and_not_audited",
     ),
+    Guard(
+        "replay/resend selection: by status",
+        "outbox/models.py",
+        "        rows = self if statuses is None else self.filter(status__in=statuses)\n",
+        "        rows = self\n",
+        "tests/test_consumer_queryset.py::test_a_replay_or_resend_selects_by_each_filter",
+    ),
+    Guard(
+        "replay/resend selection: by consumer",
+        "outbox/models.py",
+        "            rows = rows.filter(consumer__name=consumer)\n",
+        "            pass\n",
+        "tests/test_consumer_queryset.py::test_a_replay_or_resend_selects_by_each_filter",
+    ),
+    Guard(
+        "replay/resend selection: by event type",
+        "outbox/models.py",
+        "            rows = rows.filter(event__type=event_type)\n",
+        "            pass\n",
+        "tests/test_consumer_queryset.py::test_a_replay_or_resend_selects_by_each_filter",
+    ),
+    Guard(
+        "replay/resend selection: dead since",
+        "outbox/models.py",
+        "            rows = rows.filter(dead_at__gte=dead_since)\n",
+        "            pass\n",
+        "tests/test_consumer_queryset.py::test_a_replay_or_resend_selects_by_each_filter",
+    ),
+    Guard(
+        "replay/resend selection: created since",
+        "outbox/models.py",
+        "            rows = rows.filter(created_at__gte=since)\n",
+        "            pass\n",
+        "tests/test_consumer_queryset.py::test_a_replay_or_resend_selects_by_each_filter",
+    ),
+    Guard(
+        "replay/resend selection: created before until",
+        "outbox/models.py",
+        "            rows = rows.filter(created_at__lt=until)\n",
+        "            pass\n",
+        "tests/test_consumer_queryset.py::test_a_replay_or_resend_selects_by_each_filter",
+    ),
+    Guard(
+        "replay/resend selection: a consumer that does not exist is refused",
+        "outbox/models.py",
+        "            if not Consumer.objects.filter(name=consumer).exists():\n",
+        "            if False:\n",
+        "tests/test_consumer_queryset.py::test_a_replay_or_resend_refuses_a_consumer_that_does_not_exist "
+        "tests/test_outbox_api.py::test_bulk_replay_refuses_an_unknown_consumer_and_a_missing_reason",
+    ),
 ]
 
 

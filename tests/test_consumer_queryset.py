@@ -1,6 +1,7 @@
 """Every consumer state change is one guarded write on ConsumerQuerySet (issue 25): each test
 here takes a row once, then shows the write taking nothing (and changing nothing) once what its
-filter states no longer holds."""
+filter states no longer holds. Also the one selection of a replay or resend by filter
+(DeliveryQuerySet.matching), filter by filter."""
 
 from datetime import timedelta
 
@@ -11,7 +12,7 @@ from odal.errors import Refused
 from odal.models import AuditEntry
 from outbox import service
 from outbox.models import Consumer, Delivery
-from tests.factories import ConsumerFactory, DeliveryFactory
+from tests.factories import ConsumerFactory, DeadDeliveryFactory, DeliveryFactory, EventFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -169,3 +170,62 @@ def test_a_removal_of_a_consumer_removed_meanwhile_is_refused_and_not_audited():
     assert list(AuditEntry.objects.filter(action="consumer_removed").values_list("actor", flat=True)) == [
         "alice"
     ]
+
+
+# -- one selection for replay and resend ------------------------------------------------------------
+
+
+@pytest.fixture
+def spread():
+    """Deliveries that differ in one respect each from `base` (dead, of erp, passport.published,
+    dead and created a day ago)."""
+    now = timezone.now()
+    erp, crm = ConsumerFactory(name="erp"), ConsumerFactory(name="crm")
+    day_ago = now - timedelta(days=1)
+
+    def dead(**fields):
+        fields = {"consumer": erp, "created_at": day_ago, "dead_at": day_ago, **fields}
+        return DeadDeliveryFactory(**fields)
+
+    return {
+        "now": now,
+        "base": dead(),
+        "delivered": dead(status=Delivery.Status.DELIVERED, dead_at=None, delivered_at=day_ago),
+        "crm": dead(consumer=crm),
+        "other_type": dead(event=EventFactory(type="passport.suspended")),
+        "dead_long_ago": dead(dead_at=now - timedelta(days=10)),
+        "made_long_ago": dead(created_at=now - timedelta(days=10)),
+        "made_now": dead(created_at=now),
+    }
+
+
+def picked(rows) -> set:
+    return set(rows.values_list("pk", flat=True))
+
+
+@pytest.mark.parametrize(
+    "filters, left_out",
+    [
+        ({"statuses": ("dead",)}, {"delivered"}),
+        ({"consumer": "erp"}, {"crm"}),
+        ({"event_type": "passport.published"}, {"other_type"}),
+        ({"dead_since": "2 days"}, {"dead_long_ago", "delivered"}),
+        ({"since": "2 days"}, {"made_long_ago"}),
+        ({"until": "1 hour"}, {"made_now"}),
+    ],
+)
+def test_a_replay_or_resend_selects_by_each_filter(spread, filters, left_out):
+    ago = {"2 days": timedelta(days=2), "1 hour": timedelta(hours=1)}
+    filters = {k: spread["now"] - ago[v] if v in ago else v for k, v in filters.items()}
+    rows = {name: d for name, d in spread.items() if name != "now"}
+    assert picked(Delivery.objects.matching()) == {d.pk for d in rows.values()}
+    assert picked(Delivery.objects.matching(**filters)) == {
+        d.pk for n, d in rows.items() if n not in left_out
+    }
+
+
+def test_a_replay_or_resend_refuses_a_consumer_that_does_not_exist():
+    DeadDeliveryFactory()
+    with pytest.raises(Refused) as refused:
+        Delivery.objects.matching(consumer="nobody")
+    assert refused.value.code == "unknown_consumer"

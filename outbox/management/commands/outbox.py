@@ -13,7 +13,7 @@ from odal.errors import Refused
 from outbox import retention, service
 from outbox.models import Consumer, Delivery
 from outbox.schemas import consumer_json, delivery_json
-from outbox.service import create_consumer, deliveries_matching, outbox_counts
+from outbox.service import create_consumer, outbox_counts
 from outbox.sweep import sweep_forever, sweep_until_idle
 
 
@@ -259,7 +259,7 @@ class Command(BaseCommand):
                     f"{len(set(ids)) - found} of the named deliveries do not exist; nothing replayed."
                 )
         else:
-            rows = deliveries_matching(consumer=consumer, event_type=event_type, dead_since=since)
+            rows = Delivery.objects.matching(consumer=consumer, event_type=event_type, dead_since=since)
         late = service.late_success_preview(rows, verb="replaying")["warning"]
         if dry_run:
             self.stdout.write(
@@ -299,8 +299,12 @@ class Command(BaseCommand):
             selected = found
             rows = rows.filter(status__in=service.RESENDABLE)
         else:
-            rows = service.resendable(
-                consumer=consumer, event_type=event_type, status=status, since=since, until=until
+            rows = Delivery.objects.matching(
+                statuses=[status] if status else service.RESENDABLE,
+                consumer=consumer,
+                event_type=event_type,
+                since=since,
+                until=until,
             )
             selected = None
         late = service.late_success_preview(rows, verb="resending")["warning"]

@@ -2075,24 +2075,27 @@ GUARDS = [
     ),
     Guard(
         "pause: only a consumer not paused (once, one audit entry)",
-        "outbox/service.py",
-        "        took = Consumer.objects.filter(pk=consumer.pk, paused=False).update(\n            paused=True,",
-        "        took = Consumer.objects.filter(pk=consumer.pk).update(\n            paused=True,",
-        "tests/test_consumers.py::test_pausing_twice_or_resuming_an_active_consumer_changes_nothing",
+        "outbox/models.py",
+        "        return self.filter(paused=False).update(**_paused(by=by, reason=reason, at=at)) == 1\n",
+        "        return self.update(**_paused(by=by, reason=reason, at=at)) == 1\n",
+        "tests/test_consumers.py::test_pausing_twice_or_resuming_an_active_consumer_changes_nothing "
+        "tests/test_consumer_queryset.py::test_a_second_pause_takes_nothing_and_keeps_the_first_ones_who_and_why",
     ),
     Guard(
         "resume: only a paused consumer",
-        "outbox/service.py",
-        "            Consumer.objects.filter(pk=consumer.pk, paused=True)\n            .exclude(pk__in=outside)",
-        "            Consumer.objects.filter(pk=consumer.pk)\n            .exclude(pk__in=outside)",
-        "tests/test_consumers.py::test_pausing_twice_or_resuming_an_active_consumer_changes_nothing",
+        "outbox/models.py",
+        "            self.filter(paused=True)\n            .exclude(pk__in=outside)",
+        "            self.all()\n            .exclude(pk__in=outside)",
+        "tests/test_consumers.py::test_pausing_twice_or_resuming_an_active_consumer_changes_nothing "
+        "tests/test_consumer_queryset.py::test_resume_takes_only_a_paused_consumer_and_starts_its_streak_afresh",
     ),
     Guard(
         "rotation: two rotations from one reading cannot both take",
         "outbox/models.py",
         "        rows = self.filter(secret=secret)\n",
         "        rows = self.all()\n",
-        "tests/test_consumers.py::test_two_rotations_from_the_same_reading_cannot_both_take",
+        "tests/test_consumers.py::test_two_rotations_from_the_same_reading_cannot_both_take "
+        "tests/test_consumer_queryset.py::test_a_rotation_from_a_stale_secret_takes_nothing",
     ),
     Guard(
         "rotation: the old secret stops signing when its grace ends",
@@ -2110,18 +2113,20 @@ GUARDS = [
     ),
     Guard(
         "automatic pause: only a streak long enough",
-        "outbox/service.py",
-        "            failing_since__lte=now - after,\n",
-        "",
+        "outbox/models.py",
+        "self.filter(paused=False, failing_since__lte=at - after, failures__gte=min_failures)",
+        "self.filter(paused=False, failures__gte=min_failures)",
         "tests/test_consumers.py::test_a_young_streak_or_a_short_one_does_not_pause "
-        "tests/test_consumers.py::test_the_automatic_pause_rereads_the_streak",
+        "tests/test_consumers.py::test_the_automatic_pause_rereads_the_streak "
+        "tests/test_consumer_queryset.py::test_the_automatic_pause_takes_only_a_long_streak_of_a_consumer_not_paused",
     ),
     Guard(
         "automatic pause: only a streak of enough attempts",
-        "outbox/service.py",
-        "            failures__gte=AUTO_PAUSE_MIN_FAILURES,\n",
-        "",
-        "tests/test_consumers.py::test_a_young_streak_or_a_short_one_does_not_pause",
+        "outbox/models.py",
+        "self.filter(paused=False, failing_since__lte=at - after, failures__gte=min_failures)",
+        "self.filter(paused=False, failing_since__lte=at - after)",
+        "tests/test_consumers.py::test_a_young_streak_or_a_short_one_does_not_pause "
+        "tests/test_consumer_queryset.py::test_the_automatic_pause_takes_only_a_long_streak_of_a_consumer_not_paused",
     ),
     Guard(
         "automatic pause: off never pauses",
@@ -2133,7 +2138,7 @@ GUARDS = [
     Guard(
         "automatic pause: a success ends the streak",
         "outbox/service.py",
-        "        Consumer.objects.filter(pk=consumer.pk, failing_since__isnull=False).update(\n            failing_since=None, failures=0\n        )\n",
+        "        Consumer.objects.filter(pk=consumer.pk).end_failure_streak()\n",
         "        pass\n",
         "tests/test_consumers.py::test_a_success_ends_the_failure_streak",
     ),
@@ -2270,8 +2275,8 @@ GUARDS = [
     Guard(
         "automatic pause: a success ends the streak whatever the pass read",
         "outbox/service.py",
-        "    if successes:\n        Consumer.objects.filter(pk=consumer.pk, failing_since__isnull=False).update(",
-        "    if successes and consumer.failing_since is not None:\n        Consumer.objects.filter(pk=consumer.pk, failing_since__isnull=False).update(",
+        "    if successes:\n        Consumer.objects.filter(pk=consumer.pk).end_failure_streak()",
+        "    if successes and consumer.failing_since is not None:\n        Consumer.objects.filter(pk=consumer.pk).end_failure_streak()",
         "tests/test_consumer_races.py::test_a_success_ends_the_streak_even_when_the_pass_read_the_consumer_before_it_began",
     ),
     Guard(
@@ -3939,7 +3944,7 @@ GUARDS = [
     ),
     Guard(
         "Python allow-list: the resume's write restates it (a stale read resumes nothing)",
-        "outbox/service.py",
+        "outbox/models.py",
         "            .exclude(pk__in=outside)\n",
         "",
         "tests/test_python_allow_list.py -k resume_read_before",
@@ -3996,9 +4001,9 @@ GUARDS = [
     ),
     Guard(
         "consumer changes (issue 24): a pause counts a version (a PATCH read before it is stale)",
-        "outbox/service.py",
-        'paused=True, paused_reason=reason, paused_by=actor, paused_at=now, version=F("version") + 1',
-        "paused=True, paused_reason=reason, paused_by=actor, paused_at=now",
+        "outbox/models.py",
+        '        "paused_at": at,\n        "version": F("version") + 1,\n',
+        '        "paused_at": at,\n',
         "tests/test_consumer_versions.py -k stale_etag",
     ),
     Guard(
@@ -4031,7 +4036,7 @@ GUARDS = [
     ),
     Guard(
         "consumer changes (issue 24): a resume counts a version",
-        "outbox/service.py",
+        "outbox/models.py",
         '                failures=0,\n                version=F("version") + 1,\n            )',
         "                failures=0,\n            )",
         "tests/test_consumer_versions.py -k counts_a_version",
@@ -4063,6 +4068,106 @@ GUARDS = [
         "    python_runner(replace=runner)\n",
         "",
         "tests/test_sweep_python.py::test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consumers_rows",
+    ),
+    # -- issue 25: every consumer state change on ConsumerQuerySet, one selection for replay and resend
+    Guard(
+        "consumer queryset: ending a failure streak takes only a running one",
+        "outbox/models.py",
+        "        return self.filter(failing_since__isnull=False).update(failing_since=None, failures=0) == 1\n",
+        "        return self.update(failing_since=None, failures=0) == 1\n",
+        "tests/test_consumer_queryset.py::test_ending_a_streak_takes_only_a_running_one",
+    ),
+    Guard(
+        "consumer queryset: a failure streak counts relatively",
+        "outbox/models.py",
+        '                failures=F("failures") + failures,\n',
+        "                failures=failures,\n",
+        "tests/test_consumer_queryset.py::test_a_streak_counts_relatively_and_keeps_its_earliest_start",
+    ),
+    Guard(
+        "consumer queryset: a failure streak keeps its earliest start",
+        "outbox/models.py",
+        '                failing_since=Coalesce(F("failing_since"), Value(first_failure_at)),\n',
+        "                failing_since=first_failure_at,\n",
+        "tests/test_consumer_queryset.py::test_a_streak_counts_relatively_and_keeps_its_earliest_start",
+    ),
+    Guard(
+        "consumer queryset: the automatic pause leaves a consumer paused already (by a person) alone",
+        "outbox/models.py",
+        "self.filter(paused=False, failing_since__lte=at - after, failures__gte=min_failures)",
+        "self.filter(failing_since__lte=at - after, failures__gte=min_failures)",
+        "tests/test_consumer_queryset.py::test_the_automatic_pause_takes_only_a_long_streak_of_a_consumer_not_paused",
+    ),
+    Guard(
+        "consumer queryset: a removal takes only a consumer without deliveries",
+        "outbox/models.py",
+        "            _, deleted = Consumer.objects.filter(pk__in=ids).exclude(owed).delete()\n",
+        "            _, deleted = Consumer.objects.filter(pk__in=ids).delete()\n",
+        "tests/test_consumer_queryset.py::test_removal_takes_only_a_consumer_without_deliveries",
+    ),
+    Guard(
+        "consumer queryset: a removal locks the row first (a publish fanning out to it is seen)",
+        "outbox/models.py",
+        '            ids = list(self.select_for_update().values_list("pk", flat=True))\n',
+        '            ids = list(self.values_list("pk", flat=True))\n',
+        "tests/test_consumer_races.py::test_a_removal_waits_for_a_publish_fanning_out_and_then_refuses_cleanly",
+    ),
+    Guard(
+        "remove_consumer: a consumer removed meanwhile is not audited as removed again",
+        "outbox/service.py",
+        "        if not Consumer.objects.filter(pk=consumer.pk).remove():\n",
+        "        if not Consumer.objects.filter(pk=consumer.pk).remove() and False:\n",
+        "tests/test_consumer_queryset.py::test_a_removal_of_a_consumer_removed_meanwhile_is_refused_and_not_audited",
+    ),
+    Guard(
+        "replay/resend selection: by status",
+        "outbox/models.py",
+        "        rows = self if statuses is None else self.filter(status__in=statuses)\n",
+        "        rows = self\n",
+        "tests/test_consumer_queryset.py::test_a_replay_or_resend_selects_by_each_filter",
+    ),
+    Guard(
+        "replay/resend selection: by consumer",
+        "outbox/models.py",
+        "            rows = rows.filter(consumer__name=consumer)\n",
+        "            pass\n",
+        "tests/test_consumer_queryset.py::test_a_replay_or_resend_selects_by_each_filter",
+    ),
+    Guard(
+        "replay/resend selection: by event type",
+        "outbox/models.py",
+        "            rows = rows.filter(event__type=event_type)\n",
+        "            pass\n",
+        "tests/test_consumer_queryset.py::test_a_replay_or_resend_selects_by_each_filter",
+    ),
+    Guard(
+        "replay/resend selection: dead since",
+        "outbox/models.py",
+        "            rows = rows.filter(dead_at__gte=dead_since)\n",
+        "            pass\n",
+        "tests/test_consumer_queryset.py::test_a_replay_or_resend_selects_by_each_filter",
+    ),
+    Guard(
+        "replay/resend selection: created since",
+        "outbox/models.py",
+        "            rows = rows.filter(created_at__gte=since)\n",
+        "            pass\n",
+        "tests/test_consumer_queryset.py::test_a_replay_or_resend_selects_by_each_filter",
+    ),
+    Guard(
+        "replay/resend selection: created before until",
+        "outbox/models.py",
+        "            rows = rows.filter(created_at__lt=until)\n",
+        "            pass\n",
+        "tests/test_consumer_queryset.py::test_a_replay_or_resend_selects_by_each_filter",
+    ),
+    Guard(
+        "replay/resend selection: a consumer that does not exist is refused",
+        "outbox/models.py",
+        "            if not Consumer.objects.filter(name=consumer).exists():\n",
+        "            if False:\n",
+        "tests/test_consumer_queryset.py::test_a_replay_or_resend_refuses_a_consumer_that_does_not_exist "
+        "tests/test_outbox_api.py::test_bulk_replay_refuses_an_unknown_consumer_and_a_missing_reason",
     ),
 ]
 

@@ -8,7 +8,6 @@ from odal import rules
 from odal.cli import Batches, Progress, argument, cli_actor
 from outbox import service
 from outbox.models import Delivery
-from outbox.service import deliveries_matching
 
 
 def add_arguments(sub) -> None:
@@ -48,7 +47,7 @@ def replay_handle(command, *, ids, dead, consumer, event_type, since, reason, ac
             raise CommandError("--consumer, --event-type and --since go with --dead.", returncode=2)
         rows, _ = _named(ids, "replayed")
     else:
-        rows = deliveries_matching(consumer=consumer, event_type=event_type, dead_since=since)
+        rows = Delivery.objects.matching(consumer=consumer, event_type=event_type, dead_since=since)
     late = service.late_success_preview(rows, verb="replaying")["warning"]
     if dry_run:
         command.stdout.write(
@@ -79,8 +78,12 @@ def resend_handle(command, *, ids, consumer, event_type, status, since, until, r
         rows, selected = _named(ids, "resent")
         rows = rows.filter(status__in=service.RESENDABLE)
     else:
-        rows = service.resendable(
-            consumer=consumer, event_type=event_type, status=status, since=since, until=until
+        rows = Delivery.objects.matching(
+            statuses=[status] if status else service.RESENDABLE,
+            consumer=consumer,
+            event_type=event_type,
+            since=since,
+            until=until,
         )
         selected = None
     late = service.late_success_preview(rows, verb="resending")["warning"]

@@ -30,7 +30,7 @@ from django.conf import settings
 
 from odal.text import error_text, excerpt, storable
 from odal.upi import upi_key
-from outbox.consumers import DeadlineTransport, read_answer, redirect_text, within
+from odal.work.http import DeadlineTransport, read_answer, redirect_text, within
 
 MAX_TASK_PAGES = 1000  # and ODAL_REGISTRY_LOOKUP_SECONDS: the lookup's two bounds
 ANSWER_CAP = 1024 * 1024  # a task-list page of 200 items is a few tens of KiB

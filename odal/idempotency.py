@@ -141,14 +141,16 @@ class Once:
     replay: Status | None = None  # the first answer, when this key was used before
     answered: bool = False
 
-    def answer(self, status_code: int, body: dict, *, keep: bool = True) -> Status:
-        """The route's answer, stored in the record (when there is one) for a repeat. `keep=False`:
-        an answer that reports a failure (the key stays free, as after a refusal)."""
+    def answer(self, status_code: int, body: dict | BaseModel, *, keep: bool = True) -> Status:
+        """The route's answer (its response schema, or a dict of it), stored in the record (when
+        there is one) as the JSON sent, for a repeat. `keep=False`: an answer that reports a
+        failure (the key stays free, as after a refusal)."""
         self.answered = True
         if self.record is not None and not keep:
             IdempotencyRecord.objects.filter(pk=self.record.pk).delete()
         elif self.record is not None:
-            stored = json.loads(json.dumps(body, cls=DjangoJSONEncoder))
+            shown = body.model_dump() if isinstance(body, BaseModel) else body
+            stored = json.loads(json.dumps(shown, cls=DjangoJSONEncoder))
             taken = IdempotencyRecord.objects.filter(pk=self.record.pk).answer(
                 status_code=status_code, response=stored
             )

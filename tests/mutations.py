@@ -2012,6 +2012,27 @@ GUARDS = [
         "tests/test_reads.py::test_passports_page_newest_first_without_duplicates_or_gaps",
     ),
     Guard(
+        "GET dpp: a page reads its registrations joined (as many queries for 1 passport as for 25)",
+        "odal/api.py",
+        '    return passports.select_related("registration")\n',
+        "    return passports\n",
+        "tests/test_reads.py::test_a_page_of_passports_is_as_many_queries_for_one_as_for_many",
+    ),
+    Guard(
+        "registration answers: nextAttemptAt only while pending or submitted",
+        "registry/schemas.py",
+        "            self.nextAttemptAt = None\n",
+        "            pass\n",
+        "tests/test_registry_api.py -k due_only_while_the_drain_owes_it_work",
+    ),
+    Guard(
+        "registration answers: a correlation id or handle not known yet is null, not blank",
+        "registry/schemas.py",
+        "        return value or None",
+        "        return value",
+        "tests/test_registry_api.py::test_a_registration_not_yet_known_to_the_registry_shows_null_ids",
+    ),
+    Guard(
         "GET dpp: the listing is served by passport_listing_idx (created_at, id)",
         "odal/migrations/0007_passport_listing_index.py",
         "index=models.Index(fields=['-created_at', '-id'], name='passport_listing_idx'),",

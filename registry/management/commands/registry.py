@@ -9,6 +9,7 @@ from odal.cli import argument, refused, run_until_signalled, serving, subcommand
 from odal.errors import Refused
 from registry import service
 from registry.drain import drain_forever, drain_until_idle
+from registry.schemas import RegistrationOut
 from registry.simulator import DEFAULT_FAULTS, HOSTILE_ANSWERS, fault_problem, make_server
 
 
@@ -95,7 +96,7 @@ class Command(BaseCommand):
         )
 
     def do_show(self, *, passport_id, json, **_):
-        shown = service.registration_with_log(service.registration_for(passport_id))
+        shown = RegistrationOut.from_orm(service.registration_for(passport_id)).model_dump()
         if json:
             self.stdout.write(_dumps(shown))
             return

@@ -8,22 +8,13 @@ from ninja import Router, Schema
 from odal.auth import ScopedAuth
 from odal.schemas import Error, responses
 from registry import service
-from registry.schemas import RegistrationOut
+from registry.schemas import AbandonOut, RegistrationOut
 
 router = Router(tags=["registry"])
 
 
 class AbandonIn(Schema):
     reason: str | None = None
-
-
-class AbandonOut(Schema):
-    dppId: uuid.UUID
-    status: str
-    alreadyAbandoned: bool
-    attempts: int
-    passportStatus: str
-    detail: str
 
 
 class AbandonRefusal(Error):
@@ -74,8 +65,7 @@ def abandon_registration(request, dppId: uuid.UUID, payload: AbandonIn):
     attempt whose outcome is unknown is younger than ODAL_REGISTRY_SETTLE_SECONDS: its register
     may still land); then the conditional update (409 `registration_changed` if the row is no longer
     the one read before the registry was asked). The passport stays published."""
-    result = service.abandon(dppId, actor=request.auth.actor, reason=payload.reason)
-    return result.as_json()
+    return service.abandon(dppId, actor=request.auth.actor, reason=payload.reason)
 
 
 @router.post(

@@ -7,6 +7,7 @@ is validated against its schema again when the key is repeated (odal.idempotency
 field derives from the row is done by validators, which see both, not by ninja's resolvers,
 which would be handed the stored dict as if it were the row."""
 
+import uuid
 from datetime import datetime
 
 from ninja import Field, Schema
@@ -63,3 +64,13 @@ class RegistrationOut(RegistrationSummaryOut):
     the registry, no answer of its own came back; `late`: its claim was superseded), oldest first."""
 
     attemptLog: list[RegistrationAttemptOut] = Field(default=[], alias="attempt_log")
+
+
+class AbandonOut(Schema):
+    # Read from registry.service.AbandonResult (the registration as abandon left it: abandoned).
+    dppId: uuid.UUID = Field(alias="registration.passport_id")
+    status: str = Field(alias="registration.status")
+    alreadyAbandoned: bool = Field(alias="already_abandoned")
+    attempts: int
+    passportStatus: str = Field(alias="registration.passport.status")
+    detail: str

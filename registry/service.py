@@ -131,17 +131,6 @@ class AbandonResult:
     attempts: int
     detail: str
 
-    def as_json(self) -> dict:
-        passport = self.registration.passport
-        return {
-            "dppId": str(passport.pk),
-            "status": Registration.Status.ABANDONED.value,
-            "alreadyAbandoned": self.already_abandoned,
-            "attempts": self.attempts,
-            "passportStatus": passport.status,
-            "detail": self.detail,
-        }
-
 
 def check_abandonable(reg: Registration, now=None) -> None:
     """The 409s of the abandon table, decided from the row alone (the registry is not asked)."""

@@ -9,7 +9,7 @@ from odal.cli import argument, refused, run_until_signalled, serving, subcommand
 from odal.errors import Refused
 from registry import service
 from registry.drain import drain_forever, drain_until_idle
-from registry.schemas import RegistrationOut
+from registry.schemas import AbandonOut, RegistrationOut
 from registry.simulator import DEFAULT_FAULTS, HOSTILE_ANSWERS, fault_problem, make_server
 
 
@@ -121,7 +121,7 @@ class Command(BaseCommand):
         actor = f"cli:{actor}" if actor else "cli"
         result = service.abandon(passport_id, actor=actor, reason=reason)
         if json:
-            self.stdout.write(_dumps(result.as_json()))
+            self.stdout.write(_dumps(AbandonOut.from_orm(result).model_dump()))
             return
         self.stdout.write(f"{passport_id}: {result.detail}")
 

@@ -15,7 +15,7 @@ from odal import rules
 from odal.auth import ScopedAuth
 from odal.errors import Refused
 from odal.idempotency import IdempotencyKey, idempotent
-from odal.schemas import responses
+from odal.schemas import ReasonIn, responses
 from outbox import service
 from outbox.events import emit
 from outbox.models import Consumer, Delivery, Event
@@ -115,10 +115,6 @@ class ConsumerIn(Schema):
         if value not in Consumer.Kind.values:
             raise ValueError("must be webhook or python")
         return value
-
-
-class ReasonIn(Schema):
-    reason: str | None = None
 
 
 class BulkReplayIn(DeliveryFilterIn):

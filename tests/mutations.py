@@ -870,10 +870,17 @@ GUARDS = [
     ),
     Guard(
         "admin passport form: the canonical form is stored",
-        "odal/upi.py",
+        "odal/admin.py",
         '            return canonical_upi(self.cleaned_data.get("upi"))\n',
         '            return canonical_upi(self.cleaned_data.get("upi")) and self.cleaned_data.get("upi")\n',
         "tests/test_upi.py::test_the_admin_stores_the_canonical_form_and_refuses_what_the_api_refuses",
+    ),
+    Guard(
+        "imports: odal.upi (under odal.rules) imports nothing of the admin (no circle back to it)",
+        "odal/upi.py",
+        "from odal.text import unstorable\n",
+        "from odal.admin_actions import StorableModelForm  # noqa: F401\nfrom odal.text import unstorable\n",
+        "tests/test_upi.py::test_the_upi_rule_imports_nothing_above_it",
     ),
     Guard(
         "canonicalise_upis: colliding UPIs are reported, not merged",

@@ -179,9 +179,9 @@ def create_passport(
     request, payload: PassportIn, response: HttpResponse, idempotency_key: IdempotencyKey = None
 ):
     """Create a draft passport. With an `Idempotency-Key`, a repeat creates nothing."""
-    with idempotent(request, response, "POST dpp", payload, idempotency_key) as once:
-        if once.replay is not None:
-            return once.replay
+    with idempotent(request, response, "POST dpp", payload, idempotency_key) as idempotency:
+        if idempotency.replay is not None:
+            return idempotency.replay
         if Passport.objects.filter(upi=payload.upi).exists():
             raise Refused("A passport with this upi already exists.", code="upi_taken", status=409)
         try:
@@ -196,7 +196,7 @@ def create_passport(
                 AuditEntry.objects.record(actor=request.auth.actor, action="passport_created", obj=passport)
         except IntegrityError:
             raise Refused("A passport with this upi already exists.", code="upi_taken", status=409) from None
-        return once.answer(201, PassportOut.from_orm(passport))
+        return idempotency.answer(201, PassportOut.from_orm(passport))
 
 
 # Each item is checked on its own (a bad one fails alone), so the schema takes any JSON value
@@ -266,13 +266,13 @@ def create_passports(
     creates nothing (an answer with `batch_failed` is not kept: the key stays free)."""
     if payload.publish and request.auth.scope is None:  # a staff session: may it publish, too?
         PUBLISHING.check_permission(request.user)
-    with idempotent(request, response, "POST dpp/bulk", payload, idempotency_key) as once:
-        if once.replay is not None:
-            return once.replay
+    with idempotent(request, response, "POST dpp/bulk", payload, idempotency_key) as idempotency:
+        if idempotency.replay is not None:
+            return idempotency.replay
         intake = bulk.Intake(actor=request.auth.actor, publish=payload.publish)
         results = intake.take([(index, bulk.screened(raw)) for index, raw in enumerate(payload.items)])
         failed = any(r.error is not None and r.error["code"] == "batch_failed" for r in results)
-        return once.answer(200, {"results": [r.as_json() for r in results]}, keep=not failed)
+        return idempotency.answer(200, {"results": [r.as_json() for r in results]}, keep=not failed)
 
 
 @passports.get(

@@ -164,11 +164,11 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
 def post_event(request, payload: EventIn, response: HttpResponse, idempotency_key: IdempotencyKey = None):
     """Emit an event: one delivery per consumer that subscribes to its type (parked, not sent,
     while that consumer is paused). With an `Idempotency-Key`, a repeat creates nothing."""
-    with idempotent(request, response, "POST events", payload, idempotency_key) as once:
-        if once.replay is not None:
-            return once.replay
+    with idempotent(request, response, "POST events", payload, idempotency_key) as idempotency:
+        if idempotency.replay is not None:
+            return idempotency.replay
         event, deliveries = emit(payload.type, payload.payload)
-        return once.answer(201, {"id": event.pk, "type": event.type, "deliveries": deliveries})
+        return idempotency.answer(201, {"id": event.pk, "type": event.type, "deliveries": deliveries})
 
 
 @router.get(

@@ -456,8 +456,8 @@ def warm_sweep_rate(consumer_id: int, backlog: int, sweep) -> float:
     from the commit that creates them (and wakes the sweep) to the last one delivered."""
     from django.db import connection, transaction
 
+    from odal.work.wake import SWEEP
     from outbox.models import Delivery
-    from outbox.wake import CHANNEL
 
     tag = f"bench.beside.{uuid.uuid4().hex[:8]}"
     with transaction.atomic(), connection.cursor() as cursor:
@@ -469,7 +469,7 @@ def warm_sweep_rate(consumer_id: int, backlog: int, sweep) -> float:
             "SELECT gen_random_uuid(), id, %s, 'pending', 0, 8, now(), NULL, '', NULL, NULL, now() FROM ev",
             [tag, backlog, consumer_id],
         )
-        cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
+        cursor.execute("SELECT pg_notify(%s, '')", [SWEEP.channel])
     started = time.monotonic()
     pending = Delivery.objects.filter(consumer_id=consumer_id, status=Delivery.Status.PENDING)
     deadline = started + 600

@@ -77,7 +77,7 @@ def stop_the_cluster_in_time() -> None:
     stop = Cluster.sig_handler
 
     def sig_handler(cluster, signum, frame):
-        if stopping.asked():  # a second signal
+        if stopping.requested():  # a second signal
             stopping.end(signum, "a second signal came")
         stopping.ask(signum)
         stop(cluster, signum, frame)

@@ -1,10 +1,13 @@
 """Small helpers shared by odal's management commands."""
 
 import argparse
+import json
 import time
 import uuid
 
-from django.core.management.base import CommandError, CommandParser
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.serializers.json import DjangoJSONEncoder
 
 from odal import rules, stopping
 from odal.errors import Refused
@@ -52,12 +55,66 @@ def refused(exc: Refused) -> CommandError:
     return CommandError(exc.detail, returncode=exc.exit_code)
 
 
+def cli_actor(name: str | None) -> str:
+    """Who did it, for the audit trail: `cli`, or `cli:<name>` when --actor named someone."""
+    return f"cli:{name}" if name else "cli"
+
+
+def dumps(value) -> str:
+    """A command's --json output: indented, with dates and times as ISO 8601."""
+    return json.dumps(value, cls=DjangoJSONEncoder, indent=2)
+
+
 def run_until_signalled(forever, **options):
     """Run a worker loop (`forever(should_stop=…, **options)`) until SIGINT or SIGTERM: its pass
     starts nothing more, gives back what it did not start and ends, and the loop returns what it
     did; the process has exited within ODAL_STOP_SECONDS in any case (odal.stopping)."""
     stopping.on_signals()
-    return forever(should_stop=stopping.asked, **options)
+    return forever(should_stop=stopping.requested, **options)
+
+
+class AreaCommand(BaseCommand):
+    """A command whose subcommands live in modules by area (`odal outbox`, `odal registry`): each
+    module's `add_arguments(sub)` adds its subcommands, each naming its handler; a refusal
+    becomes the command's error and exit code."""
+
+    areas: tuple = ()  # in the order --help lists their subcommands
+
+    def add_arguments(self, parser):
+        sub = subcommands(parser)
+        for area in self.areas:
+            area.add_arguments(sub)
+
+    def handle(self, *args, action, handler, **options):
+        try:
+            handler(self, **options)
+        except Refused as exc:
+            raise refused(exc) from None
+
+
+def add_work_subcommand(sub, work, name: str, *, help: str, batch: int, done: str, doing: str) -> None:
+    """The subcommand that runs a kind of claimed work (odal.work.loops.Work): `--once` makes
+    passes until nothing is due now, else passes run until SIGINT or SIGTERM. `done` and `doing`
+    are its verb in its output ("Swept once: …", "Sweeping until interrupted …")."""
+    parser = sub.add_parser(name, help=help)
+    parser.add_argument("--once", action="store_true", help="one pass, then exit")
+    parser.add_argument(
+        "--batch", type=argument(rules.batch_size), default=batch, help="rows per pass (1 to 10,000)"
+    )
+
+    def handle(command, *, once: bool, batch: int, **_):
+        if once:
+            report = work.until_idle(batch=batch, max_seconds=0, linger_seconds=0)
+            command.stdout.write(f"{done} once: {report.summary()}.")
+            return
+        command.stdout.write(
+            f"{doing} until interrupted (Ctrl-C or SIGTERM: no new attempts, stopped within "
+            f"{settings.ODAL_STOP_SECONDS}s)…"
+        )
+        report = run_until_signalled(work.forever, batch=batch)
+        command.stdout.write(f"Stopped after {report.passes} passes: {report.summary()}.")
+
+    parser.set_defaults(handler=handle)
 
 
 def parse_uuid(value, what: str = "passport id") -> uuid.UUID:
@@ -117,6 +174,22 @@ class Progress:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class Batches:
+    """The `progress` of a bulk write (replay, resend, resume, remove): counts the batches it
+    committed and shows the rows done on the command's Progress line."""
+
+    def __init__(self, progress: Progress):
+        self.progress, self.count = progress, 0
+
+    def __call__(self, batches: int, total: int) -> None:
+        self.count = batches
+        self.progress(total)
+
+    def said(self) -> str:
+        """For the summary line: nothing for one batch or none, else how many."""
+        return f" in {self.count:,} batches" if self.count > 1 else ""
 
 
 def serving(make_server, port: int, what: str, option: str = "--port"):

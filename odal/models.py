@@ -357,3 +357,6 @@ class RetentionPosition(models.Model):
     def __str__(self) -> str:
         at = f"after {self.after_key} {self.after_id}" if self.after_key else "start"
         return f"{self.walk}: lap {self.laps}, {at}"
+
+
+from odal.work.models import Kick  # noqa: E402, F401  (a model of this app: odal.work's one table)

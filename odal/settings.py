@@ -1,15 +1,14 @@
-"""odal's settings, read from the environment (see CONTRACT.md's table).
+"""odal's settings: Django's, and the knobs of CONTRACT.md's table, read from the environment.
 
-Every variable goes through a small helper that raises ImproperlyConfigured naming the
-variable, so a typo in a deployment stops start-up instead of running with a surprise.
+Every variable goes through a typed reader of odal.env that raises ImproperlyConfigured naming
+the variable, so a typo in a deployment stops start-up instead of running with a surprise. What
+is left here are names, grouped by what they govern, each with why it has its default; the
+refusals that judge settings together (production's) stay beside the names they judge.
 """
 
 import os
-import re
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlparse
 
-import dj_database_url
 from django.core.checks.security.base import (
     SECRET_KEY_INSECURE_PREFIX,
     SECRET_KEY_MIN_LENGTH,
@@ -19,200 +18,26 @@ from django.core.checks.security.base import (
 from django.core.exceptions import ImproperlyConfigured
 
 from odal import rules
+from odal.env import (
+    database_from_env,
+    env_address,
+    env_bool,
+    env_choice,
+    env_duration,
+    env_int,
+    env_list,
+    env_python_consumers,
+    env_rate,
+    env_redis_url,
+    env_str,
+    env_url,
+    redis_url_with_timeouts,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
 DEFAULT_SECRET_KEY = "odal-development-only-secret-key-change-me"  # refused when ODAL_ENV=production
-DB_CONNECT_TIMEOUT_SECONDS = 3  # PostgreSQL's connect_timeout unless DATABASE_URL sets one
-# Redis's socket_connect_timeout and socket_timeout unless ODAL_BROKER_URL sets them; the read
-# timeout stays above the 1 s BLPOP with which django-q2's pusher polls.
-BROKER_CONNECT_TIMEOUT_SECONDS = 2
-BROKER_TIMEOUT_SECONDS = 5
-# A worker cut off from PostgreSQL by the network must give its connection up, and so must its
-# backend on the server, which may hold row locks a claim or a terminal write took: without these
-# a cut-off transaction keeps its rows locked (other sweeps' dead-lettering waits behind them)
-# for the kernel's defaults of 15 minutes to 2 hours. libpq's keepalives probe an idle connection
-# and tcp_user_timeout gives up on data left unacknowledged; the same four, sent in `options`,
-# make the backend do the same. A dead peer is noticed within about 11 s; a slow query is not
-# affected (its connection is acknowledged and answers the probes). DATABASE_URL may set any of
-# them (e.g. ?keepalives_idle=30); an `options` of its own replaces the server settings (a pooler
-# that refuses the options parameter, as PgBouncer does, needs `ignore_startup_parameters =
-# options`, and its own keepalives towards the server).
-DB_KEEPALIVES = {
-    "keepalives": 1,
-    "keepalives_idle": 5,
-    "keepalives_interval": 2,
-    "keepalives_count": 3,
-    "tcp_user_timeout": 10_000,  # milliseconds
-}
-DB_SERVER_KEEPALIVES = "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=3 -c tcp_user_timeout=10000"
-
-
-def env_str(name: str, default: str) -> str:
-    return os.environ.get(name, default)
-
-
-def env_int(name: str, default: int, *, minimum: int = 0, maximum: int | None = None) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a whole number, got {raw!r}") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bounds = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
-        raise ImproperlyConfigured(f"{name} must be {bounds}, got {value}")
-    return value
-
-
-def env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    value = raw.strip().lower()
-    if value in {"1", "true", "yes", "on"}:
-        return True
-    if value in {"0", "false", "no", "off"}:
-        return False
-    raise ImproperlyConfigured(f"{name} must be true or false, got {raw!r}")
-
-
-def env_rate(name: str, *, maximum: float, minimum: float = 0.0, why_minimum: str = "") -> float | None:
-    """A rate per second above 0 (decimals allowed, e.g. 0.5 for one every two seconds) and at
-    least `minimum` (`why_minimum` says why), or None when unset."""
-    raw = (os.environ.get(name) or "").strip()
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= maximum:  # NaN fails too
-        raise ImproperlyConfigured(
-            f"{name} must be a number of requests per second above 0 and at most {maximum:,g}, "
-            f"or unset for no limit; got {raw!r}"
-        )
-    if value < minimum:
-        raise ImproperlyConfigured(f"{name} must be at least {minimum:g} ({why_minimum}); got {raw!r}")
-    return value
-
-
-def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
-    value = os.environ.get(name, default).strip() or default
-    if value not in choices:
-        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}, got {value!r}")
-    return value
-
-
-def env_duration(name: str, default: str, *, low_seconds: int, high_seconds: int) -> int | None:
-    """Seconds of a duration such as 24h, 90m or 7d (d, h, m or s), or None for "off"."""
-    raw = (os.environ.get(name) or "").strip() or default
-    if raw.lower() == "off":
-        return None
-    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-    if len(raw) < 2 or raw[-1].lower() not in units or not raw[:-1].isdigit() or len(raw) > 12:
-        raise ImproperlyConfigured(f"{name} must be a duration such as 24h, 90m or 7d, or off; got {raw!r}")
-    seconds = int(raw[:-1]) * units[raw[-1].lower()]
-    if not low_seconds <= seconds <= high_seconds:
-        raise ImproperlyConfigured(
-            f"{name} must be from {low_seconds} seconds to {high_seconds // 86400} days, got {raw!r}"
-        )
-    return seconds
-
-
-def without_password(text: str) -> str:
-    """`text` with the password of any URL in it shown as ***: a start-up refusal goes to a
-    terminal, a log, a CI run."""
-    return re.sub(r"(://[^/@\s:]*:)[^/@\s]*@", r"\1***@", text)
-
-
-def check_url_ports(name: str, url: str) -> None:
-    """Every port a URL names (a PostgreSQL URL may name several hosts, comma-separated) must be
-    one from 1 to 65,535: `http://registry:99999` was taken and failed only when first used."""
-    netloc = urlparse(url).netloc.rpartition("@")[2]
-    for host in netloc.split(","):
-        # [v6]:port or name:port; a bare IPv6 address in brackets has no port after its ]
-        port = host.rpartition("]")[2].rpartition(":")[2] if ":" in host.rpartition("]")[2] else ""
-        if port and not (port.isdigit() and rules.PORT[0] <= int(port) <= rules.PORT[1]):
-            raise ImproperlyConfigured(
-                f"{name} must name a port from 1 to 65,535, got {port!r} in {without_password(url)!r}"
-            )
-
-
-def env_url(name: str, default: str, schemes: tuple[str, ...]) -> str:
-    value = os.environ.get(name, default).strip() or default
-    parsed = urlparse(value)
-    if parsed.scheme not in schemes or not (parsed.netloc or parsed.path):
-        raise ImproperlyConfigured(
-            f"{name} must be a {' or '.join(schemes)} URL, got {without_password(value)!r}"
-        )
-    check_url_ports(name, value)
-    return value.rstrip("/")
-
-
-# libpq's connection options whose values it checks only when connecting: a bad one then read as
-# "the database does not answer" (exit 4, try again) although no retry can help. Checked at start.
-LIBPQ_CHOICES = {
-    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
-    "gssencmode": ("disable", "prefer", "require"),
-    "channel_binding": ("disable", "prefer", "require"),
-    "sslcertmode": ("disable", "allow", "require"),
-    "sslnegotiation": ("postgres", "direct"),
-    "target_session_attrs": ("any", "read-write", "read-only", "primary", "standby", "prefer-standby"),
-    "load_balance_hosts": ("disable", "random"),
-}
-LIBPQ_WHOLE_NUMBERS = (
-    "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
-    "tcp_user_timeout", "sslcompression", "sslsni",
-)  # fmt: skip
-# OPTIONS that Django's PostgreSQL backend takes for itself; the rest go to libpq.
-DJANGO_PG_OPTIONS = ("isolation_level", "assume_role", "server_side_binding", "pool", "cursor_factory")
-
-
-def check_libpq_options(options: dict) -> None:
-    """The connection options DATABASE_URL's query gives libpq: each one libpq knows (its own
-    parser, psycopg.pq.Conninfo.parse, says which), with a value it would take."""
-    from psycopg import Error as PsycopgError
-    from psycopg import pq
-    from psycopg.conninfo import make_conninfo
-
-    given = {k: v for k, v in options.items() if k not in DJANGO_PG_OPTIONS}
-    try:
-        pq.Conninfo.parse(make_conninfo(**{k: str(v) for k, v in given.items()}).encode())
-    except PsycopgError as exc:
-        raise ImproperlyConfigured(
-            f"DATABASE_URL has a connection option libpq does not know: {str(exc).strip()}"
-        ) from None
-    for name, choices in LIBPQ_CHOICES.items():
-        if name in given and str(given[name]) not in choices:
-            raise ImproperlyConfigured(
-                f"DATABASE_URL's {name} must be one of {', '.join(choices)}, got {str(given[name])!r}"
-            )
-    for name in LIBPQ_WHOLE_NUMBERS:
-        if name in given and not str(given[name]).strip().lstrip("-").isdigit():
-            raise ImproperlyConfigured(
-                f"DATABASE_URL's {name} must be a whole number, got {str(given[name])!r}"
-            )
-
-
-def env_address(name: str, default: str) -> str:
-    """HOST:PORT to listen on, checked by the command line's own rule (odal.rules.address)."""
-    raw = os.environ.get(name, "").strip() or default
-    try:
-        return rules.address(raw)
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"{name} {exc}, got {raw!r}") from None
-
-
-def env_python_consumers(name: str, default: str) -> tuple[str, ...]:
-    """The allow-list of Python consumers' targets (odal.rules.python_allow_list)."""
-    raw = (os.environ.get(name) or "").strip() or default
-    try:
-        return rules.python_allow_list(raw)
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"{name} {exc}, got {raw!r}") from None
 
 
 def cores() -> int:
@@ -223,56 +48,7 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def database_from_env() -> dict:
-    default = f"sqlite:///{VAR_DIR / 'odal.sqlite3'}"
-    url = os.environ.get("DATABASE_URL", "").strip() or default
-    if not url.startswith(("postgres://", "postgresql://", "sqlite://")):
-        raise ImproperlyConfigured(
-            f"DATABASE_URL must be a postgres:// or sqlite:/// URL, got {without_password(url)!r}"
-        )
-    check_url_ports("DATABASE_URL", url)
-    # Persistent connections (checked before reuse): a django-q2 worker or a sweep otherwise
-    # opens a new connection for every task, which alone capped django-q2 near 40 tasks/s here.
-    max_age = env_int("ODAL_DB_CONN_MAX_AGE", 60)
-    try:
-        config = dj_database_url.parse(url, conn_max_age=max_age, conn_health_checks=True)
-    except Exception as exc:  # dj-database-url raises several kinds
-        raise ImproperlyConfigured(f"DATABASE_URL could not be read: {without_password(str(exc))}") from None
-    if config["ENGINE"] == "django.db.backends.sqlite3":
-        Path(config["NAME"]).parent.mkdir(parents=True, exist_ok=True)
-        # The web server, the sweep and the drain write at once: WAL, a busy timeout and
-        # IMMEDIATE transactions keep SQLite from answering "database is locked".
-        config["OPTIONS"] = {
-            "transaction_mode": "IMMEDIATE",
-            "timeout": 20,
-            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-        }
-    else:
-        # A database that does not answer fails a connection (and /readyz) within seconds, not
-        # after the TCP timeout of minutes. A connect_timeout given in DATABASE_URL wins.
-        config.setdefault("OPTIONS", {}).setdefault("connect_timeout", DB_CONNECT_TIMEOUT_SECONDS)
-        for name, value in DB_KEEPALIVES.items():
-            config["OPTIONS"].setdefault(name, value)
-        # The server's statement bounds (odal.database) ride with the keepalives, unless the URL
-        # has options of its own (a pooler that refuses them): the client's bound holds anyway.
-        config["SERVER_BOUNDS"] = "options" not in config["OPTIONS"]
-        config["OPTIONS"].setdefault("options", DB_SERVER_KEEPALIVES)
-        config["ENGINE"] = "odal.database"  # Django's, with the statement bounds
-        check_libpq_options(config["OPTIONS"])
-    return config
-
-
-def redis_url_with_timeouts(url: str) -> str:
-    """redis-py waits for ever by default. A Redis that takes connections and stops answering (a
-    hung server, a network partition) would then hold each kick (and the request that commits
-    it), the pusher's poll and the sentinel's heartbeat for good, and the cluster would never
-    come back; with these timeouts each fails within seconds and django-q2 reconnects."""
-    parsed = urlparse(url)
-    query = dict(parse_qsl(parsed.query))
-    query.setdefault("socket_connect_timeout", str(BROKER_CONNECT_TIMEOUT_SECONDS))
-    query.setdefault("socket_timeout", str(BROKER_TIMEOUT_SECONDS))
-    return parsed._replace(query=urlencode(query)).geturl()
-
+# -- where it runs, and Django's own refusals of production -----------------------------------
 
 ODAL_ENV = env_choice("ODAL_ENV", "development", ("development", "production"))
 PRODUCTION = ODAL_ENV == "production"
@@ -297,7 +73,7 @@ if PRODUCTION and DEBUG:
 
 # The host names this node answers to (the Host a load balancer forwards). Production must name
 # them: the development default answers only to requests made on the machine itself.
-ALLOWED_HOSTS = [h.strip() for h in env_str("ALLOWED_HOSTS", "").split(",") if h.strip()]
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS")
 if PRODUCTION and not ALLOWED_HOSTS:
     raise ImproperlyConfigured(
         "ALLOWED_HOSTS must name this node's host names (comma-separated, e.g. dpp.example.eu) "
@@ -309,13 +85,17 @@ if PRODUCTION and "*" in ALLOWED_HOSTS:  # any Host would do: password-reset lin
         "(comma-separated, e.g. dpp.example.eu)"
     )
 ALLOWED_HOSTS = ALLOWED_HOSTS or ["127.0.0.1", "localhost"]
-CSRF_TRUSTED_ORIGINS = [o.strip() for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 
-# The outbox and registry knobs of CONTRACT.md.
+# -- claims and retries (both outboxes) -------------------------------------------------------
+
 ODAL_CLAIM_HOLD_SECONDS = env_int("ODAL_CLAIM_HOLD_SECONDS", 300, minimum=1)
 ODAL_MAX_ATTEMPTS = env_int("ODAL_MAX_ATTEMPTS", 8, minimum=1, maximum=1000)
 ODAL_BACKOFF_BASE_SECONDS = env_int("ODAL_BACKOFF_BASE_SECONDS", 30, minimum=0)
 ODAL_BACKOFF_MAX_SECONDS = env_int("ODAL_BACKOFF_MAX_SECONDS", 6 * 3600, minimum=1)
+
+# -- the registry outbox ----------------------------------------------------------------------
+
 ODAL_REGISTRY_ADAPTER = env_choice("ODAL_REGISTRY_ADAPTER", "http", ("http", "none"))
 ODAL_REGISTRY_URL = env_url("ODAL_REGISTRY_URL", "http://127.0.0.1:8100", ("http", "https"))
 ODAL_REGISTRY_TOKEN = env_str("ODAL_REGISTRY_TOKEN", "odal-simulator-token")
@@ -331,16 +111,6 @@ ODAL_ADMIN_REGISTRY_SECONDS = env_int("ODAL_ADMIN_REGISTRY_SECONDS", 20, minimum
 # no answer of the registry's own came back), absence in the task list proves nothing until this
 # long has passed: a gateway or queue may still pass the request on (abandon, suspend).
 ODAL_REGISTRY_SETTLE_SECONDS = env_int("ODAL_REGISTRY_SETTLE_SECONDS", 900, minimum=0, maximum=30 * 86400)
-# How long a statement may wait for PostgreSQL (see odal.database): unset, 10 s in a web request
-# and 60 s elsewhere; 0, no bound. Past it the connection is given up as a lost database.
-ODAL_DB_STATEMENT_SECONDS = (
-    env_int("ODAL_DB_STATEMENT_SECONDS", 0, minimum=0, maximum=3600)
-    if env_str("ODAL_DB_STATEMENT_SECONDS", "").strip()
-    else None
-)
-# After SIGTERM or SIGINT a long-running odal process has exited within this many seconds, whatever
-# it waits for (see odal.stopping); a supervisor's stop timeout must exceed it.
-ODAL_STOP_SECONDS = env_int("ODAL_STOP_SECONDS", 30, minimum=1, maximum=3600)
 ODAL_REGISTRY_CHECK_SECONDS = env_int(
     "ODAL_REGISTRY_CHECK_SECONDS", 2, minimum=0
 )  # first poll of a submitted row
@@ -360,16 +130,33 @@ ODAL_REGISTRY_RATE_PER_SECOND = env_rate(
     why_minimum="one request per ODAL_CLAIM_HOLD_SECONDS: a slower rate could never send a claimed "
     "registration before its claim ran out",
 )
-ODAL_BROKER_URL = os.environ.get("ODAL_BROKER_URL", "").strip()
+
+# -- bounds -----------------------------------------------------------------------------------
+
+# How long a statement may wait for PostgreSQL (see odal.database): unset, 10 s in a web request
+# and 60 s elsewhere; 0, no bound. Past it the connection is given up as a lost database.
+ODAL_DB_STATEMENT_SECONDS = env_int("ODAL_DB_STATEMENT_SECONDS", None, minimum=0, maximum=3600)
+# After SIGTERM or SIGINT a long-running odal process has exited within this many seconds, whatever
+# it waits for (see odal.stopping); a supervisor's stop timeout must exceed it.
+ODAL_STOP_SECONDS = env_int("ODAL_STOP_SECONDS", 30, minimum=1, maximum=3600)
+
+# -- the event outbox -------------------------------------------------------------------------
+
 # Webhook consumers on loopback/private addresses are refused in production unless allowed.
 ODAL_ALLOW_PRIVATE_WEBHOOKS = env_bool("ODAL_ALLOW_PRIVATE_WEBHOOKS", not PRODUCTION)
-# How many requests a sweep process has in flight at once to any one webhook consumer.
 # The callables a Python consumer's target may name (dotted paths, or prefix.*); anything else is
 # refused on every surface, and a consumer outside it is paused by the sweep, never called.
 ODAL_PYTHON_CONSUMERS = env_python_consumers("ODAL_PYTHON_CONSUMERS", "outbox.receiver.*")
+# How many requests a sweep process has in flight at once to any one webhook consumer.
 ODAL_WEBHOOK_CONCURRENCY = env_int("ODAL_WEBHOOK_CONCURRENCY", 8, minimum=1, maximum=64)
 # Kick an immediate sweep when a commit creates deliveries (off in most unit tests).
 ODAL_KICK_SWEEP = env_bool("ODAL_KICK_SWEEP", True)
+# A consumer whose every attempt failed for this long (and at least AUTO_PAUSE_MIN_FAILURES
+# attempts) is paused by odal itself; "off" never pauses one.
+ODAL_AUTO_PAUSE_AFTER = env_duration("ODAL_AUTO_PAUSE_AFTER", "24h", low_seconds=60, high_seconds=365 * 86400)
+
+# -- monitoring -------------------------------------------------------------------------------
+
 # /metrics answers only `Authorization: Bearer <ODAL_METRICS_TOKEN>` when set; unset, it is open,
 # which production refuses.
 ODAL_METRICS_TOKEN = env_str("ODAL_METRICS_TOKEN", "").strip()
@@ -378,11 +165,11 @@ if PRODUCTION and not ODAL_METRICS_TOKEN:
         "ODAL_METRICS_TOKEN must be set when ODAL_ENV=production: /metrics then answers only "
         "'Authorization: Bearer <ODAL_METRICS_TOKEN>' (give the same token to Prometheus)"
     )
-# A consumer whose every attempt failed for this long (and at least AUTO_PAUSE_MIN_FAILURES
-# attempts) is paused by odal itself; "off" never pauses one.
-ODAL_AUTO_PAUSE_AFTER = env_duration("ODAL_AUTO_PAUSE_AFTER", "24h", low_seconds=60, high_seconds=365 * 86400)
 # /readyz answers 503 when deliveries are due and no sweep has finished a pass for this long.
 ODAL_READYZ_SWEEP_SECONDS = env_int("ODAL_READYZ_SWEEP_SECONDS", 300, minimum=1)
+
+# -- retention --------------------------------------------------------------------------------
+
 # Retention (outbox.retention): delivered deliveries, events and the registry's attempt lines of
 # registered or rejected registrations go after ODAL_RETENTION_DAYS; dead letters, which a person
 # may still need, after ODAL_DEAD_RETENTION_DAYS. At most a century: a cutoff must stay a date.
@@ -392,6 +179,9 @@ ODAL_DEAD_RETENTION_DAYS = env_int("ODAL_DEAD_RETENTION_DAYS", 90, minimum=1, ma
 # or deactivated, and of a registration's earlier work: see outbox.retention) go after
 # ODAL_EVIDENCE_RETENTION_DAYS, ten years by default, and never before ODAL_RETENTION_DAYS.
 ODAL_EVIDENCE_RETENTION_DAYS = env_int("ODAL_EVIDENCE_RETENTION_DAYS", 3650, minimum=1, maximum=36_500)
+
+# -- the web server ---------------------------------------------------------------------------
+
 # `odal serve` (gunicorn): where it listens and how many worker processes it forks; gunicorn's
 # own GUNICORN_CMD_ARGS may change either, and --bind/--workers override both.
 ODAL_BIND = env_address("ODAL_BIND", "127.0.0.1:8000")
@@ -453,7 +243,9 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {"default": database_from_env()}
+# DATABASE_URL (and ODAL_DB_CONN_MAX_AGE, the seconds a connection is kept: 60); unset, a SQLite
+# file under var/ for `make run`.
+DATABASES = {"default": database_from_env(f"sqlite:///{VAR_DIR / 'odal.sqlite3'}")}
 if os.environ.get("ODAL_TEST_DATABASE"):  # lets two suites (make test, make fuzz) run side by side
     DATABASES["default"]["TEST"] = {"NAME": os.environ["ODAL_TEST_DATABASE"]}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -499,12 +291,8 @@ Q_CLUSTER = {
     # django-q2 logs every enqueue at INFO, which would litter `odal passport publish` output.
     "log_level": env_choice("ODAL_Q_LOG_LEVEL", "WARNING", ("DEBUG", "INFO", "WARNING", "ERROR")),
 }
+ODAL_BROKER_URL = env_redis_url("ODAL_BROKER_URL")
 if ODAL_BROKER_URL:
-    if not ODAL_BROKER_URL.startswith(("redis://", "rediss://")):
-        raise ImproperlyConfigured(
-            f"ODAL_BROKER_URL must be a redis:// URL, got {without_password(ODAL_BROKER_URL)!r}"
-        )
-    check_url_ports("ODAL_BROKER_URL", ODAL_BROKER_URL)
     Q_CLUSTER["redis"] = redis_url_with_timeouts(ODAL_BROKER_URL)
 else:
     Q_CLUSTER["orm"] = "default"

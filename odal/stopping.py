@@ -1,7 +1,7 @@
 """Stopping within ODAL_STOP_SECONDS: what SIGTERM and SIGINT do to a long-running odal process
 (`odal outbox sweep`, `odal registry drain`, `odal qcluster`, `odal up`).
 
-The first signal asks the process to stop (`asked()`): a sweep or a drain starts no more attempts,
+The first signal asks the process to stop (`requested()`): a sweep or a drain starts no more attempts,
 gives its claimed rows not started back, writes the outcomes it has and returns; a process that
 has stopped so exits 0. It also starts a clock: should anything still be running when
 ODAL_STOP_SECONDS are nearly up (a consumer that does not return, a database that stopped
@@ -26,14 +26,14 @@ from django.conf import settings
 
 log = logging.getLogger(__name__)
 
-_asked = threading.Event()
+_requested = threading.Event()
 _lock = threading.Lock()
 _deadline: float | None = None  # time.monotonic() by which the process has exited
 
 
-def asked() -> bool:
+def requested() -> bool:
     """Whether SIGTERM or SIGINT asked this process to stop."""
-    return _asked.is_set()
+    return _requested.is_set()
 
 
 def remaining() -> float | None:
@@ -53,7 +53,7 @@ def on_signals(then=None) -> None:
     if given, is called on the first one (e.g. to pass it on to children)."""
 
     def handler(signum, frame):
-        if asked():
+        if requested():
             end(signum, "a second signal came")
             return
         ask(signum)
@@ -68,11 +68,11 @@ def ask(signum: int) -> None:
     """Ask this process to stop and start the clock that ends it."""
     global _deadline
     with _lock:
-        if _asked.is_set():
+        if _requested.is_set():
             return
         grace = grace_seconds()
         _deadline = time.monotonic() + grace
-        _asked.set()
+        _requested.set()
     name = signal.Signals(signum).name
     log.warning("%s: stopping (within ODAL_STOP_SECONDS, %ss)", name, settings.ODAL_STOP_SECONDS)
     timer = threading.Timer(grace, end, args=(signum, f"still running {grace:g} s after {name}"))

@@ -17,7 +17,7 @@ forget to. The figures:
 - ``outbox.python_timeouts`` and ``outbox.python_blocked``, key the consumer's id: attempts of
   a Python consumer that ran past its timeout, and times a sweep process stopped taking its
   rows because its overrunning threads reached the bound. Added by the sweep process
-  (outbox.sweep.count_overrun), which alone sees its threads.
+  (outbox.python_consumers.count_overrun), which alone sees its threads.
 
 Small sets (pending and dead deliveries, stalled registrations) are counted directly from their
 partial indexes; see outbox.service.outbox_counts and registry.service.registry_counts.

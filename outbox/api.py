@@ -27,7 +27,7 @@ from outbox.schemas import (
     DeliveryOut,
     SentAgainOut,
 )
-from outbox.service import deliveries_matching, outbox_counts
+from outbox.service import outbox_counts
 
 router = Router(tags=["outbox"])
 
@@ -267,7 +267,7 @@ def replay_delivery(request, deliveryId: uuid.UUID, payload: ReasonIn):
 def replay_by_filter(request, payload: BulkReplayIn):
     """Replay every dead delivery matching the filter, with one reason. `dryRun` only counts,
     and warns of those whose consumer answered 2xx to a late attempt (lateSuccesses, warning)."""
-    rows = deliveries_matching(
+    rows = Delivery.objects.matching(
         consumer=payload.consumer, event_type=payload.eventType, dead_since=payload.deadSince
     )
     if payload.dryRun:

@@ -284,10 +284,10 @@ def resend_by_filter(request, payload: BulkResendIn):
     """Send again every delivered or dead delivery matching the filter, with one reason.
     `dryRun` only counts, and warns of dead ones whose consumer answered 2xx to a late attempt
     (lateSuccesses, warning)."""
-    rows = service.resendable(
+    rows = Delivery.objects.matching(
+        statuses=[payload.status] if payload.status else service.RESENDABLE,
         consumer=payload.consumer,
         event_type=payload.eventType,
-        status=payload.status,
         since=payload.since,
         until=payload.until,
     )

@@ -8,7 +8,7 @@ from django.utils import timezone
 from odal import rules
 from odal.errors import Refused
 from odal.rows import insert_rows
-from outbox.kick import kick_sweep_on_commit
+from odal.work.wake import SWEEP
 from outbox.models import Consumer, Delivery, Event
 
 EVENT_TYPE = rules.EVENT_TYPE  # matched with fullmatch: `$` would let a final newline through
@@ -74,7 +74,7 @@ def emit(event_type: str, payload: dict, *, only=None, exclude=None) -> tuple[Ev
             for c in consumers
         )
         if any(not c.paused for c in consumers):
-            kick_sweep_on_commit()
+            SWEEP.on_commit()
     return event, len(consumers)
 
 
@@ -107,5 +107,5 @@ def emit_many(event_type: str, payloads: list[dict]) -> tuple[list[uuid.UUID], i
             same={"next_attempt_at": now, "created_at": now},
         )
         if any(not c.paused for c in consumers):
-            kick_sweep_on_commit()
+            SWEEP.on_commit()
     return [event["id"] for event in events], len(events) * len(consumers)

@@ -82,10 +82,10 @@ class OutboxCollector:
 
 def python_overruns(tally):
     """outbox_python_timeouts and outbox_python_consumer_blocked, per consumer: what the sweep
-    processes counted in the tally (outbox.sweep.count_overrun). Every Python consumer has both
+    processes counted in the tally (outbox.python_consumers.count_overrun). Every Python consumer has both
     series, at 0 until it overruns; a consumer since made a webhook keeps what it had."""
     from outbox.models import Consumer
-    from outbox.sweep import PYTHON_BLOCKED, PYTHON_TIMEOUTS
+    from outbox.python_consumers import PYTHON_BLOCKED, PYTHON_TIMEOUTS
 
     figures = tally.totals(PYTHON_TIMEOUTS, PYTHON_BLOCKED)
     timeouts = CounterMetricFamily(

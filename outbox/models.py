@@ -10,15 +10,16 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import models, transaction
 from django.db.models import Case, Exists, F, OuterRef, Value, When
-from django.db.models.functions import Cast, Concat, Least
+from django.db.models.functions import Cast, Coalesce, Concat, Least
 from django.utils import timezone
 
+from odal import rules
 from odal.errors import Refused
 from odal.models import AuditEntry
 from odal.reasons import clean_reason
 from odal.text import storable
-from outbox.claims import ClaimQuerySet
-from outbox.kick import kick_sweep_on_commit
+from odal.work.claims import ClaimQuerySet
+from odal.work.wake import SWEEP
 
 # Rows per transaction of a bulk write (replay, resend, unpark, a consumer's removal): a million
 # rows is a thousand short transactions, each holding its locks for a moment, never one.
@@ -35,6 +36,12 @@ def default_max_attempts() -> int:
 
 
 class ConsumerQuerySet(models.QuerySet):
+    """Every change of a consumer's state (pause, resume, the failure streak, the automatic and the
+    allow-list pauses, settings, rotation, removal) is one method here: one filtered write whose
+    WHERE states all that must still hold, answering whether it took the row. The operations
+    around them (reasons, audit, events, parked deliveries) are outbox.service's. Each write of
+    what the API shows of a consumer counts a `version` (its ETag)."""
+
     def python_outside(self, allowed: tuple[str, ...]):
         """Python consumers whose target no entry of `allowed` (ODAL_PYTHON_CONSUMERS) names: the
         SQL form of odal.rules.python_target_allowed (an exact path, or under `prefix.*`)."""
@@ -44,6 +51,59 @@ class ConsumerQuerySet(models.QuerySet):
                 models.Q(target__startswith=entry[:-1]) if entry.endswith(".*") else models.Q(target=entry)
             )
         return self.filter(kind=Consumer.Kind.PYTHON).exclude(named)
+
+    def pause(self, *, by: str, reason: str, at: datetime) -> bool:
+        """Pause a consumer a person (or odal) stops: only while it is not paused yet, so a second
+        pause writes nothing and the first one's who and why stay. Returns whether it took."""
+        return self.filter(paused=False).update(**_paused(by=by, reason=reason, at=at)) == 1
+
+    def resume(self, *, allowed: tuple[str, ...]) -> bool:
+        """Resume a paused consumer, with a fresh failure streak: only while it is paused, and never
+        one whose Python target `allowed` (ODAL_PYTHON_CONSUMERS) does not name (it would be
+        called), whatever the caller read of its target. Returns whether it took."""
+        outside = Consumer.objects.python_outside(allowed).values("pk")
+        return (
+            self.filter(paused=True)
+            .exclude(pk__in=outside)
+            .update(
+                paused=False,
+                paused_reason="",
+                paused_by="",
+                paused_at=None,
+                failing_since=None,
+                failures=0,
+                version=F("version") + 1,
+            )
+            == 1
+        )
+
+    def extend_failure_streak(self, *, failures: int, first_failure_at: datetime) -> bool:
+        """Count `failures` more failed attempts in a row; a consumer with no streak starts one at
+        `first_failure_at`. Relative (F, Coalesce): two sweeps counting at once both count, and the
+        streak keeps its earliest start. Returns whether it took the row (it exists)."""
+        return (
+            self.update(
+                failing_since=Coalesce(F("failing_since"), Value(first_failure_at)),
+                failures=F("failures") + failures,
+            )
+            == 1
+        )
+
+    def end_failure_streak(self) -> bool:
+        """A success ends the streak: only while one runs, so a healthy consumer's pass takes no row
+        (and takes no lock). Returns whether it took."""
+        return self.filter(failing_since__isnull=False).update(failing_since=None, failures=0) == 1
+
+    def auto_pause(self, *, reason: str, at: datetime, after: timedelta, min_failures: int, by: str) -> bool:
+        """odal pauses a consumer whose every attempt failed: only while it is not paused yet and
+        its streak, as the database has it now (not as the caller read it), began at least `after`
+        before `at` and counts at least `min_failures` attempts. Returns whether it took."""
+        return (
+            self.filter(paused=False, failing_since__lte=at - after, failures__gte=min_failures).update(
+                **_paused(by=by, reason=reason, at=at)
+            )
+            == 1
+        )
 
     def pause_outside(
         self, allowed: tuple[str, ...], *, by: str, reason: str, now: datetime
@@ -59,7 +119,7 @@ class ConsumerQuerySet(models.QuerySet):
             taken = dict(outside.select_for_update(no_key=True).values_list("pk", "target"))
             if taken:
                 Consumer.objects.filter(pk__in=taken).python_outside(allowed).filter(paused=False).update(
-                    paused=True, paused_by=by, paused_reason=reason, paused_at=now, version=F("version") + 1
+                    **_paused(by=by, reason=reason, at=now)
                 )
         return taken
 
@@ -74,7 +134,7 @@ class ConsumerQuerySet(models.QuerySet):
         earlier rotation's grace still runs: a secret announced valid until its
         previousSecretExpiresAt is never dropped before then (the caller answers
         rotation_in_progress). Without one (a leaked secret), every older secret stops signing at
-        once. Returns whether it took the row."""
+        once: that is how a grace is ended early. Returns whether it took the row."""
         rows = self.filter(secret=secret)
         if grace_until is not None:
             rows = rows.filter(models.Q(previous_secret_expires_at__isnull=True)
@@ -88,6 +148,29 @@ class ConsumerQuerySet(models.QuerySet):
             )
             == 1
         )
+
+    def remove(self) -> bool:
+        """Delete a consumer that has no delivery left (its settled ones deleted first, see
+        outbox.service.remove_consumer). The row is locked first: a publish fanning out to it holds
+        a key-share lock on it until it commits, so its delivery is seen by the DELETE, which
+        restates that none exists. Returns whether it took the row (False: a delivery was made
+        meanwhile, or the consumer is gone already)."""
+        with transaction.atomic(savepoint=False):
+            ids = list(self.select_for_update().values_list("pk", flat=True))
+            owed = Exists(Delivery.objects.filter(consumer_id=OuterRef("pk")))
+            _, deleted = Consumer.objects.filter(pk__in=ids).exclude(owed).delete()
+        return deleted.get(Consumer._meta.label, 0) == 1
+
+
+def _paused(*, by: str, reason: str, at: datetime) -> dict:
+    """What every pause writes (a person's, the automatic one, the allow-list's)."""
+    return {
+        "paused": True,
+        "paused_by": by,
+        "paused_reason": reason,
+        "paused_at": at,
+        "version": F("version") + 1,
+    }
 
 
 class Consumer(models.Model):
@@ -305,6 +388,38 @@ class DeliveryQuerySet(ClaimQuerySet):
             )
         )
 
+    def matching(
+        self,
+        *,
+        statuses=None,
+        consumer: str | None = None,
+        event_type: str | None = None,
+        dead_since: datetime | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ):
+        """What a replay or resend by filter selects, on every surface: rows of `statuses` (None:
+        any; replay and resend take only those they may), of the consumer named `consumer`, of
+        `event_type`, dead at or after `dead_since`, created in [`since`, `until`). A consumer that
+        does not exist is refused (422 unknown_consumer): a misspelt name must not read as
+        "nothing to send"."""
+        rows = self if statuses is None else self.filter(status__in=statuses)
+        if consumer:
+            if not Consumer.objects.filter(name=consumer).exists():
+                raise Refused(
+                    f"No consumer named {rules.shown(consumer)}.", code="unknown_consumer", status=422
+                )
+            rows = rows.filter(consumer__name=consumer)
+        if event_type:
+            rows = rows.filter(event__type=event_type)
+        if dead_since:
+            rows = rows.filter(dead_at__gte=dead_since)
+        if since:
+            rows = rows.filter(created_at__gte=since)
+        if until:
+            rows = rows.filter(created_at__lt=until)
+        return rows
+
     def replay(self, *, actor: str, reason: str, at: datetime | None = None, **batching) -> int:
         """Dead -> pending with a fresh attempt budget, due now. Only dead rows are taken; one
         audit entry per row taken (who, why, previous attempts, last error, and lateSuccessAt:
@@ -412,7 +527,7 @@ class DeliveryQuerySet(ClaimQuerySet):
                 )
                 for row in before
             )
-            kick_sweep_on_commit()
+            SWEEP.on_commit()
         return taken, before[-1]["pk"]
 
 
@@ -527,43 +642,3 @@ class DeliveryAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.number}: {self.outcome}{' (late)' if self.late else ''}"
-
-
-class KickQuerySet(models.QuerySet):
-    def request(self, task: str, *, now: datetime | None = None, window_seconds: float) -> bool:
-        """A commit wants `task` enqueued (no listener leads; outbox.wake): True when it is the
-        one to enqueue it, False when a kick for `task` is already on its way (enqueued less than
-        `window_seconds` ago and not yet started). One guarded UPDATE; the row is made on first
-        use. A burst of commits thus enqueues one task; a kick the broker lost holds back the
-        next for `window_seconds` at most."""
-        now = now or timezone.now()
-        free = models.Q(enqueued_at__isnull=True) | models.Q(
-            enqueued_at__lte=now - timedelta(seconds=window_seconds)
-        )
-        if self.filter(free, task=task).update(enqueued_at=now):
-            return True
-        _, made = self.get_or_create(task=task, defaults={"enqueued_at": now})  # first use, or a test's flush
-        return made
-
-    def withdraw(self, task: str, *, enqueued_at: datetime) -> int:
-        """The broker refused the kick this commit took (request): a commit from now on tries
-        again. Only that kick's mark is taken back, not a later one's."""
-        return self.filter(task=task, enqueued_at=enqueued_at).update(enqueued_at=None)
-
-    def started(self, task: str) -> int:
-        """A task for `task` has started, before its first look at the table: a commit from
-        now on may enqueue another (the one that started may already have looked past it)."""
-        return self.filter(task=task, enqueued_at__isnull=False).update(enqueued_at=None)
-
-
-class Kick(models.Model):
-    """When a kick last enqueued a django-q2 task that has not started yet, per task (outbox.wake):
-    what keeps a burst of commits from enqueueing one task each."""
-
-    task = models.CharField(max_length=200, primary_key=True)
-    enqueued_at = models.DateTimeField(null=True, blank=True)
-
-    objects = KickQuerySet.as_manager()
-
-    def __str__(self) -> str:
-        return f"{self.task} (enqueued {self.enqueued_at or 'none waiting'})"

@@ -12,8 +12,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F, Min, Value
-from django.db.models.functions import Coalesce
+from django.db.models import Count, Min
 from django.utils import timezone
 
 from odal import rules, tally
@@ -22,9 +21,9 @@ from odal.models import AuditEntry
 from odal.reasons import clean_reason
 from odal.redact import redacted_url
 from odal.text import excerpt, storable
+from odal.work.wake import SWEEP
 from outbox.consumers import check_python_target, check_webhook_url, signing_secrets  # noqa: F401
 from outbox.events import check_event_pattern, emit
-from outbox.kick import wake_sweep
 from outbox.models import BULK_BATCH, Consumer, Delivery, DeliveryAttempt, new_secret
 
 log = logging.getLogger(__name__)
@@ -253,10 +252,7 @@ def pause(consumer: Consumer, *, actor: str, reason: str, now: datetime | None =
     reason = clean_reason(reason)
     now = now or timezone.now()
     with transaction.atomic():
-        took = Consumer.objects.filter(pk=consumer.pk, paused=False).update(
-            paused=True, paused_reason=reason, paused_by=actor, paused_at=now, version=F("version") + 1
-        )
-        if not took:
+        if not Consumer.objects.filter(pk=consumer.pk).pause(by=actor, reason=reason, at=now):
             return False
         AuditEntry.objects.record(actor=actor, action="consumer_paused", obj=consumer, reason=reason)
         Delivery.objects.filter(consumer_id=consumer.pk).park_paused(now=now)
@@ -280,22 +276,7 @@ def resume(consumer: Consumer, *, actor: str, reason: str, progress=None) -> int
             code="target_not_allowed",
         )
     with transaction.atomic():
-        # Restated in the write: a target outside the list is never resumed (it would be called).
-        outside = Consumer.objects.python_outside(allowed).values("pk")
-        took = (
-            Consumer.objects.filter(pk=consumer.pk, paused=True)
-            .exclude(pk__in=outside)
-            .update(
-                paused=False,
-                paused_reason="",
-                paused_by="",
-                paused_at=None,
-                failing_since=None,
-                failures=0,
-                version=F("version") + 1,
-            )
-        )
-        if not took:
+        if not Consumer.objects.filter(pk=consumer.pk).resume(allowed=allowed):
             return None
         AuditEntry.objects.record(
             actor=actor,
@@ -311,7 +292,7 @@ def resume(consumer: Consumer, *, actor: str, reason: str, progress=None) -> int
         if progress:
             progress(batches, resumed)
     if resumed:
-        transaction.on_commit(wake_sweep)
+        SWEEP.on_commit()
     consumer.refresh_from_db()
     return resumed
 
@@ -376,7 +357,8 @@ def remove_consumer(
     batches of at most `batch`, each its own transaction with an audit entry per row it deleted
     (`delivery_removed`: what the row was), so a removal refused at its last step (a delivery
     made meanwhile) leaves a trail of every row that went, dead letters included.
-    `progress(batches, total)` after each batch. The consumer's own entry at the end."""
+    `progress(batches, total)` after each batch. The consumer's own entry at the end, only when
+    the removal took it (a consumer someone else removed meanwhile: 404, nothing audited)."""
     reason = clean_reason(reason)
     owed = Delivery.objects.filter(
         consumer_id=consumer.pk, status__in=[Delivery.Status.PENDING, Delivery.Status.PAUSED]
@@ -394,10 +376,11 @@ def remove_consumer(
         if progress:
             progress(batches, gone)
     with transaction.atomic():
-        # Locked first: a publish that is fanning out to this consumer holds a key-share lock on its
-        # row (outbox.events.emit) until it commits; then its delivery is seen here.
-        Consumer.objects.select_for_update().filter(pk=consumer.pk).first()
-        if Delivery.objects.filter(consumer_id=consumer.pk).exists():  # made meanwhile
+        if not Consumer.objects.filter(pk=consumer.pk).remove():
+            if not Consumer.objects.filter(pk=consumer.pk).exists():  # removed by someone else meanwhile
+                raise Refused(
+                    f"No consumer named {rules.shown(consumer.name)}.", code="not_found", status=404
+                )
             raise Refused(
                 f"{consumer.name} got new deliveries while it was being removed; it is not removed.",
                 code="deliveries_pending",
@@ -409,7 +392,6 @@ def remove_consumer(
             reason=reason,
             details={"kind": consumer.kind, "url": redacted_url(consumer.url), "deliveriesRemoved": gone},
         )
-        Consumer.objects.filter(pk=consumer.pk).delete()
     return {"deliveriesRemoved": gone}
 
 
@@ -458,36 +440,9 @@ def _remove_settled_batch(consumer: Consumer, *, actor: str, reason: str, batch:
     return deleted
 
 
-def deliveries_matching(*, consumer=None, event_type=None, dead_since=None):
-    rows = Delivery.objects.all()
-    if consumer:
-        if not Consumer.objects.filter(name=consumer).exists():
-            raise Refused(f"No consumer named {consumer!r}.", code="unknown_consumer", status=422)
-        rows = rows.filter(consumer__name=consumer)
-    if event_type:
-        rows = rows.filter(event__type=event_type)
-    if dead_since:
-        rows = rows.filter(dead_at__gte=dead_since)
-    return rows
-
-
+# What a resend takes (a pending or paused delivery is on its way): what a resend by filter selects
+# unless it names one of them.
 RESENDABLE = (Delivery.Status.DELIVERED.value, Delivery.Status.DEAD.value)
-
-
-def resendable(*, consumer=None, event_type=None, status=None, since=None, until=None):
-    """Delivered or dead deliveries matching the filter (what a bulk resend takes)."""
-    rows = Delivery.objects.filter(status__in=[status] if status else RESENDABLE)
-    if consumer:
-        if not Consumer.objects.filter(name=consumer).exists():
-            raise Refused(f"No consumer named {rules.shown(consumer)}.", code="unknown_consumer", status=422)
-        rows = rows.filter(consumer__name=consumer)
-    if event_type:
-        rows = rows.filter(event__type=event_type)
-    if since:
-        rows = rows.filter(created_at__gte=since)
-    if until:
-        rows = rows.filter(created_at__lt=until)
-    return rows
 
 
 # -- late successes ---------------------------------------------------------------------------------
@@ -556,15 +511,13 @@ def record_health(consumer: Consumer, *, successes: int, failures: int, first_fa
     `consumer.paused` event to the other consumers. For a healthy consumer, one UPDATE that
     takes no row (the caller's reading may be stale: another sweep may have started a streak)."""
     if successes:
-        Consumer.objects.filter(pk=consumer.pk, failing_since__isnull=False).update(
-            failing_since=None, failures=0
-        )
+        Consumer.objects.filter(pk=consumer.pk).end_failure_streak()
         consumer.failing_since, consumer.failures = None, 0
         return False
     if not failures:
         return False
-    Consumer.objects.filter(pk=consumer.pk).update(
-        failing_since=Coalesce(F("failing_since"), Value(first_failure_at)), failures=F("failures") + failures
+    Consumer.objects.filter(pk=consumer.pk).extend_failure_streak(
+        failures=failures, first_failure_at=first_failure_at
     )
     consumer.failing_since = consumer.failing_since or first_failure_at
     after = settings.ODAL_AUTO_PAUSE_AFTER
@@ -585,13 +538,8 @@ def auto_pause(consumer: Consumer, errors: list[str]) -> bool:
         f"every attempt failed for {rules.duration_text(after, words=True)} (last errors: {last})", 500
     )
     with transaction.atomic():
-        took = Consumer.objects.filter(
-            pk=consumer.pk,
-            paused=False,
-            failing_since__lte=now - after,
-            failures__gte=AUTO_PAUSE_MIN_FAILURES,
-        ).update(
-            paused=True, paused_by=AUTO_ACTOR, paused_reason=reason, paused_at=now, version=F("version") + 1
+        took = Consumer.objects.filter(pk=consumer.pk).auto_pause(
+            reason=reason, at=now, after=after, min_failures=AUTO_PAUSE_MIN_FAILURES, by=AUTO_ACTOR
         )
         if not took:
             return False

@@ -6,53 +6,35 @@ owns which row, and the terminal writes refuse whoever no longer owns it.
 """
 
 import logging
-import queue
-import threading
 import time
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import ExitStack, contextmanager, nullcontext
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import httpx
 from django.conf import settings
 from django.db import close_old_connections, connection, connections, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from odal import reconnect, stopping, tally
 from odal.text import error_text, storable
-from outbox import consumers, service
-from outbox.claims import backoff_delay
+from odal.work.claims import backoff_delay
+from odal.work.loops import Report, Work
+from odal.work.passes import Pass, write_in_sets
+from odal.work.wake import SWEEP
+from outbox import consumers, python_consumers, service
 from outbox.models import Consumer, Delivery, DeliveryAttempt
-from outbox.wake import POLL_SECONDS, SWEEP, Listener, open_listener, passes_while_listening
+from outbox.python_consumers import OVERRUNS
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class SweepReport:
+class SweepReport(Report):
     dead_lettered: int = 0
-    claimed: int = 0
     delivered: int = 0
     failed: int = 0
-    late: int = 0
-    not_started: int = 0  # claimed, but the hold ran out before their turn came
-    write_errors: int = 0  # outcomes the database refused (each in the attempt log)
-    passes: int = 0
-
-    def add(self, other: "SweepReport") -> None:
-        for name in (
-            "dead_lettered",
-            "claimed",
-            "delivered",
-            "failed",
-            "late",
-            "not_started",
-            "write_errors",
-            "passes",
-        ):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def summary(self) -> str:
         text = (
@@ -72,8 +54,6 @@ FLUSH_SECONDS = 1.0  # ...or sooner (a quarter of the hold if that is less), so 
 SWEEP_THREADS = 32  # webhook requests in flight per sweep process, all consumers together
 REFRESH_SECONDS = 0.5  # a pass re-reads its consumers' pause and secrets at most this often
 HOUSEKEEPING_SECONDS = 1.0  # a run of passes parks and unparks paused consumers' rows this often
-PYTHON_OVERRUNS_PER_CONSUMER = 4  # threads of one Python consumer left running past its timeout
-# before this process stops taking that consumer's rows (see Overruns)
 
 
 @dataclass
@@ -164,33 +144,26 @@ class Settled:
 
 
 def finish_attempts(token, finished: list[Finished]) -> Settled:
-    """End a run of attempts of one claim. One transaction for the run; if the database refuses
-    it, each outcome is written again in a transaction of its own, so one row it cannot store
-    costs no other row its outcome. A row that still cannot be written keeps its claim until
-    the hold runs out (then it is due again, its attempt counted) and gets an attempt-log line
-    saying why (outcome write_error). Outcomes not taken are logged as late and change nothing
-    but a late success's note (lateSuccessAt), written with its attempt-log line.
-    If the database is lost meanwhile, DatabaseLost: nothing more is written for this claim (see
-    odal.reconnect), and its rows not written are due again after the hold."""
+    """End a run of attempts of one claim, written in sets (odal.work.passes.write_in_sets): a
+    row the database cannot store keeps its claim until the hold runs out (then it is due again,
+    its attempt counted) and gets an attempt-log line saying why (outcome write_error).
+    Outcomes not taken are logged as late and change nothing but a late success's note
+    (lateSuccessAt), written with its attempt-log line."""
     settled = Settled()
-    if not finished:
-        return settled
-    try:
-        with transaction.atomic():
-            settled.taken = _settle(token, finished)
-    except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below
-        reconnect.raise_if_lost(exc)
-        log.warning(
-            "writing %s outcomes together failed; writing them one by one", len(finished), exc_info=True
-        )
-        for f in finished:
-            try:
-                with transaction.atomic():
-                    settled.taken |= _settle(token, [f])
-            except Exception as exc:
-                reconnect.raise_if_lost(exc)
-                settled.unwritten.add(f.delivery.pk)
-                record_write_error(token, f, exc)
+
+    def write(some: list[Finished]) -> list[bool]:
+        taken = _settle(token, some)
+        return [f.delivery.pk in taken for f in some]
+
+    for f, took in zip(
+        finished,
+        write_in_sets(finished, write, lambda f, exc: record_write_error(token, f, exc)),
+        strict=True,
+    ):
+        if took is None:
+            settled.unwritten.add(f.delivery.pk)
+        elif took:
+            settled.taken.add(f.delivery.pk)
     for f in finished:
         if f.delivery.pk not in settled.taken and f.delivery.pk not in settled.unwritten:
             log.warning(
@@ -233,7 +206,7 @@ def attempt(consumer, delivery: Delivery, client: httpx.Client, claim) -> Finish
     turn comes: then the row is due again and may be another sweep's, and None says it was not
     started (so it is when the process is stopping). Writes nothing, so it may run on a pool
     thread."""
-    if not claim.holds() or stopping.asked():
+    if not claim.holds() or stopping.requested():
         return None
     started_at = timezone.now()
     ids = {"delivery": delivery.pk, "event": delivery.event_id, "consumer": consumer.name, "claim": claim.token,
@@ -251,178 +224,29 @@ def attempt(consumer, delivery: Delivery, client: httpx.Client, claim) -> Finish
     return Finished(delivery, outcome, started_at, timezone.now())
 
 
-class Overruns:
-    """Threads of Python attempts that ran past their consumer's timeout and still run, per
-    consumer, in this process (a Python thread cannot be stopped, only left to finish). With
-    PYTHON_OVERRUNS_PER_CONSUMER of one consumer still running, this process takes none of its
-    rows until one returns, so a consumer that hangs costs at most that many threads; other
-    processes, and the rows of other consumers, go on."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.threads: dict[int, set] = {}
-
-    def add(self, consumer, thread: threading.Thread) -> bool:
-        """Count one more overrunning thread; True if that one made the consumer's threads reach
-        the bound (the caller counts it in outbox.python_blocked, outside this lock)."""
-        with self.lock:
-            running = self.threads.setdefault(consumer.pk, set())
-            running.add(thread)
-            if len(running) != PYTHON_OVERRUNS_PER_CONSUMER:
-                return False
-            log.error(
-                "Python consumer %s: %s attempts still running past its timeout of %ss; this process "
-                "takes none of its deliveries until one returns",
-                consumer.name, len(running), consumer.timeout_seconds, extra={"consumer": consumer.name},
-            )  # fmt: skip
-            return True
-
-    def done(self, consumer, thread: threading.Thread) -> None:
-        with self.lock:
-            running = self.threads.get(consumer.pk, set())
-            running.discard(thread)
-            if len(running) == PYTHON_OVERRUNS_PER_CONSUMER - 1:
-                log.warning(
-                    "Python consumer %s: an overrunning attempt returned; this process takes its deliveries again",
-                    consumer.name, extra={"consumer": consumer.name},
-                )  # fmt: skip
-            if not running:
-                self.threads.pop(consumer.pk, None)
-
-    def full(self, consumer_id: int) -> bool:
-        with self.lock:
-            return len(self.threads.get(consumer_id, ())) >= PYTHON_OVERRUNS_PER_CONSUMER
-
-    def skip(self) -> Q | None:
-        """The rows this process must not claim: those of consumers whose threads piled up."""
-        with self.lock:
-            full = [
-                pk for pk, running in self.threads.items() if len(running) >= PYTHON_OVERRUNS_PER_CONSUMER
-            ]
-        return Q(consumer_id__in=full) if full else None
-
-    def join(self, timeout: float | None = None) -> None:
-        """Wait for the overrunning threads to return (for tests)."""
-        with self.lock:
-            threads = [t for running in self.threads.values() for t in running]
-        for thread in threads:
-            thread.join(timeout)
-
-
-OVERRUNS = Overruns()
-
-
-class PythonRunner:
-    """The thread Python attempts run on, kept from one attempt to the next: a thread (and its
-    database wrappers) made and ended per attempt halved the no-op sweep's throughput. One whose
-    attempt overran is left to finish it and then ends (stop); the next attempt gets a new one."""
-
-    def __init__(self):
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self.loop, name="odal-python-runner", daemon=True)
-        self.thread.start()
-
-    def loop(self) -> None:
-        try:
-            while (job := self.jobs.get()) is not None:
-                try:
-                    close_old_connections()  # its connection, if a consumer opened one and it broke
-                    job()
-                except Exception:  # (a job says what it raised; this thread must go on)
-                    log.exception("a Python attempt's runner failed")
-        finally:
-            connections.close_all()
-
-    def stop(self) -> None:
-        self.jobs.put(None)
-
-
-RUNNER_LOCK = threading.Lock()
-RUNNER: PythonRunner | None = None
-
-
-def python_runner(*, replace: PythonRunner | None = None) -> PythonRunner:
-    """This process's runner; with `replace` (one whose attempt overran), a new one."""
-    global RUNNER
-    with RUNNER_LOCK:
-        if RUNNER is None or RUNNER is replace:
-            RUNNER = PythonRunner()
-        return RUNNER
-
-
 def attempt_python(consumer, delivery: Delivery, client: httpx.Client, claim) -> Finished | None:
-    """A Python consumer's attempt, on the process's Python runner thread, waited for up to the
-    consumer's timeoutSeconds, as a webhook's request is. Past it the attempt is failed ("timed
-    out after Ns", written by the pass like any failure) and the runner is left to finish it,
-    counted in OVERRUNS (the next attempt gets a new runner). What it returns later is written
-    then, as a late write: guarded by the claim like every outcome, so once the timeout's failure
-    is written it takes nothing and goes to the attempt log as late (a late success noted as
+    """A Python consumer's attempt, within its timeoutSeconds as a webhook's request is
+    (outbox.python_consumers.within_timeout). Past it the attempt is failed ("timed out after
+    Ns", written by the pass like any failure); what the consumer returns later is written then,
+    as a late write: guarded by the claim like every outcome, so once the timeout's failure is
+    written it takes nothing and goes to the attempt log as late (a late success noted as
     lateSuccessAt), as a late webhook answer does."""
-    box: dict = {}
-    lock = threading.Lock()
-    done = threading.Event()
-    runner = python_runner()
-
-    def run() -> None:
-        try:
-            f = attempt(consumer, delivery, client, claim)
-        except BaseException as exc:  # (a lost database: the pass's to unwind with, not this thread's)
-            box["raised"] = exc
-            return
-        finally:
-            done.set()
-        with lock:
-            box["finished"], abandoned = f, box.get("abandoned", False)
-        if abandoned:
-            try:
-                finish_attempts(claim.token, [f] if f else [])
-            except Exception:
-                log.exception("delivery %s: the late outcome could not be written", delivery.pk)
-            OVERRUNS.done(consumer, runner.thread)
-
     started_at = timezone.now()
-    runner.jobs.put(run)
-    done.wait(consumer.timeout_seconds)
-    with lock:
-        if "raised" in box:
-            raise box["raised"]
-        if "finished" in box:
-            return box["finished"]
-        box["abandoned"] = True
-        blocked = OVERRUNS.add(
-            consumer, runner.thread
-        )  # (under the lock: the thread's done() comes after it)
-    runner.stop()  # once its attempt returns; the next attempt gets a new runner
-    python_runner(replace=runner)
+    finished = python_consumers.within_timeout(
+        consumer,
+        lambda: attempt(consumer, delivery, client, claim),
+        late=lambda f: finish_attempts(claim.token, [f] if f else []),
+    )
+    if finished is not python_consumers.TIMED_OUT:
+        return finished
     error = f"timed out after {consumer.timeout_seconds}s (the Python consumer still runs; what it returns is late)"
     log.warning(
         "delivery %s attempt %s (claim %s) to Python consumer %s: %s",
         delivery.pk, delivery.attempts, claim.token, consumer.name, error,
         extra={"delivery": delivery.pk, "consumer": consumer.name, "claim": claim.token},
     )  # fmt: skip
-    count_overrun(consumer, blocked)
     outcome = consumers.Outcome(False, error, duration_ms=consumer.timeout_seconds * 1000)
     return Finished(delivery, outcome, started_at, timezone.now())
-
-
-PYTHON_TIMEOUTS = "outbox.python_timeouts"  # tally figures, key the consumer's id (see odal.tally)
-PYTHON_BLOCKED = "outbox.python_blocked"
-
-
-def count_overrun(consumer, blocked: bool) -> None:
-    """Add a Python attempt past its timeout, and (`blocked`) this process stopping to take the
-    consumer's rows, to the tally, so /metrics shows them: the web process that serves it
-    cannot see this worker's threads. A tally that cannot be written is logged, never raised:
-    the attempt's failure is still written by the pass."""
-    key = str(consumer.pk)
-    try:
-        with transaction.atomic():
-            tally.bump(PYTHON_TIMEOUTS, {key: 1})
-            if blocked:
-                tally.bump(PYTHON_BLOCKED, {key: 1})
-    except Exception:
-        log.exception("Python consumer %s: its timeout could not be counted", consumer.name,
-                      extra={"consumer": consumer.name})  # fmt: skip
 
 
 def run_python_consumers(jobs: list, client: httpx.Client, claim, run=None) -> None:
@@ -448,23 +272,35 @@ def run_python_consumers(jobs: list, client: httpx.Client, claim, run=None) -> N
             future.set_exception(exc)
 
 
-class Pass:
+class SweepPass(Pass):
     """The work of one claim. Webhooks run on the pool, at most ODAL_WEBHOOK_CONCURRENCY at once
     per consumer; Python consumers one after another on a thread of their own. Only this thread
-    writes, every FLUSH_ROWS outcomes or FLUSH_SECONDS, so no outcome waits behind a slow
-    consumer of another kind. No attempt starts after the claim's hold has run out; rows whose
-    turn came too late get their counted attempt back."""
+    writes (odal.work.passes), so no outcome waits behind a slow consumer of another kind. No
+    attempt starts after the claim's hold has run out, nor one of a consumer paused meanwhile."""
+
+    rows, flush_rows, flush_seconds = Delivery.objects, FLUSH_ROWS, FLUSH_SECONDS
+    look_seconds = FLUSH_SECONDS  # (the flush's period: see __init__)
+    not_started_line = (
+        "%s claimed deliveries not started: the claim's hold ran out first, their consumer was paused, "
+        "or this process is stopping"
+    )
 
     def __init__(self, claim, report: SweepReport, client: httpx.Client, pool: ThreadPoolExecutor, python):
-        self.claim, self.report, self.client, self.pool, self.python = claim, report, client, pool, python
-        self.pending: list[Finished] = []
-        self.last_flush = time.monotonic()
-        # Outcomes must be written well inside the claim's hold, or they arrive late for nothing.
-        self.flush_seconds = min(FLUSH_SECONDS, settings.ODAL_CLAIM_HOLD_SECONDS / 4)
-        self.consumers: dict = {}
+        super().__init__(claim, report)
+        self.look_seconds = self.flush_seconds
+        self.client, self.pool, self.python = client, pool, python
+        self.consumers = Consumer.objects.in_bulk({d.consumer_id for d in claim.rows})
+        self.refreshed = dict.fromkeys(("main", "python"), time.monotonic())  # just read
         self.paused: set = set()  # consumers paused during this pass (by a person or by odal)
-        self.refreshed: dict[str, float] = {}
         self.streaks_ended: set = set()  # consumers whose failure streak a success of this pass ended
+        self.waiting: dict[int, deque] = {}  # webhook rows by consumer, not started yet
+        self.python_jobs = []
+        for d in claim.rows:
+            if self.consumers[d.consumer_id].kind == Consumer.Kind.WEBHOOK:
+                self.waiting.setdefault(d.consumer_id, deque()).append(d)
+            else:
+                self.python_jobs.append((self.consumers[d.consumer_id], d, Future()))
+        self.running = dict.fromkeys(self.waiting, 0)
 
     def refresh(self, thread: str) -> None:
         """Re-read what a person may change under a running pass, at most every REFRESH_SECONDS
@@ -482,6 +318,51 @@ class Pass:
             consumer.previous_secret_expires_at = row["previous_secret_expires_at"]
             if row["paused"]:
                 self.paused.add(row["pk"])
+
+    def start_more(self) -> None:
+        if self.python_jobs:  # (all of them at once, on the Python thread, which starts each in turn)
+            jobs, self.python_jobs = self.python_jobs, []
+            self.in_flight.update({future: (d, None) for _, d, future in jobs})
+            self.python.submit(run_python_consumers, jobs, self.client, self.claim, self)
+        bound = settings.ODAL_WEBHOOK_CONCURRENCY
+        for consumer_id, rows in self.waiting.items():
+            if rows:
+                self.refresh("main")
+            if consumer_id in self.paused or stopping.requested():  # paused, or stopping: no more attempts
+                self.not_started.extend(d.pk for d in rows)
+                rows.clear()
+            while rows and self.running[consumer_id] < bound:
+                d = rows.popleft()
+                future = self.pool.submit(attempt, self.consumers[consumer_id], d, self.client, self.claim)
+                self.in_flight[future] = (d, consumer_id)
+                self.running[consumer_id] += 1
+
+    def ended(self, delivery, consumer_id, finished: Finished | None) -> None:
+        if consumer_id is not None:  # (a webhook's)
+            self.running[consumer_id] -= 1
+        if finished is None:
+            self.not_started.append(delivery.pk)
+        else:
+            self.pending.append(finished)
+
+    def take_waiting(self) -> list:
+        waiting = [d.pk for rows in self.waiting.values() for d in rows]
+        for rows in self.waiting.values():
+            rows.clear()
+        return waiting
+
+    def write(self, finished: list[Finished]) -> None:
+        settled = finish_attempts(self.claim.token, finished)
+        for f in finished:
+            if f.delivery.pk in settled.unwritten:
+                self.report.write_errors += 1
+            elif f.delivery.pk not in settled.taken:
+                self.report.late += 1
+            elif f.outcome.ok:
+                self.report.delivered += 1
+            else:
+                self.report.failed += 1
+        self.check_health(finished)
 
     def check_health(self, finished: list[Finished]) -> None:
         """Tell each consumer's failure streak what this flush saw (outbox.service.record_health):
@@ -517,124 +398,18 @@ class Pass:
                     raise  # (they are written: the pass ends, and its loop waits for the database)
                 log.exception("recording the health of consumer %s failed", consumer.name)
 
-    def flush(self) -> None:
-        # Taken off first: a flush that lost the database (DatabaseLost) is not written again.
-        finished, self.pending = self.pending, []
-        self.last_flush = time.monotonic()
-        settled = finish_attempts(self.claim.token, finished)
-        for f in finished:
-            if f.delivery.pk in settled.unwritten:
-                self.report.write_errors += 1
-            elif f.delivery.pk not in settled.taken:
-                self.report.late += 1
-            elif f.outcome.ok:
-                self.report.delivered += 1
-            else:
-                self.report.failed += 1
-        self.check_health(finished)
 
-    def finished(self, f: Finished) -> None:
-        self.pending.append(f)
-        if len(self.pending) >= FLUSH_ROWS or time.monotonic() - self.last_flush >= self.flush_seconds:
-            self.flush()
+class Every:
+    """Whether `seconds` have gone by since it last said so (and the first time it is asked):
+    how often a run of passes does its housekeeping (parking and unparking cost two statements;
+    a busy sweep makes several passes a second)."""
 
-    def run(self) -> None:
-        by_id = self.consumers = Consumer.objects.in_bulk({d.consumer_id for d in self.claim.rows})
-        self.refreshed = dict.fromkeys(("main", "python"), time.monotonic())  # just read
-        waiting: dict[int, deque] = {}
-        python_jobs = []
-        for d in self.claim.rows:
-            consumer = by_id[d.consumer_id]
-            if consumer.kind == Consumer.Kind.WEBHOOK:
-                waiting.setdefault(d.consumer_id, deque()).append(d)
-            else:
-                python_jobs.append((consumer, d, Future()))
-        in_flight: dict = {}  # future -> (webhook consumer id or None, delivery)
-        running: dict[int, int] = dict.fromkeys(waiting, 0)
-        bound = settings.ODAL_WEBHOOK_CONCURRENCY
-        not_started = []
+    def __init__(self, seconds: float):
+        self.seconds, self.last = seconds, float("-inf")
 
-        def start(consumer_id: int) -> None:
-            queue = waiting[consumer_id]
-            if queue:
-                self.refresh("main")
-            if consumer_id in self.paused or stopping.asked():  # paused, or stopping: no more attempts
-                not_started.extend(d.pk for d in queue)
-                queue.clear()
-            while queue and running[consumer_id] < bound:
-                d = queue.popleft()
-                future = self.pool.submit(attempt, by_id[consumer_id], d, self.client, self.claim)
-                in_flight[future] = (consumer_id, d)
-                running[consumer_id] += 1
-
-        try:
-            for consumer_id in waiting:
-                start(consumer_id)
-            if python_jobs:
-                in_flight.update({future: (None, d) for _, d, future in python_jobs})
-                self.python.submit(run_python_consumers, python_jobs, self.client, self.claim, self)
-            while in_flight:
-                done, _ = wait(in_flight, timeout=self.flush_seconds, return_when=FIRST_COMPLETED)
-                for future in done:
-                    consumer_id, d = in_flight.pop(future)
-                    if consumer_id is not None:
-                        running[consumer_id] -= 1
-                        start(consumer_id)
-                    f = future.result()
-                    if f is None:
-                        not_started.append(d.pk)
-                    else:
-                        self.finished(f)
-                if not done and self.pending:
-                    self.flush()
-                if stopping.asked():
-                    self.give_back_unstarted(waiting, in_flight, start, not_started)
-        finally:
-            # Whatever stopped the pass, outcomes already known are written, not thrown away
-            # (unless the database was lost while writing them: then nothing more is, see flush).
-            for future in in_flight:
-                future.cancel()
-            self.flush()
-        self.release(not_started)
-
-    def release(self, not_started: list) -> None:
-        if not_started:
-            # Their turn came after the hold ran out: no request went out for them. They get
-            # their counted attempt back and are due at once (unless another sweep took them).
-            self.report.not_started += len(not_started)
-            Delivery.objects.filter(pk__in=not_started).release(token=self.claim.token)
-            log.warning(
-                "%s claimed deliveries not started: the claim's hold ran out first, their consumer was "
-                "paused, or this process is stopping",
-                len(not_started),
-            )
-            not_started.clear()
-
-    def give_back_unstarted(self, waiting: dict, in_flight: dict, start, not_started: list) -> None:
-        """Stopping while attempts are still running: the rows queued behind them (webhooks) and
-        the Python jobs not yet picked up are given back now, not when the running ones end, which
-        may be after odal.stopping's clock has ended the process (their claim would then hold them,
-        each with an attempt counted that was never made)."""
-        for consumer_id in waiting:
-            start(consumer_id)  # (stopping: its queue goes to not_started)
-        for future, (consumer_id, d) in list(in_flight.items()):
-            if consumer_id is None and future.cancel():  # a Python job not picked up yet
-                del in_flight[future]
-                not_started.append(d.pk)
-        self.release(not_started)
-
-
-class Housekeeping:
-    """When a run of passes parks and unparks again: on its first pass, then about once every
-    HOUSEKEEPING_SECONDS (each costs two statements; a busy sweep makes several passes a
-    second)."""
-
-    def __init__(self):
-        self.last = float("-inf")
-
-    def due(self) -> bool:
+    def elapsed(self) -> bool:
         now = time.monotonic()
-        if now - self.last < HOUSEKEEPING_SECONDS:
+        if now - self.last < self.seconds:
             return False
         self.last = now
         return True
@@ -649,7 +424,7 @@ def sweep_once(
     housekeeping: bool = True,
 ) -> SweepReport:
     """One pass: park or unpark rows of paused or resumed consumers (with `housekeeping`: a run
-    of passes does it about once a second, see Housekeeping), dead-letter spent rows, claim up
+    of passes does it about once a second, see Every), dead-letter spent rows, claim up
     to `batch` due deliveries, run them."""
     report = SweepReport(passes=1)
     now = timezone.now()
@@ -677,7 +452,7 @@ def sweep_once(
                 pool or shared["pool"],
                 python or shared["python"],
             )
-        Pass(claim, report, client, pool, python).run()
+        SweepPass(claim, report, client, pool, python).run()
     tally.beat(tally.SWEEP)
     return report
 
@@ -696,54 +471,23 @@ def sweeper():
             python.submit(connections.close_all).result()  # that thread's own connection, if any
 
 
-def sweep_until_idle(*, batch: int = 100, max_seconds: float = 50.0) -> SweepReport:
-    """Passes until a pass claims nothing or `max_seconds` have gone by. A database lost
-    meanwhile is waited for until then (odal.reconnect); past it, its error is raised."""
-    report = SweepReport()
-    deadline = time.monotonic() + max_seconds
-    chores = Housekeeping()
-    outage = reconnect.Outage("outbox sweep", deadline=deadline)
-    with sweeper() as shared:
-        while True:
-            one = outage.attempt(lambda: sweep_once(batch=batch, housekeeping=chores.due(), **shared))
-            if one is None:
-                continue
-            report.add(one)
-            if one.claimed == 0 or time.monotonic() >= deadline:
-                return report
+class Sweep(Work):
+    """The sweep's runs (odal.work.loops): each pass is sweep_once, with the client, the webhook
+    pool and the Python thread a run shares, and housekeeping about once a second."""
+
+    name, wake, Report, rows, batch = "outbox sweep", SWEEP, SweepReport, Delivery.objects, 100
+
+    @contextmanager
+    def tools(self):
+        with sweeper() as shared:
+            yield {**shared, "chores": Every(HOUSEKEEPING_SECONDS)}
+
+    def one_pass(self, *, batch: int, chores: Every, **shared) -> SweepReport:
+        return sweep_once(batch=batch, housekeeping=chores.elapsed(), **shared)
+
+    def owed(self) -> bool:
+        return Delivery.objects.filter(status=Delivery.Status.PENDING).exists()
 
 
-def sweep_listening(
-    listener: Listener | None,
-    *,
-    batch: int = 100,
-    seconds: float | None = None,
-    poll_seconds: float = POLL_SECONDS,
-    should_stop=lambda: False,
-) -> SweepReport:
-    """Passes back to back while they find work; when a pass finds none, wait for a NOTIFY (a
-    commit created deliveries) or `poll_seconds` (a retry may have fallen due), whichever comes
-    first. Without a listener (not PostgreSQL) it just sleeps between passes. Runs for
-    `seconds`, or until `should_stop()`. A lost database (its own connection or the
-    listener's) is waited for, the listener reopened, and the passes go on (odal.reconnect);
-    if it does not answer within `seconds`, this returns what it did."""
-    chores = Housekeeping()
-    with sweeper() as shared:
-        return passes_while_listening(
-            "outbox sweep",
-            lambda: sweep_once(batch=batch, housekeeping=chores.due(), **shared),
-            SweepReport(),
-            listener,
-            seconds=seconds,
-            poll_seconds=poll_seconds,
-            should_stop=should_stop,
-        )
-
-
-def sweep_forever(
-    *, batch: int = 100, idle_sleep: float = POLL_SECONDS, should_stop=lambda: False
-) -> SweepReport:
-    """What `odal outbox sweep` runs: passes until told to stop, woken by commits when idle. It
-    takes the listener lock when free, so commits need not enqueue django-q2 sweeps meanwhile."""
-    with open_listener(SWEEP, should_stop=should_stop) or nullcontext() as listener:
-        return sweep_listening(listener, batch=batch, poll_seconds=idle_sleep, should_stop=should_stop)
+SWEEPING = Sweep()
+sweep_until_idle, sweep_listening, sweep_forever = SWEEPING.until_idle, SWEEPING.listening, SWEEPING.forever

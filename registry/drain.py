@@ -19,8 +19,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from contextlib import contextmanager, nullcontext
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -31,11 +31,14 @@ from django.utils import timezone
 from odal import reconnect, stopping, tally
 from odal.models import Passport
 from odal.text import error_text, storable
-from outbox.claims import backoff_delay
+from odal.work.claims import backoff_delay
+from odal.work.loops import Report, Work
+from odal.work.passes import Pass, write_in_sets
+from odal.work.wake import DRAIN
 from outbox.events import emit_many
-from outbox.wake import POLL_SECONDS, Listener, open_listener, passes_while_listening
 from registry import adapters, service
-from registry.models import Registration, RegistrationAttempt, RegistrationQuerySet
+from registry.finding import find_held
+from registry.models import Registration, RegistrationAttempt
 from registry.pace import PAUSE_REFRESH_SECONDS, Pace, monotonic_at
 
 log = logging.getLogger(__name__)
@@ -46,23 +49,14 @@ FLUSH_SECONDS = 0.25  # ...or sooner (a quarter of the hold if that is less): a 
 
 
 @dataclass
-class DrainReport:
-    claimed: int = 0
+class DrainReport(Report):
     submitted: int = 0
     registered: int = 0
     rejected: int = 0
     deactivated: int = 0
     failed: int = 0
     unknown: int = 0  # no answer of the registry's own: the request may have reached it
-    late: int = 0
-    write_errors: int = 0  # outcomes the database refused (each in the attempt log)
-    not_started: int = 0  # claimed, but the hold ran out before their turn (attempt given back)
     rate_limited: int = 0  # the registry answered 429 (attempt given back, due when the pause ends)
-    passes: int = 0
-
-    def add(self, other: "DrainReport") -> None:
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def summary(self) -> str:
         text = (
@@ -95,7 +89,7 @@ def registration_event(reg: Registration, event_type: str, **extra) -> tuple[str
 
 
 @dataclass
-class Ending:
+class Settlement:
     """An attempt's outcome, to be written: its guarded write, what follows if the write takes
     the row (an event; a deactivation now owed), the report's count it adds to, and its line in
     the attempt log."""
@@ -134,7 +128,7 @@ class Ending:
         )
 
 
-def _write(endings: list[Ending]) -> list[bool]:
+def _write(endings: list[Settlement]) -> list[bool]:
     """The endings' writes, their attempt-log lines (one INSERT) and the events of those that
     took their row (one emit_many per event type), in the caller's transaction; which writes
     took their row."""
@@ -151,36 +145,12 @@ def _write(endings: list[Ending]) -> list[bool]:
     return taken
 
 
-def write_endings(endings: list[Ending]) -> None:
-    """Write a run of outcomes with their attempt-log lines in one transaction. If the database
-    refuses it, each is written again in a transaction of its own, so one row it cannot store
-    costs no other row its outcome: that one keeps its claim until the hold runs out (then it is
-    due again) and its log gets a write_error line instead. An outcome whose write takes no row
-    (its claim was superseded, or the row settled) is logged as late and changes nothing else. If
-    the database is lost meanwhile, DatabaseLost unwinds the pass: nothing more is written for
-    its claim, and its rows are due again after the hold (odal.reconnect)."""
-    if not endings:
-        return
-    try:
-        with transaction.atomic():
-            taken = _write(endings)
-    except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below
-        reconnect.raise_if_lost(exc)
-        if len(endings) == 1:
-            endings[0].attempt.write_error(endings[0], exc)
-            return
-        log.warning(
-            "writing %s outcomes together failed; writing them one by one", len(endings), exc_info=True
-        )
-        taken = []
-        for ending in endings:
-            try:
-                with transaction.atomic():
-                    taken += _write([ending])
-            except Exception as exc:
-                reconnect.raise_if_lost(exc)
-                ending.attempt.write_error(ending, exc)
-                taken.append(None)
+def write_endings(endings: list[Settlement]) -> None:
+    """Write a run of outcomes with their attempt-log lines, in sets (odal.work.passes.write_in_sets):
+    one the database refuses keeps its claim until the hold runs out (then it is due again) and
+    its log gets a write_error line instead. An outcome whose write takes no row (its claim was
+    superseded, or the row settled) is logged as late and changes nothing else."""
+    taken = write_in_sets(endings, _write, lambda ending, exc: ending.attempt.write_error(ending, exc))
     for ending, took in zip(endings, taken, strict=True):
         if took is None:
             continue
@@ -218,7 +188,7 @@ class Attempt:
         """End the attempt: `write` (a guarded write, True if it took the row) and the log line
         together, then, in the same transaction, `on_taken` and the `event` (registration_event)
         if it took the row, `on_late` if not, and the report's `counts` plus one."""
-        ending = Ending(
+        ending = Settlement(
             self, operation, outcome, answer, write, on_taken, on_late, counts, event,
             finished_at or timezone.now(),
         )  # fmt: skip
@@ -227,7 +197,7 @@ class Attempt:
         else:
             self.endings.append(ending)
 
-    def was_late(self, ending: Ending) -> None:
+    def was_late(self, ending: Settlement) -> None:
         self.report.late += 1
         log.warning(
             "late %s answer (%s) for registration %s attempt %s (claim %s): its claim was superseded "
@@ -240,7 +210,7 @@ class Attempt:
             extra={"registration": self.reg.pk, "claim": self.token, "attempt": self.reg.attempts},
         )
 
-    def write_error(self, ending: Ending, exc: Exception) -> None:
+    def write_error(self, ending: Settlement, exc: Exception) -> None:
         """The database refused this outcome: a write_error line in the attempt log (counted as
         registry_write_errors_total) and the process log say so."""
         self.report.write_errors += 1
@@ -252,7 +222,7 @@ class Attempt:
         log.error("registration %s %s: %s", self.reg.pk, ending.operation, storable(error), extra=ids)
         try:
             with transaction.atomic():
-                refused = Ending(
+                refused = Settlement(
                     self, ending.operation, RegistrationAttempt.WRITE_ERROR, error, lambda: False
                 )
                 refused.line(late=False).save()
@@ -325,18 +295,18 @@ class Request:
     withdrawn: threading.Event = field(default_factory=threading.Event)
     sending: bool = False  # past its last look at `withdrawn`
 
-    def send(self, adapter) -> "Sent":
+    def send(self, adapter) -> "Reply":
         self.sending = True
         try:
             if self.call == "find":
-                return Sent(answer=find_held(adapter, self.arg))
-            return Sent(answer=getattr(adapter, self.call)(self.arg))
+                return Reply(answer=find_held(adapter, self.arg))
+            return Reply(answer=getattr(adapter, self.call)(self.arg))
         except Exception as exc:  # a Retryable, or a bug of ours: the attempt fails, not the drain
-            return Sent(error=exc)
+            return Reply(error=exc)
 
 
 @dataclass
-class Sent:
+class Reply:
     """What a request got: the registry's answer, or what it raised."""
 
     answer: object = None
@@ -378,7 +348,7 @@ def withdraw(attempt: Attempt) -> None:
     token, rows, now = attempt.token, attempt.rows, timezone.now()
 
     def after_withdrawn():
-        service.kick_drain_on_commit()
+        DRAIN.on_commit()
         # Published again since the passport was read (the write waits for the pass's flush):
         # a row just suspended owes its registration again. (One now finding sees the publish
         # when the drain claims it, and registers afresh.)
@@ -391,11 +361,11 @@ def withdraw(attempt: Attempt) -> None:
     )  # fmt: skip
 
 
-def settle_register(attempt: Attempt, sent: Sent) -> None:
+def settle_register(attempt: Attempt, reply: Reply) -> None:
     reg, token, rows = attempt.reg, attempt.token, attempt.rows
-    if sent.failed(attempt, "register"):
+    if reply.failed(attempt, "register"):
         return
-    answer = sent.answer
+    answer = reply.answer
     if isinstance(answer, adapters.Accepted):
         attempt.finish(
             "register", "submitted", f"requestId {answer.request_id}",
@@ -427,11 +397,11 @@ def plan_check(attempt: Attempt) -> Request:
     return Request("check", attempt.reg.correlation_id)
 
 
-def settle_check(attempt: Attempt, sent: Sent) -> None:
+def settle_check(attempt: Attempt, reply: Reply) -> None:
     reg, token, rows = attempt.reg, attempt.token, attempt.rows
-    if sent.failed(attempt, "check"):
+    if reply.failed(attempt, "check"):
         return
-    answer = sent.answer
+    answer = reply.answer
     if answer.status == "registered":
 
         def after_registered():
@@ -475,7 +445,7 @@ def plan_deactivate(attempt: Attempt) -> Request | None:
                 "deactivate", "reregister",
                 "passport published again after a deactivation was attempted; registering afresh",
                 lambda: rows.reregister(token=token, now=timezone.now()) == 1,
-                on_taken=service.kick_drain_on_commit,
+                on_taken=DRAIN.on_commit,
             )  # fmt: skip
         return None
     if reg.finds_first:
@@ -483,9 +453,9 @@ def plan_deactivate(attempt: Attempt) -> Request | None:
     return Request("deactivate", reg.handle)
 
 
-def settle_deactivate(attempt: Attempt, sent: Sent) -> None:
+def settle_deactivate(attempt: Attempt, reply: Reply) -> None:
     reg, token, rows = attempt.reg, attempt.token, attempt.rows
-    if sent.failed(attempt, "deactivate"):
+    if reply.failed(attempt, "deactivate"):
         return
 
     def after_deactivated():
@@ -493,7 +463,7 @@ def settle_deactivate(attempt: Attempt, sent: Sent) -> None:
         service.reregister_if_published(reg)
 
     attempt.finish(
-        "deactivate", "deactivated", sent.answer,
+        "deactivate", "deactivated", reply.answer,
         lambda: rows.mark_deactivated(token=token),
         on_taken=after_deactivated, counts="deactivated",
         event=registration_event(reg, "passport.deregistered", registrationId=reg.handle),
@@ -503,74 +473,11 @@ def settle_deactivate(attempt: Attempt, sent: Sent) -> None:
 # -- a deactivation that first finds what the registry holds (a suspend after an attempted register) --
 
 
-@dataclass
-class Finding:
-    """What the registry holds of a registration whose register was attempted: `nothing` (an
-    exhaustive lookup found no submission, or the registry rejected what it held), `checking`
-    (look again later; `correlation_id` when exactly one), or `deactivated` (a registration it
-    granted, deactivated now or already gone: `handle`)."""
-
-    held: str
-    said: str
-    correlation_id: str = ""
-    handle: str = ""
-
-
-def find_held(adapter, reg: Registration) -> Finding:
-    """On a pool thread: the task list (or the request id found before), then a check of each
-    submission found, then a deactivation of each the registry granted. A lookup that is not
-    proof (unreadable, not exhaustive, a registry that cannot be searched) is Retryable."""
-    # The task list on every pass, the request found before (correlation_id) or not: a register
-    # whose outcome is unknown may land while that one is still checking, and land as a request
-    # of its own once the registry has rejected it; checking only the one found before would end
-    # the row on its rejection while the registry holds the other.
-    try:
-        found = adapter.find_submission(reg.passport.upi)
-    except adapters.RegistryUnreadable as exc:
-        raise adapters.Retryable(f"the registry's task list could not be read: {exc}") from None
-    if isinstance(found, adapters.Found):
-        ids = [found.correlation_id]
-    elif isinstance(found, adapters.Ambiguous):
-        ids = list(found.candidates)
-    elif isinstance(found, adapters.Unsupported):
-        raise adapters.Retryable(
-            f"the registry cannot be searched ({found.why}): what it holds for this passport cannot be "
-            "found; ask the registry, or publish the passport again to register it afresh"
-        )
-    elif not found.exhaustive:
-        raise adapters.Retryable(f"the registry could not be shown not to hold this passport ({found.why})")
-    else:
-        ids = []
-    if reg.correlation_id and reg.correlation_id not in ids:
-        ids.append(reg.correlation_id)  # found before; a rejection of it shows only in its check
-    if not ids:
-        return Finding("nothing", "the task list, every page read, holds no submission for this UPI")
-    checking, deactivated, rejected = [], [], []
-    for request_id in ids:
-        answer = adapter.check(request_id)
-        if answer.status == "registered":
-            gone = adapter.deactivate(answer.registration_id)
-            deactivated.append(f"{answer.registration_id} ({gone})")
-            handle = answer.registration_id
-        elif answer.status == "rejected":
-            rejected.append(request_id)
-        else:
-            checking.append(request_id)
-    if checking:
-        return Finding(
-            "checking", f"the registry is still checking {', '.join(checking)}",
-            correlation_id=checking[0] if len(checking) == 1 else "",
-        )  # fmt: skip
-    if deactivated:
-        return Finding("deactivated", f"deactivated {', '.join(deactivated)}", handle=handle)
-    return Finding("nothing", f"the registry rejected what it held ({', '.join(rejected)})")
-
-
-def settle_find(attempt: Attempt, sent: Sent) -> None:
+def settle_find(attempt: Attempt, reply: Reply) -> None:
     reg, token, rows = attempt.reg, attempt.token, attempt.rows
-    if sent.failed(attempt, "find"):
+    if reply.failed(attempt, "find"):
         return
-    finding, now = sent.answer, timezone.now()
+    finding, now = reply.answer, timezone.now()
     settles_at = reg.settles_at  # as the claim read it; the writes restate it
     if finding.held == "checking":
         attempt.finish(
@@ -604,11 +511,11 @@ def settle_find(attempt: Attempt, sent: Sent) -> None:
         )  # fmt: skip
 
 
-def settle_deactivation(attempt: Attempt, sent: Sent) -> None:
+def settle_deactivation(attempt: Attempt, reply: Reply) -> None:
     if attempt.reg.finds_first:
-        settle_find(attempt, sent)
+        settle_find(attempt, reply)
     else:
-        settle_deactivate(attempt, sent)
+        settle_deactivate(attempt, reply)
 
 
 def operation_of(reg: Registration):
@@ -637,50 +544,50 @@ def run_deactivate(attempt: Attempt, adapter) -> None:
 
 # -- a pass -------------------------------------------------------------------------------------------
 
-# The request never went out: a pause came while it waited for its slot, or the hold ran out.
-NOT_SENT = Sent()
+# The request never went out (a pause came while it waited for its slot, the hold ran out, the
+# process is stopping): the row is given back.
+GIVEN_BACK = Reply()
 # The register never went out: its passport was withdrawn while it waited for its slot.
-WITHDRAWN = Sent()
+WITHDRAWN = Reply()
 
 
-def send_in_turn(request: Request, adapter, pace: Pace, slot: float, deadline: float) -> Sent:
+def send_in_turn(request: Request, adapter, pace: Pace, slot: float, deadline: float) -> Reply:
     """On a pool thread: wait for the request's slot, then send it, unless its passport was
     withdrawn meanwhile, a 429 paused every drain, or the claim's hold has run out by the time
     this thread got to it (a pool thread may come free late: one still busy with a request of a
     pass that ended early). No database here."""
-    while (delay := slot - time.monotonic()) > 0 and not (request.withdrawn.is_set() or stopping.asked()):
+    while (delay := slot - time.monotonic()) > 0 and not (request.withdrawn.is_set() or stopping.requested()):
         request.withdrawn.wait(min(delay, PAUSE_REFRESH_SECONDS))  # (a stop is looked at as often)
     if request.withdrawn.is_set():
         return WITHDRAWN
-    if pace.held_back() or time.monotonic() >= deadline or stopping.asked():
-        return NOT_SENT
+    if pace.held_back() or time.monotonic() >= deadline or stopping.requested():
+        return GIVEN_BACK
     return request.send(adapter)
 
 
-class Pass:
+class DrainPass(Pass):
     """The attempts of one claim. Requests go out on the pool, at most ODAL_REGISTRY_CONCURRENCY
-    at once, each in a slot of the registry's pace; this thread does the rest: what each row owes
-    before its request, and its outcome after, written FLUSH_ROWS at a time or every
-    FLUSH_SECONDS. No request is started after the claim's hold has run out, or while the
-    registry has asked every drain to wait; rows whose turn came too late get their counted
-    attempt back and are due again at once."""
+    at once, each in a slot of the registry's pace; this thread does the rest (odal.work.passes):
+    what each row owes before its request, and its outcome after. No request is started after the
+    claim's hold has run out, or while the registry has asked every drain to wait; rows whose
+    turn came too late are given back."""
+
+    rows, flush_rows, flush_seconds = Registration.objects, FLUSH_ROWS, FLUSH_SECONDS
+    look_seconds = (
+        PAUSE_REFRESH_SECONDS  # requests waiting for their slot see a pause or a suspend within this
+    )
+    not_started_line = (
+        "%s claimed registrations not started: the claim's hold ran out first, the registry asked every "
+        "drain to wait (429), or this process is stopping"
+    )
 
     def __init__(self, claim, report: DrainReport, adapter, pace: Pace, pool: ThreadPoolExecutor):
-        self.claim, self.report, self.adapter, self.pace, self.pool = claim, report, adapter, pace, pool
-        self.endings: list[Ending] = []
+        super().__init__(claim, report)
+        self.adapter, self.pace, self.pool = adapter, pace, pool
+        self.waiting = deque(claim.rows)
+        self.deadline = monotonic_at(claim.held_until)
         self.out_of_time = False  # a row's slot came after the hold: the pass books no more
-        self.flushed_at = time.monotonic()
         self.rechecked_at = float("-inf")
-        # Outcomes must be written well inside the claim's hold, or they arrive late for nothing.
-        self.flush_seconds = min(FLUSH_SECONDS, settings.ODAL_CLAIM_HOLD_SECONDS / 4)
-
-    def flush(self) -> None:
-        # Taken off first (in place: the pass's attempts hold the list): a flush that lost the
-        # database (DatabaseLost) is not written again.
-        endings = list(self.endings)
-        self.endings.clear()
-        self.flushed_at = time.monotonic()
-        write_endings(endings)
 
     def guarded(self, attempt: Attempt, step, *args):
         """A step of this thread for one attempt: a bug of ours (or a statement the database
@@ -696,28 +603,39 @@ class Pass:
             attempt.failed(attempt.reg.operation, error_text(exc))
             return None
 
-    def start(self, reg: Registration, deadline: float):
-        """Start one row's attempt: (its request's future, how to settle it), None if it owed no
-        request, or False if it was not started."""
+    def start_more(self) -> None:
+        while self.waiting and len(self.in_flight) < settings.ODAL_REGISTRY_CONCURRENCY:
+            self.begin(self.waiting.popleft())
+
+    def begin(self, reg: Registration) -> None:
+        """Plan one row's attempt and put its request on the pool in its slot of the pace; or
+        give the row back (not_started); or end the attempt here, if it owes no request."""
         if self.out_of_time or self.pace.paused_for():
-            return False  # the registry asked every drain to wait: the row is given back, not held
-        slot = self.pace.next_slot(deadline)  # (now, without a rate limit; a withdrawn row's unused)
-        if slot is None or slot >= deadline:
+            self.not_started.append(reg.pk)  # the registry asked every drain to wait: given back, not held
+            return
+        slot = self.pace.next_slot(self.deadline)  # (now, without a rate limit; a withdrawn row's unused)
+        if slot is None or slot >= self.deadline:
             # The hold has run out, or will before this row's turn (the rate limit's schedule
             # has no slot for it before then, and booked none): the row is due again and may be
             # another drain's already. Nothing is sent for it, nor written. Nor for the rows after
             # it, whose turns would come later still: they do not even try to book.
             self.out_of_time = True
-            return False
-        attempt = Attempt(reg, self.claim.token, self.report, self.endings)
+            self.not_started.append(reg.pk)
+            return
+        attempt = Attempt(reg, self.claim.token, self.report, self.pending)
         plan, settle = operation_of(reg)
         request = self.guarded(attempt, plan)
-        if request is None:
-            return None
-        future = self.pool.submit(send_in_turn, request, self.adapter, self.pace, slot, deadline)
-        return future, (attempt, settle, request)
+        if request is not None:
+            future = self.pool.submit(send_in_turn, request, self.adapter, self.pace, slot, self.deadline)
+            self.in_flight[future] = (reg, (attempt, settle, request))
 
-    def recheck_withdrawn(self, in_flight: dict) -> None:
+    def look(self) -> None:
+        # Requests waiting for their slot see a pause another process met within this, and
+        # registers waiting for theirs a suspend.
+        self.pace.paused_for()
+        self.recheck_withdrawn()
+
+    def recheck_withdrawn(self) -> None:
         """Registers still waiting for their turn whose passport is no longer published are not
         sent (one read, at most every PAUSE_REFRESH_SECONDS): a suspend committed after the claim
         stops a register that has not gone out yet."""
@@ -727,7 +645,7 @@ class Pass:
         self.rechecked_at = now
         waiting = {
             request.arg.passport_id: request
-            for (_, _, request) in in_flight.values()
+            for _, (_, _, request) in self.in_flight.values()
             if request.call == "register" and not request.sending
         }
         if not waiting:
@@ -740,74 +658,24 @@ class Pass:
         for pk in withdrawn:
             waiting[pk].withdrawn.set()
 
-    def run(self) -> None:
-        waiting = deque(self.claim.rows)
-        in_flight: dict = {}  # future -> (attempt, settle, request)
-        not_started: list = []
-        deadline = monotonic_at(self.claim.held_until)
-        size = settings.ODAL_REGISTRY_CONCURRENCY
-        try:
-            while waiting or in_flight:
-                while waiting and len(in_flight) < size:
-                    reg = waiting.popleft()
-                    started = self.start(reg, deadline)
-                    if started is False:
-                        not_started.append(reg.pk)
-                    elif started is not None:
-                        future, then = started
-                        in_flight[future] = then
-                if not in_flight:
-                    continue
-                # Requests waiting for their slot see a pause another process met within this, and
-                # registers waiting for theirs a suspend.
-                self.pace.paused_for()
-                self.recheck_withdrawn(in_flight)
-                done, _ = wait(in_flight, timeout=PAUSE_REFRESH_SECONDS, return_when=FIRST_COMPLETED)
-                for future in done:
-                    attempt, settle, _ = in_flight.pop(future)
-                    sent = future.result()
-                    if sent is NOT_SENT:
-                        not_started.append(attempt.reg.pk)
-                        continue
-                    if sent is WITHDRAWN:
-                        self.guarded(attempt, withdraw)
-                        continue
-                    if isinstance(sent.error, adapters.RateLimited):
-                        self.pace.pause(sent.error.retry_after, str(sent.error))  # for every drain
-                    self.guarded(attempt, settle, sent)
-                if (
-                    len(self.endings) >= FLUSH_ROWS
-                    or time.monotonic() - self.flushed_at >= self.flush_seconds
-                ):
-                    self.flush()
-                if stopping.asked() and (waiting or not_started):
-                    # Stopping while requests are still out: the rows behind them are given back
-                    # now, not when those end, which may be after odal.stopping's clock has
-                    # ended the process (their claim would hold them, an attempt counted that
-                    # was never made).
-                    not_started += [reg.pk for reg in waiting]
-                    waiting.clear()
-                    self.release(not_started)
-        finally:
-            # Whatever stopped the pass: requests not begun are given back; outcomes already
-            # known are written, not thrown away (unless the database was lost while writing
-            # them: then nothing more is, see flush); a request still out keeps its claim.
-            not_started += [
-                attempt.reg.pk for future, (attempt, _, _) in in_flight.items() if future.cancel()
-            ]
-            self.flush()
-            self.release(not_started)
+    def ended(self, reg, job, reply: "Reply") -> None:
+        attempt, settle, _ = job
+        if reply is GIVEN_BACK:
+            self.not_started.append(reg.pk)
+        elif reply is WITHDRAWN:
+            self.guarded(attempt, withdraw)
+        else:
+            if isinstance(reply.error, adapters.RateLimited):
+                self.pace.pause(reply.error.retry_after, str(reply.error))  # for every drain
+            self.guarded(attempt, settle, reply)
 
-    def release(self, not_started: list) -> None:
-        if not_started:
-            self.report.not_started += len(not_started)
-            Registration.objects.filter(pk__in=not_started).release(token=self.claim.token)
-            log.warning(
-                "%s claimed registrations not started: the claim's hold ran out first, the "
-                "registry asked every drain to wait (429), or this process is stopping",
-                len(not_started),
-            )
-            not_started.clear()
+    def take_waiting(self) -> list:
+        waiting = [reg.pk for reg in self.waiting]
+        self.waiting.clear()
+        return waiting
+
+    def write(self, endings: list) -> None:
+        write_endings(endings)
 
 
 @contextmanager
@@ -841,81 +709,34 @@ def drain_once(
     claim = Registration.objects.claim(limit=batch, select_related=("passport",))
     report.claimed = len(claim.rows)
     if claim.rows:
-        Pass(claim, report, adapter, pace, pool).run()
+        DrainPass(claim, report, adapter, pace, pool).run()
     tally.beat(tally.DRAIN)
     return report
 
 
-def drain_until_idle(
-    *, batch: int = 50, max_seconds: float = 50.0, linger_seconds: float = 10.0
-) -> DrainReport:
-    """Passes until nothing is due. Rows falling due within `linger_seconds` (a submitted row's
-    next check, a short backoff) are waited for, so a registration goes through in one run; so is
-    a pause the registry asked for, within `max_seconds`. A database lost meanwhile is waited for
-    until `max_seconds` (odal.reconnect); past it, its error is raised."""
-    report = DrainReport()
-    deadline = time.monotonic() + max_seconds
-    outage = reconnect.Outage("registry drain", deadline=deadline)
-    with drainer() as shared:
-        while True:
-            one = outage.attempt(lambda: drain_once(batch=batch, **shared))
-            if one is None:
-                continue
-            report.add(one)
-            if time.monotonic() >= deadline:
-                return report
-            if one.claimed:
-                continue
-            if paused := shared["pace"].paused_for():
-                time.sleep(min(paused, max(0.0, deadline - time.monotonic())))
-                continue
-            now = timezone.now()
-            upcoming = (
-                Registration.objects.filter(status__in=RegistrationQuerySet.claimable_statuses)
-                .filter(next_attempt_at__gt=now, next_attempt_at__lte=now + timedelta(seconds=linger_seconds))
-                .order_by("next_attempt_at")
-                .values_list("next_attempt_at", flat=True)
-                .first()
-            )
-            if upcoming is None:
-                return report
-            time.sleep(
-                min(max(0.05, (upcoming - now).total_seconds()), max(0.0, deadline - time.monotonic()))
-            )
+class Drain(Work):
+    """The drain's runs (odal.work.loops): each pass is drain_once, with the adapter, the pace and
+    the pool a run shares. A run until idle waits for rows falling due within 10 s (a submitted
+    row's next check, a short backoff), so a registration goes through in one run, and for a
+    pause the registry asked for."""
+
+    name, wake, Report, rows, batch = "registry drain", DRAIN, DrainReport, Registration.objects, 50
+    linger_seconds = 10.0
+
+    def tools(self):
+        return drainer()
+
+    def one_pass(self, *, batch: int, **shared) -> DrainReport:
+        return drain_once(batch=batch, **shared)
+
+    def paused_for(self, tools: dict) -> float:
+        return tools["pace"].paused_for()
+
+    def owed(self) -> bool:
+        # The schedule's period: a row due later waits for it as well.
+        return Registration.objects.due(timezone.now() + RELAY_HORIZON).exists()
 
 
-def drain_listening(
-    listener: Listener | None,
-    *,
-    batch: int = 50,
-    seconds: float | None = None,
-    poll_seconds: float = POLL_SECONDS,
-    should_stop=lambda: False,
-) -> DrainReport:
-    """Passes back to back while they find work; when a pass finds none, wait for a NOTIFY (a
-    commit owes the registry something) or `poll_seconds` (a retry or a check may have fallen
-    due), whichever comes first. Without a listener (not PostgreSQL) it just sleeps between
-    passes. Runs for `seconds`, or until `should_stop()`. A lost database (its own connection or
-    the listener's) is waited for, the listener reopened, and the passes go on (odal.reconnect);
-    if it does not answer within `seconds`, this returns what it did."""
-    with drainer() as shared:
-        return passes_while_listening(
-            "registry drain",
-            lambda: drain_once(batch=batch, **shared),
-            DrainReport(),
-            listener,
-            seconds=seconds,
-            poll_seconds=poll_seconds,
-            should_stop=should_stop,
-        )
-
-
-def drain_forever(
-    *, batch: int = 50, idle_sleep: float = POLL_SECONDS, should_stop=lambda: False
-) -> DrainReport:
-    """What `odal registry drain` runs: passes until told to stop, woken by commits when idle. It
-    takes the drain's listener lock when free, so commits need not enqueue django-q2 drains
-    meanwhile. A lost database is waited for, however long, and the passes go on; one that is
-    down when it starts, too."""
-    with open_listener(service.DRAIN, should_stop=should_stop) or nullcontext() as listener:
-        return drain_listening(listener, batch=batch, poll_seconds=idle_sleep, should_stop=should_stop)
+RELAY_HORIZON = timedelta(seconds=60)  # a leading drain hands over while rows fall due this soon
+DRAINING = Drain()
+drain_until_idle, drain_listening, drain_forever = DRAINING.until_idle, DRAINING.listening, DRAINING.forever

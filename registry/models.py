@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from odal.models import Passport
 from odal.text import storable
-from outbox.claims import ClaimQuerySet
+from odal.work.claims import ClaimQuerySet
 
 
 def settled(now: datetime) -> Q:

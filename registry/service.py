@@ -15,23 +15,12 @@ from odal.errors import Refused
 from odal.models import AuditEntry, Passport
 from odal.reasons import clean_reason
 from odal.rows import insert_rows
+from odal.work.wake import DRAIN
 from outbox.events import emit
-from outbox.kick import wake_on_commit
-from outbox.wake import Wake
 from registry import adapters
 from registry.models import Registration
 
 MAX_HANDLE_LENGTH = adapters.MAX_ID  # what the drain would take from the registry, and the column holds
-
-
-# The drain is woken like the sweep (outbox.wake): a listening drain task, NOTIFYed by commits.
-DRAIN = Wake("odal_registry", 0x6F64616C_0002, "registry.tasks.drain", "registry drain")  # ("odal", 2)
-
-
-def kick_drain_on_commit() -> None:
-    """When the commit lands, wake the drain: a NOTIFY to the listening drain, or, when none
-    listens, one django-q2 task however many commits land meanwhile."""
-    wake_on_commit(DRAIN)
 
 
 def registration_for(dpp_id) -> Registration:
@@ -71,7 +60,7 @@ def on_publish(passport: Passport) -> str:
         outcome = "registration queued afresh (a deactivation had been attempted and may have gone through)"
     else:
         return f"registration left as it is ({reg.status})"
-    kick_drain_on_commit()
+    DRAIN.on_commit()
     return outcome
 
 
@@ -89,7 +78,7 @@ def on_publish_new(passport_ids: list) -> str:
             [{"passport_id": pk} for pk in passport_ids],
             same={"next_attempt_at": now, "queued_at": now, "created_at": now},
         )
-        kick_drain_on_commit()
+        DRAIN.on_commit()
     return "registration queued"
 
 
@@ -105,13 +94,13 @@ def on_suspend(passport: Passport) -> str:
     if rows.withdraw_unsent(now=now):
         return "pending registration withdrawn (suspended): it was never sent to the registry"
     if rows.find_and_deactivate(now=now):
-        kick_drain_on_commit()
+        DRAIN.on_commit()
         return (
             "deactivation queued: the registration was attempted and the registry may hold it, so the "
             "drain finds what it holds and deactivates it (suspended once the registry provably holds nothing)"
         )
     if rows.queue_deactivation(now=now):
-        kick_drain_on_commit()
+        DRAIN.on_commit()
         return "deactivation queued"
     reg = rows.first()
     if reg is None:
@@ -418,7 +407,7 @@ def deactivate_if_suspended(reg: Registration) -> bool:
     if passport_status_locked(reg.passport_id) != Passport.Status.SUSPENDED:
         return False
     if Registration.objects.filter(pk=reg.pk).queue_deactivation(now=timezone.now()):
-        kick_drain_on_commit()
+        DRAIN.on_commit()
         return True
     return False
 
@@ -429,7 +418,7 @@ def reregister_if_published(reg: Registration) -> bool:
     if passport_status_locked(reg.passport_id) != Passport.Status.PUBLISHED:
         return False
     if Registration.objects.filter(pk=reg.pk).requeue(now=timezone.now()):
-        kick_drain_on_commit()
+        DRAIN.on_commit()
         return True
     return False
 

@@ -1,32 +1,16 @@
 """django-q2 task entry points. The schedule (migration registry/0002) runs `drain` every
-minute; publishing and suspending wake it at once (registry.service.kick_drain_on_commit): a
+minute; publishing and suspending wake it at once (odal.work.wake.DRAIN.on_commit): a
 NOTIFY to the listening drain, or one task when none listens, however many commits land.
 
 A drain task that takes the drain's listener lock listens for a turn and relays to a successor
-while registrations fall due within RELAY_HORIZON (outbox.wake.take_turn, the sweep's mechanism):
+while registrations fall due within RELAY_HORIZON (odal.work.wake.run_kicked_task, the sweep's mechanism):
 so one django-q2 worker keeps a listening drain while the registry is owed work soon, and a
 registration's check or retry is made within about a second of falling due. Rows due later are
 the minute's schedule's.
 """
 
-from datetime import timedelta
-
-from django.utils import timezone
-
-from outbox.wake import take_turn
-from registry.drain import drain_listening, drain_until_idle
-from registry.models import Registration
-from registry.service import DRAIN
-
-RELAY_HORIZON = timedelta(seconds=60)  # the schedule's period: a row due later waits for it as well
+from registry.drain import DRAINING
 
 
 def drain(relay: bool = False) -> str:
-    return take_turn(
-        DRAIN,
-        relay=relay,
-        listening=lambda listener, seconds: drain_listening(listener, seconds=seconds),
-        until_idle=lambda: drain_until_idle(max_seconds=50),
-        owed=lambda: Registration.objects.due(timezone.now() + RELAY_HORIZON).exists(),
-        due=lambda: Registration.objects.due().exists(),
-    ).summary()
+    return DRAINING.task(relay)

@@ -115,8 +115,8 @@ def admin_user(db, django_user_model):
 
 @pytest.fixture(autouse=True)
 def _broker_not_resting():
-    """A kick the broker failed rests this process's kicks (outbox.kick): not into the next test."""
-    from outbox import kick
+    """A kick the broker failed rests this process's kicks (odal.work.wake): not into the next test."""
+    from odal.work import wake as kick
 
     kick._rest_until = float("-inf")
 

@@ -257,6 +257,8 @@ class Receiver:
         self.seen = Counter()
         self.first_attempts: set = set()
         self.doomed = invariants.Doomed(MAX_ATTEMPTS)
+        self.armed = False  # the next request is held open until released (Partitions' first cut)
+        self.released = threading.Event()
         hosts = {Network.client_addr(h, "service"): h for h in range(1, 10)}
         receiver = self
 
@@ -273,7 +275,10 @@ class Receiver:
                     roll, latency = rng.random(), rng.uniform(0.02, 0.2)
                     first = self.headers.get("webhook-id") not in receiver.first_attempts
                     receiver.first_attempts.add(self.headers.get("webhook-id"))
+                    held, receiver.armed = receiver.armed, False
                 try:
+                    if held:  # a cut is on its way to this host: the request is in flight when it lands
+                        receiver.released.wait(HOLD + 4.0)
                     if receiver.doomed.fails(self.headers.get("webhook-id"), body):
                         receiver.seen["failed (doomed until replayed)"] += 1
                         status = 500
@@ -311,6 +316,22 @@ class Receiver:
     def busy(self, host: int) -> bool:
         with self.lock:
             return self.in_flight[host] > 0
+
+    def arm(self) -> None:
+        """Hold the next request open until release(): whichever host sends it is mid-attempt
+        for as long as a cut needs to land."""
+        with self.lock:
+            self.released.clear()
+            self.armed = True
+
+    def busy_host(self) -> int | None:
+        with self.lock:
+            return next((host for host, n in self.in_flight.items() if n > 0 and host), None)
+
+    def release(self) -> None:
+        with self.lock:
+            self.armed = False
+        self.released.set()
 
 
 # -- the hosts' processes ------------------------------------------------------------------------------
@@ -477,14 +498,25 @@ class Partitions(threading.Thread):
         n = sum(self.cuts.values()) + 1
         long = self.long_every and n % self.long_every == 0
         seconds = LONG_CUT if long else self.rng.uniform(HOLD + 1.0, HOLD + 4.0)
-        armed = time.monotonic() + 3.0
-        while not self.receiver.busy(host) and time.monotonic() < armed and not self.halt.is_set():
-            time.sleep(0.02)
+        if not self.mid_attempt:
+            # Until one cut has landed mid-attempt, the receiver holds the next request open and
+            # the cut goes to the host that sent it: the run makes the scenario happen, whatever
+            # its seed and the machine's speed.
+            self.receiver.arm()
+            while (busy := self.receiver.busy_host()) is None and not self.halt.is_set():
+                time.sleep(0.02)
+            host = busy or host
+        else:
+            armed = time.monotonic() + 3.0
+            while not self.receiver.busy(host) and time.monotonic() < armed and not self.halt.is_set():
+                time.sleep(0.02)
         if self.halt.is_set():
+            self.receiver.release()
             return
         self.mid_attempt += self.receiver.busy(host)
         before = self.backends(host) if long and link == "database" else None
         self.network.cut(host, link)
+        self.receiver.release()
         self.cuts[f"{link}{' (long)' if long else ''}"] += 1
         cut_at = time.monotonic()
         ended_after = None

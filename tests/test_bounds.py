@@ -129,7 +129,7 @@ def test_a_pass_told_to_stop_starts_nothing_and_gives_its_claimed_rows_back(monk
     with WebhookServer() as server:
         webhook = WebhookConsumerFactory(url=server.url)
         rows = [DeliveryFactory(consumer=webhook) for _ in range(3)] + [DeliveryFactory() for _ in range(2)]
-        monkeypatch.setattr(stopping, "asked", lambda: True)
+        monkeypatch.setattr(stopping, "requested", lambda: True)
         report = sweep_once()
     assert report.claimed == 5 and report.not_started == 5 and not server.received and not calls
     for row in Delivery.objects.filter(pk__in=[r.pk for r in rows]):
@@ -143,18 +143,18 @@ def test_an_attempt_whose_turn_comes_after_the_stop_is_not_started(monkeypatch):
     when the stop comes: not started (the pass gives its row back)."""
     delivery = DeliveryFactory(consumer=WebhookConsumerFactory())
     claim = Delivery.objects.claim(limit=1, select_related=("event",))
-    monkeypatch.setattr(stopping, "asked", lambda: True)
+    monkeypatch.setattr(stopping, "requested", lambda: True)
     assert attempt(delivery.consumer, claim.rows[0], httpx.Client(), claim) is None
     now = time.monotonic()
     assert (
-        drain.send_in_turn(drain.Request("register", None), None, Pace(), now, now + 3600) is drain.NOT_SENT
+        drain.send_in_turn(drain.Request("register", None), None, Pace(), now, now + 3600) is drain.GIVEN_BACK
     )
 
 
 @pytest.mark.django_db
 def test_a_drain_pass_told_to_stop_sends_nothing_and_gives_its_claimed_rows_back(registry_sim, monkeypatch):
     regs = [RegistrationFactory() for _ in range(3)]
-    monkeypatch.setattr(stopping, "asked", lambda: True)
+    monkeypatch.setattr(stopping, "requested", lambda: True)
     report = drain.drain_once()
     assert report.claimed == 3 and report.not_started == 3
     assert not registry_sim.requests

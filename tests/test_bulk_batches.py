@@ -71,7 +71,7 @@ def test_a_bulk_replay_of_200000_rows_is_many_bounded_transactions():
     consumer = ConsumerFactory(name="erp")
     make_dead_deliveries(consumer, 200_000)
 
-    replayed = service.deliveries_matching(consumer="erp").replay(actor="ops", reason="ERP is back")
+    replayed = Delivery.objects.matching(consumer="erp").replay(actor="ops", reason="ERP is back")
 
     assert replayed == 200_000
     assert Delivery.objects.filter(status="pending").count() == 200_000

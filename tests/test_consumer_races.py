@@ -11,6 +11,8 @@ from django.db import connection, connections, transaction
 from django.db.models.query import QuerySet
 from django.utils import timezone
 
+from odal.errors import Refused
+from odal.models import AuditEntry
 from outbox import service
 from outbox.events import emit
 from outbox.models import Consumer, Delivery, DeliveryAttempt
@@ -230,6 +232,32 @@ def test_a_publish_committing_while_a_consumer_is_removed_does_not_fail():
     hold.set()
     emitter.join(10)
     assert "error" not in ebox, f"the publish's transaction failed: {ebox['error']!r}"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_removal_waits_for_a_publish_fanning_out_and_then_refuses_cleanly():
+    """ConsumerQuerySet.remove locks the consumer before its DELETE: it waits for a publish that
+    is inserting a delivery for it, then sees that delivery and takes nothing (409
+    deliveries_pending). Without the lock the DELETE cannot see the uncommitted delivery and
+    the removal fails at its commit on the foreign key (an IntegrityError, a 500)."""
+    consumer = ConsumerFactory(name="erp")
+    ready, hold = threading.Event(), threading.Event()
+    emitter, ebox = in_thread(
+        lambda: (backend_pid(), emit("passport.published", {"n": 1})[1]), ready=ready, hold=hold
+    )
+    assert ready.wait(10)
+    assert "result" in ebox, ebox
+    release_when_waited_for(ebox["result"][0], hold)
+    try:
+        with pytest.raises(Refused) as refused:
+            service.remove_consumer(Consumer.objects.get(pk=consumer.pk), actor="ops", reason="gone")
+    finally:
+        hold.set()
+        emitter.join(10)
+    assert refused.value.code == "deliveries_pending"
+    assert "error" not in ebox, ebox
+    assert Delivery.objects.filter(consumer_id=consumer.pk).count() == 1
+    assert not AuditEntry.objects.filter(action="consumer_removed").exists()
 
 
 # -- a pause or a rotation committed while a pass runs: the pass goes on with its old reading -----

@@ -25,7 +25,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from outbox.wake import LISTENER_LOCK
+from odal.work.wake import SWEEP
 from tests.pg import Cluster, ClusterUnavailable
 from tests.webhook_server import WebhookServer
 
@@ -39,7 +39,7 @@ LEADER_SQL = (
     "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
     "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.classid = %s AND l.objid = %s"
 )
-LEADER_PARAMS = [LISTENER_LOCK >> 32, LISTENER_LOCK & 0xFFFFFFFF]
+LEADER_PARAMS = [SWEEP.lock >> 32, SWEEP.lock & 0xFFFFFFFF]
 FIGURES: list[str] = []  # what the run measured, for the end of the test run's output
 
 

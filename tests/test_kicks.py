@@ -1,4 +1,4 @@
-"""Debounced kicks: the drain is woken like the sweep (outbox.wake, one mechanism), a burst of
+"""Debounced kicks: the drain is woken like the sweep (odal.work.wake, one mechanism), a burst of
 commits enqueues one django-q2 task per worker kind however many there are, and a commit that
 lands while a leading task is finishing its turn is still picked up at once, not by the
 minute's schedule.
@@ -17,11 +17,10 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from odal import lifecycle
-from outbox import kick as kick_module
-from outbox import wake
-from outbox.models import Kick
-from outbox.wake import Listener
-from registry import service, tasks
+from odal.work import wake
+from odal.work.models import Kick
+from odal.work.wake import DRAIN, Listener
+from registry import drain, tasks
 from registry.drain import drain_listening
 from registry.models import Registration
 from tests.factories import ConsumerFactory, PassportFactory
@@ -94,7 +93,7 @@ class ListeningDrain(threading.Thread):
 
     def run(self):
         try:
-            with Listener.open(service.DRAIN) as listener:
+            with Listener.open(DRAIN) as listener:
                 assert listener.try_lead()
                 self.ready.set()
                 self.report = drain_listening(listener, seconds=self.seconds, poll_seconds=self.poll_seconds)
@@ -129,7 +128,7 @@ def test_a_publish_committed_while_a_leading_drain_ends_its_turn_is_kicked(
     committed = []
 
     def publish_then_unlock(listener):
-        if listener.wake == service.DRAIN and not committed:
+        if listener.wake == DRAIN and not committed:
             committed.append(published())  # its kick: the lock is held, nothing enqueued
             assert queued() == []
         unlock(listener)
@@ -142,7 +141,7 @@ def test_a_publish_committed_while_a_leading_drain_ends_its_turn_is_kicked(
 def test_a_leading_drain_relays_while_a_registration_falls_due_within_the_horizon(db, settings, short_turns):
     settings.ODAL_KICK_SWEEP = True
     published()
-    Registration.objects.update(next_attempt_at=timezone.now() + tasks.RELAY_HORIZON - timedelta(seconds=5))
+    Registration.objects.update(next_attempt_at=timezone.now() + drain.RELAY_HORIZON - timedelta(seconds=5))
     tasks.drain()
     (successor,) = OrmQ.objects.all()
     assert successor.task["func"] == "registry.tasks.drain" and successor.task["kwargs"] == {"relay": True}
@@ -153,7 +152,7 @@ def test_a_leading_drain_leaves_a_registration_due_past_the_horizon_to_the_sched
 ):
     settings.ODAL_KICK_SWEEP = True
     published()
-    Registration.objects.update(next_attempt_at=timezone.now() + tasks.RELAY_HORIZON + timedelta(seconds=5))
+    Registration.objects.update(next_attempt_at=timezone.now() + drain.RELAY_HORIZON + timedelta(seconds=5))
     tasks.drain()
     assert not OrmQ.objects.exists()
 
@@ -162,12 +161,12 @@ def test_a_kick_the_broker_refuses_is_withdrawn_so_the_next_commit_tries_again(d
     from django_q.conf import Conf
 
     monkeypatch.setattr(Conf, "ORM", "no-such-database")  # the broker refuses every task
-    wake.wake_up(service.DRAIN)  # nothing listens: a kick, which fails
+    wake.wake_up(DRAIN)  # nothing listens: a kick, which fails
     assert "could not enqueue registry.tasks.drain" in caplog.text
     assert not Kick.objects.filter(enqueued_at__isnull=False).exists()
     monkeypatch.undo()
-    kick_module._rest_until = float("-inf")  # (the broker's rest is over: the next test's)
-    wake.wake_up(service.DRAIN)
+    wake._rest_until = float("-inf")  # (the broker's rest is over: the next test's)
+    wake.wake_up(DRAIN)
     assert queued() == ["registry.tasks.drain"]
 
 
@@ -183,15 +182,15 @@ def test_a_broker_that_failed_a_kick_is_not_asked_again_while_it_rests(db, monke
         raise TimeoutError("Timeout reading from socket")
 
     monkeypatch.setattr(django_q.tasks, "async_task", hung)
-    wake.wake_up(service.DRAIN)
+    wake.wake_up(DRAIN)
     with CaptureQueriesContext(connections["default"]) as statements:
         wake.wake_up(wake.SWEEP)
-        wake.wake_up(service.DRAIN)
+        wake.wake_up(DRAIN)
     assert not [q["sql"] for q in statements.captured_queries if "outbox_kick" in q["sql"]]
-    assert not kick_module.kick("registry.tasks.drain", "a kick of its own")
+    assert not wake.kick("registry.tasks.drain", "a kick of its own")
     assert asked == ["registry.tasks.drain"]
     assert not Kick.objects.filter(enqueued_at__isnull=False).exists()
-    monkeypatch.setattr(kick_module, "_rest_until", time.monotonic() - 0.001)  # the rest is over
+    monkeypatch.setattr(wake, "_rest_until", time.monotonic() - 0.001)  # the rest is over
     wake.wake_up(wake.SWEEP)
     assert asked == ["registry.tasks.drain", "outbox.tasks.sweep"]
 
@@ -206,8 +205,8 @@ def test_withdrawing_a_kick_takes_back_only_its_own_mark(db):
 
 
 def turn(wake_of):
-    """take_turn with work that only says it ran."""
-    return wake.take_turn(
+    """run_kicked_task with work that only says it ran."""
+    return wake.run_kicked_task(
         wake_of, relay=False, listening=lambda *a: "listened", until_idle=lambda: "idle",
         owed=lambda: False, due=lambda: False,
     )  # fmt: skip
@@ -220,7 +219,7 @@ def test_a_task_whose_kick_could_not_be_taken_takes_it_once_its_work_is_done(mon
     what is due, waiting for the database, then takes the kick."""
     from django.db import OperationalError
 
-    from outbox.models import KickQuerySet
+    from odal.work.models import KickQuerySet
 
     Kick.objects.request(wake.SWEEP.task, window_seconds=60)
     real, calls = KickQuerySet.started, []
@@ -244,4 +243,4 @@ def test_a_task_whose_listener_cannot_connect_does_what_is_due_instead_of_failin
         raise psycopg.OperationalError("connection failed: server closed the connection unexpectedly")
 
     monkeypatch.setattr(Listener, "open", classmethod(refused))
-    assert turn(service.DRAIN) == "idle"
+    assert turn(DRAIN) == "idle"

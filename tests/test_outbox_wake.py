@@ -15,11 +15,12 @@ from django.test import TestCase
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from outbox import tasks, wake
+from odal.work import wake
+from odal.work.wake import SWEEP, Listener
+from outbox import tasks
 from outbox.events import emit
 from outbox.models import Delivery
-from outbox.sweep import sweep_listening
-from outbox.wake import CHANNEL, Listener
+from outbox.sweep import Sweep, sweep_listening
 from tests.factories import ConsumerFactory, DeliveryFactory
 from tests.waiting import wait_for
 
@@ -51,7 +52,7 @@ class ListeningSweep(threading.Thread):
     def stop(self):
         self.stopping.set()
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
+            cursor.execute("SELECT pg_notify(%s, '')", [SWEEP.channel])
         self.join()
 
 
@@ -137,7 +138,7 @@ def test_a_leading_turn_with_nothing_pending_ends_without_a_successor(db, settin
 def test_a_sweep_task_that_cannot_lead_sweeps_what_is_due_and_returns(db, monkeypatch):
     ConsumerFactory()
     emit("passport.published", {})
-    monkeypatch.setattr(tasks, "sweep_listening", lambda *a, **k: pytest.fail("it must not listen"))
+    monkeypatch.setattr(Sweep, "listening", lambda *a, **k: pytest.fail("it must not listen"))
     with Listener.open() as leader:
         assert leader.try_lead()
         summary = tasks.sweep()

@@ -244,7 +244,7 @@ def test_each_batch_kicks_the_drain_once_and_wakes_the_sweep_once(tmp_path, sett
     assert len(callbacks) == 6  # 3 batches, each one drain kick and one wake of the sweep: not 250
     funcs = [task.func() for task in OrmQ.objects.all()]
     # ... and with nothing listening, the first of each enqueues a task, the later ones find it
-    # on its way (outbox.wake: debounced kicks).
+    # on its way (odal.work.wake: debounced kicks).
     assert sorted(funcs) == ["outbox.tasks.sweep", "registry.tasks.drain"]
 
 

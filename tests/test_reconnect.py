@@ -17,11 +17,12 @@ from django.db import DataError, IntegrityError, OperationalError, connection, c
 from django_q.models import OrmQ
 
 from odal import reconnect
-from outbox import tasks, wake
+from odal.work import wake
+from odal.work.wake import SWEEP, Listener
+from outbox import tasks
 from outbox.events import emit
 from outbox.models import Delivery
 from outbox.sweep import sweep_listening, sweep_until_idle
-from outbox.wake import LISTENER_LOCK, Listener
 from registry import drain
 from registry import tasks as registry_tasks
 from registry.models import Registration
@@ -37,7 +38,7 @@ LEADER_SQL = (
     "AND classid = %s AND objid = %s "
     "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
 )
-LEADER_PARAMS = [LISTENER_LOCK >> 32, LISTENER_LOCK & 0xFFFFFFFF]
+LEADER_PARAMS = [SWEEP.lock >> 32, SWEEP.lock & 0xFFFFFFFF]
 
 
 def leader() -> int | None:

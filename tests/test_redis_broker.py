@@ -27,12 +27,11 @@ from django_q.signing import SignedPackage
 from django_q.tasks import async_task
 
 from odal import lifecycle
-from odal.settings import redis_url_with_timeouts
-from outbox import kick
+from odal.env import redis_url_with_timeouts
+from odal.work import wake as kick
+from odal.work.wake import DRAIN, SWEEP
 from outbox.models import Delivery
-from outbox.wake import LISTENER_LOCK
 from registry.models import Registration
-from registry.service import DRAIN
 from tests.factories import PassportFactory, WebhookConsumerFactory
 from tests.tcp_proxy import TcpProxy
 from tests.test_django_q import database_url
@@ -47,7 +46,7 @@ KICKS_LOST = [
 
 
 def test_the_broker_url_gets_timeouts_unless_it_names_its_own():
-    """redis-py waits for ever by default: see odal.settings.redis_url_with_timeouts."""
+    """redis-py waits for ever by default: see odal.env.redis_url_with_timeouts."""
     assert redis.connection.parse_url(redis_url_with_timeouts("redis://cache.internal/0")) == {
         "host": "cache.internal",
         "db": 0,
@@ -141,9 +140,9 @@ def run_record_tasks(prefix, path, clusters, outputs):
     return keys, runs
 
 
-def listener_holds_the_lock(lock=LISTENER_LOCK):
+def listener_holds_the_lock(lock=SWEEP.lock):
     """Whether a sweep (or, given DRAIN.lock, a drain) of this database holds its listener lock
-    (outbox.wake): a bigint advisory lock shows in pg_locks as its high and low 32 bits."""
+    (odal.work.wake): a bigint advisory lock shows in pg_locks as its high and low 32 bits."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
@@ -293,17 +292,17 @@ def test_two_redis_broker_clusters_deliver_once_each_and_survive_losing_redis(
             held_thread.join(timeout=30)
             assert not held_thread.is_alive(), "a publish while Redis did not answer never returned"
             assert outcome == {"published": True}
-            warnings = [r.getMessage() for r in caplog.records if r.name == "outbox.kick"]
-            # Its kicks failed (a kick is left out while a listener leads: coalesced, outbox.wake).
+            warnings = [r.getMessage() for r in caplog.records if r.name == "odal.work.wake"]
+            # Its kicks failed (a kick is left out while a listener leads: coalesced, odal.work.wake).
             assert warnings and set(warnings) <= set(KICKS_LOST), warnings
             caplog.clear()
-            # After a failed kick this process rests its kicks (outbox.kick): once the rest is
+            # After a failed kick this process rests its kicks (odal.work.wake): once the rest is
             # over, both kicks of a publish are tried again, and fail again.
             kick._rest_until = float("-inf")
             monkeypatch.setattr(kick, "BROKER_REST_SECONDS", 0.0)
             refused = PassportFactory()
             lifecycle.publish(refused.pk, actor="test")  # commits; its kicks fail with a warning
-            warnings = sorted(r.getMessage() for r in caplog.records if r.name == "outbox.kick")
+            warnings = sorted(r.getMessage() for r in caplog.records if r.name == "odal.work.wake")
             assert warnings == [w.replace("for 10 s", "for 0 s") for w in KICKS_LOST]
 
             # Nothing has moved the outage's work since (but the listener may have delivered the

@@ -73,7 +73,7 @@ def test_a_successor_waiting_for_the_lock_longer_than_the_server_bound_does_not_
     error (QueryCanceled), failing the django-q2 task, instead of ending as "another leads"."""
     from django.db import connection
 
-    from outbox import wake
+    from odal.work import wake
     from tests.test_bounds import new_connection
 
     settings.ODAL_DB_STATEMENT_SECONDS = 2

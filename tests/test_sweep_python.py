@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from outbox import sweep
+from outbox import python_consumers
 from outbox.events import emit
 from outbox.models import Delivery
 from outbox.sweep import sweep_once
@@ -42,7 +42,7 @@ def _calls():
     consumers.gate.clear()
     yield
     consumers.gate.set()  # no consumer thread outlives its test
-    sweep.OVERRUNS.join(15)
+    python_consumers.OVERRUNS.join(15)
 
 
 @pytest.mark.django_db(transaction=True)  # the Python consumer reads what the sweep committed
@@ -106,7 +106,7 @@ def test_a_python_consumer_past_its_timeout_fails_its_attempt_and_the_pass_goes_
     }
 
     consumers.gate.set()
-    sweep.OVERRUNS.join(15)
+    python_consumers.OVERRUNS.join(15)
 
     assert "returned" in consumers.calls
     assert list(row.attempt_log.order_by("late").values_list("outcome", "late")) == [
@@ -124,13 +124,13 @@ def test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consum
     running, so its second delivery of the pass is given back unstarted, and the next pass claims
     none of its rows (only the other consumer's), saying so once in the log. Once the thread
     returns, its rows are claimed again."""
-    monkeypatch.setattr(sweep, "PYTHON_OVERRUNS_PER_CONSUMER", 1)
+    monkeypatch.setattr(python_consumers, "PYTHON_OVERRUNS_PER_CONSUMER", 1)
     blocked = ConsumerFactory(target="tests.consumers.blocks", timeout_seconds=1)
     ConsumerFactory()
     emit("passport.published", {"n": 1})
     emit("passport.published", {"n": 2})
 
-    with caplog.at_level(logging.WARNING, logger="outbox.sweep"):
+    with caplog.at_level(logging.WARNING, logger="outbox"):
         first = sweep_once()
         emit("passport.published", {"n": 3})
         second = sweep_once()
@@ -147,7 +147,7 @@ def test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consum
     }
 
     consumers.gate.set()
-    sweep.OVERRUNS.join(15)
+    python_consumers.OVERRUNS.join(15)
     third = sweep_once()
 
     assert (third.claimed, third.delivered) == (2, 2)  # the blocked consumer's two due rows

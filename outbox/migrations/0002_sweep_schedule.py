@@ -1,5 +1,5 @@
 """Keep the sweep running: a django-q2 schedule that runs outbox.tasks.sweep every minute.
-Commits that create deliveries also enqueue a sweep at once (outbox.kick)."""
+Commits that create deliveries also enqueue a sweep at once (odal.work.wake)."""
 
 from django.db import migrations
 

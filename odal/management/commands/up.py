@@ -59,9 +59,9 @@ class Command(BaseCommand):
             f"odal is up: http://{addr}/admin/ and http://{addr}/vault/api/v1/docs — Ctrl-C stops."
         )
         try:
-            while not stopping.asked():
+            while not stopping.requested():
                 for name, child in children:
-                    if child.poll() is not None and not stopping.asked():
+                    if child.poll() is not None and not stopping.requested():
                         self.stderr.write(f"{name} exited with {child.returncode}; stopping the rest.")
                         stopping.ask(signal.SIGTERM)
                 time.sleep(0.3)

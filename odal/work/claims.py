@@ -47,6 +47,16 @@ class ClaimQuerySet(models.QuerySet):
     def due(self, now: datetime | None = None):
         return self.filter(status__in=self.claimable_statuses, next_attempt_at__lte=now or timezone.now())
 
+    def next_due_within(self, now: datetime, seconds: float) -> datetime | None:
+        """When the first row falls due after `now` and within `seconds` of it; None if none does."""
+        return (
+            self.filter(status__in=self.claimable_statuses)
+            .filter(next_attempt_at__gt=now, next_attempt_at__lte=now + timedelta(seconds=seconds))
+            .order_by("next_attempt_at")
+            .values_list("next_attempt_at", flat=True)
+            .first()
+        )
+
     def claimable(self, now: datetime):
         """Due rows a claim may take. Models with an attempt bound narrow this."""
         return self.due(now)

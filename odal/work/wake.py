@@ -6,10 +6,10 @@ its own connection, LISTENs on the Wake's channel, and between passes waits for 
 for the next poll (at most POLL_SECONDS, so a retry falling due is attempted within about a second
 of its next_attempt_at). A commit that creates work sends a NOTIFY; only when no listener holds
 the lock does it also enqueue a django-q2 task, and then only if no kick of that task is already
-on its way (outbox.models.Kick): however many commits land per second, a worker is woken, not
+on its way (odal.work.models.Kick): however many commits land per second, a worker is woken, not
 flooded with tasks.
 
-A task (`take_turn`) that gets the lock listens for a turn of TURN_SECONDS, then, while work is
+A task (`run_kicked_task`) that gets the lock listens for a turn of TURN_SECONDS, then, while work is
 owed, enqueues its successor (a relay) and keeps working for HANDOVER_SECONDS while it starts.
 A task that cannot get the lock does what is due and returns. On the way out a leader unlocks
 *first* and takes its last look at the table *after*: a commit that found the lock held landed
@@ -34,10 +34,11 @@ from dataclasses import dataclass
 
 import psycopg
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from odal import reconnect
+from odal.work.models import Kick
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +63,49 @@ class Wake:
     task: str
     name: str
 
+    def on_commit(self) -> None:
+        """When the caller's commit lands, wake this kind of worker (wake_up)."""
+        if settings.ODAL_KICK_SWEEP:
+            transaction.on_commit(lambda: wake_up(self))
 
+
+# Every kind of claimed work, here together so that no two share a channel or a lock.
 SWEEP = Wake("odal_outbox", 0x6F64616C_0001, "outbox.tasks.sweep", "outbox sweep")  # ("odal", 1)
-CHANNEL, LISTENER_LOCK = SWEEP.channel, SWEEP.lock
+DRAIN = Wake("odal_registry", 0x6F64616C_0002, "registry.tasks.drain", "registry drain")  # ("odal", 2)
+
+
+# After the broker failed a kick, this process sends it none for this long: a Redis that takes
+# connections and never answers costs each kick its timeout (5 s), and a web process would pay it
+# on every publishing request while the broker is away, for work that the listening workers (a
+# NOTIFY needs no broker) and the schedule do anyway.
+BROKER_REST_SECONDS = 10.0
+_rest_until = float("-inf")  # time.monotonic(): no kick from this process before
+
+
+def broker_resting() -> bool:
+    """Whether a kick the broker failed lately rests this process's kicks."""
+    return time.monotonic() < _rest_until
+
+
+def kick(func: str, name: str, **kwargs) -> bool:
+    """Enqueue `func` through django-q2's broker; whether it was. Not tried while the broker
+    rests (BROKER_REST_SECONDS after one failed)."""
+    global _rest_until
+    if broker_resting():
+        log.debug("not enqueueing %s: the broker failed a kick lately", func)
+        return False
+    try:
+        from django_q.tasks import async_task
+
+        async_task(func, task_name=name, q_options={"save": False}, **kwargs)
+    except Exception:  # the schedule will pick the rows up; a kick is an optimisation
+        _rest_until = time.monotonic() + BROKER_REST_SECONDS
+        log.warning(
+            "could not enqueue %s; this process enqueues no kick for %g s", func, BROKER_REST_SECONDS,
+            exc_info=True,
+        )  # fmt: skip
+        return False
+    return True
 
 
 def notify(wake: Wake = SWEEP) -> bool:
@@ -88,9 +129,6 @@ def notify(wake: Wake = SWEEP) -> bool:
 def wake_up(wake: Wake) -> None:
     """NOTIFY the listener; only when none listens, enqueue a task, and only if no kick of it is
     already on its way."""
-    from outbox.kick import broker_resting, kick
-    from outbox.models import Kick
-
     if notify(wake) or broker_resting():
         return
     now = timezone.now()
@@ -183,7 +221,7 @@ class Listener:
     def close(self) -> None:
         """Give up the lock and stop listening. The lock is released by a statement first: a
         closed connection's backend lets go of it only a moment later, and a last look that
-        follows (take_turn) must find it free."""
+        follows (run_kicked_task) must find it free."""
         try:
             if self.leading and not self.conn.closed:
                 self.leading = False
@@ -226,7 +264,7 @@ def open_listener(wake: Wake = SWEEP, *, should_stop=lambda: False) -> Listener 
                 return None
 
 
-def take_turn(wake: Wake, *, relay: bool, listening, until_idle, owed, due):
+def run_kicked_task(wake: Wake, *, relay: bool, listening, until_idle, owed, due):
     """The body of a woken task (outbox.tasks.sweep, registry.tasks.drain); returns its report.
 
     1. The kick is taken (Kick.started): a commit from now on may enqueue another task.
@@ -237,8 +275,6 @@ def take_turn(wake: Wake, *, relay: bool, listening, until_idle, owed, due):
        listener would keep the other tasks waiting) or off PostgreSQL.
     3. Unlock, then the last look: if anything is `due()` now, wake as a commit would (a new
        task, or whoever leads by then). See the module's docstring for why in this order."""
-    from outbox.kick import kick
-
     if not take_the_kick(wake):
         # Its mark would hold every commit's kick back for KICK_WINDOW_SECONDS (nothing would
         # drain meanwhile): taken once the work below has waited for the database.
@@ -262,20 +298,20 @@ def take_turn(wake: Wake, *, relay: bool, listening, until_idle, owed, due):
             return until_idle()
         report = listening(listener, TURN_SECONDS)
         relayed = (
-            settings.ODAL_KICK_SWEEP and asked(owed) and kick(wake.task, f"{wake.name} (relay)", relay=True)
+            settings.ODAL_KICK_SWEEP
+            and answered_yes(owed)
+            and kick(wake.task, f"{wake.name} (relay)", relay=True)
         )
         if relayed:
             report.add(listening(listener, HANDOVER_SECONDS))
     # The last look, after the unlock (with a successor on its way, its first pass is the look).
-    if settings.ODAL_KICK_SWEEP and not relayed and asked(due):
+    if settings.ODAL_KICK_SWEEP and not relayed and answered_yes(due):
         wake_up(wake)
     return report
 
 
 def take_the_kick(wake: Wake) -> bool:
     """Kick.started for `wake`'s task; False when the database did not take it."""
-    from outbox.models import Kick
-
     try:
         Kick.objects.started(wake.task)
     except DatabaseError:
@@ -284,7 +320,7 @@ def take_the_kick(wake: Wake) -> bool:
     return True
 
 
-def asked(question) -> bool:
+def answered_yes(question) -> bool:
     """A turn's question of the table; a database that does not answer it (lost just then) is
     a no: the next commit, or the schedule, wakes a task instead."""
     try:
@@ -292,46 +328,3 @@ def asked(question) -> bool:
     except DatabaseError:
         log.warning("a leading turn could not look at its table", exc_info=True)
         return False
-
-
-def passes_while_listening(
-    what: str,
-    one_pass,
-    report,
-    listener: "Listener | None",
-    *,
-    seconds: float | None = None,
-    poll_seconds: float = POLL_SECONDS,
-    should_stop=lambda: False,
-):
-    """The loop of a listening sweep or drain: `one_pass()` back to back while passes claim
-    something (each added to `report`); when one claims nothing, wait for a NOTIFY or
-    `poll_seconds`, whichever comes first (without a listener, outside PostgreSQL, just sleep).
-    Runs for `seconds`, or until `should_stop()`. A lost database (its own connection or the
-    listener's) is waited for, the listener reopened, and the passes go on (odal.reconnect); if
-    it does not answer within `seconds`, this returns what it did."""
-    deadline = None if seconds is None else time.monotonic() + seconds
-    outage = reconnect.Outage(
-        what, should_stop=should_stop, deadline=deadline, reopen=listener and listener.reopen
-    )
-    while not should_stop():
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            break
-        try:
-            if not connection.in_atomic_block:  # (a caller's transaction, e.g. a test's, stays open)
-                close_old_connections()  # a long-lived loop drops a connection past its age or broken
-            one = one_pass()
-            report.add(one)
-            if one.claimed == 0 and not should_stop():
-                pause = poll_seconds if remaining is None else min(poll_seconds, remaining)
-                if listener is not None:
-                    listener.wait(pause)
-                else:
-                    time.sleep(pause)
-        except reconnect.ERRORS as exc:
-            if not reconnect.is_lost(exc):
-                raise
-            if not outage.wait(exc):
-                break
-    return report

@@ -1,0 +1,152 @@
+"""One pass of claimed work: the attempts of one claim.
+
+The pass's own thread starts attempts on a pool as far as the kind's bounds allow, waits for
+them to end, and writes their outcomes a set at a time (FLUSH: so many, or so often, whichever
+comes first), each by the guarded write of the pass's claim. It is the only thread that writes,
+so a pass holds one database connection however many requests it has in flight. Rows whose
+attempt never started (their turn came after the claim's hold ran out, the kind held them back,
+the process is stopping) are given back, their counted attempt returned, on every way out of
+the pass: `run`'s `finally`, and at once when the process is asked to stop.
+
+A kind (outbox.sweep, registry.drain) subclasses Pass and says how its rows start
+(`start_more`), what an ended attempt leaves to write (`ended`) and how a set is written
+(`write`, with `write_in_sets`).
+"""
+
+import logging
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+
+from django.conf import settings
+from django.db import transaction
+
+from odal import reconnect, stopping
+
+log = logging.getLogger(__name__)
+
+
+def write_in_sets(items: list, write, refused) -> list:
+    """Write `items` in one transaction (`write(items)` says, per item, whether its guarded write
+    took its row). If the database refuses the set, each is written again in a transaction of its
+    own, so one row it cannot store costs no other row its outcome; for that one `refused(item,
+    exc)` is called (it keeps its claim until the hold runs out, then it is due again) and its
+    answer is None. If the database is lost meanwhile, DatabaseLost unwinds the pass: nothing
+    more is written for its claim, and its rows are due again after the hold (odal.reconnect)."""
+    if not items:
+        return []
+    try:
+        with transaction.atomic():
+            return write(items)
+    except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below
+        reconnect.raise_if_lost(exc)
+        if len(items) == 1:
+            refused(items[0], exc)
+            return [None]
+        log.warning("writing %s outcomes together failed; writing them one by one", len(items), exc_info=True)
+    taken = []
+    for item in items:
+        try:
+            with transaction.atomic():
+                taken += write([item])
+        except Exception as exc:
+            reconnect.raise_if_lost(exc)
+            refused(item, exc)
+            taken.append(None)
+    return taken
+
+
+class Pass:
+    """The attempts of one claim (see the module). Subclasses set the class attributes and write
+    `start_more`, `ended` and `write`; `look` and `take_waiting` have defaults."""
+
+    rows = None  # the claimed model's manager (a ClaimQuerySet): what not_started is given back to
+    flush_rows: int  # outcomes written together, in one transaction
+    flush_seconds: float  # ...or sooner (a quarter of the hold if that is less)
+    look_seconds: float  # the longest the pass waits for an attempt to end before it looks up
+    not_started_line: str  # the log line (with the count) when rows are given back
+
+    def __init__(self, claim, report):
+        self.claim, self.report = claim, report
+        self.in_flight: dict[Future, tuple] = {}  # future -> (row, what `ended` needs)
+        self.not_started: list = []  # rows' primary keys, to give back
+        self.pending: list = []  # ended attempts' outcomes, to write
+        self.flushed_at = time.monotonic()
+        # Outcomes must be written well inside the claim's hold, or they arrive late for nothing.
+        self.flush_seconds = min(self.flush_seconds, settings.ODAL_CLAIM_HOLD_SECONDS / 4)
+
+    def start_more(self) -> None:
+        """Start what the kind's bounds allow now (`in_flight`), or give rows back (`not_started`)."""
+        raise NotImplementedError
+
+    def ended(self, row, job, result) -> None:
+        """An attempt's future ended with `result`: add its outcome to `pending`, or its row to
+        `not_started` if it never started."""
+        raise NotImplementedError
+
+    def write(self, items: list) -> None:
+        """Write a set of outcomes and count them in the report."""
+        raise NotImplementedError
+
+    def look(self) -> None:
+        """Between waits: what the kind re-reads while attempts run."""
+
+    def take_waiting(self) -> list:
+        """The rows not started yet, taken off the kind's queues (stopping: they are given back)."""
+        return []
+
+    def run(self) -> None:
+        try:
+            self.start_more()
+            while self.in_flight:
+                self.look()
+                done, _ = wait(self.in_flight, timeout=self.look_seconds, return_when=FIRST_COMPLETED)
+                for future in done:
+                    row, job = self.in_flight.pop(future)
+                    self.ended(row, job, future.result())
+                self.start_more()
+                if self.pending and (
+                    not done
+                    or len(self.pending) >= self.flush_rows
+                    or time.monotonic() - self.flushed_at >= self.flush_seconds
+                ):
+                    self.flush()
+                if stopping.requested():
+                    self.give_back_unstarted()
+        finally:
+            # Whatever stopped the pass: attempts not begun are given back; outcomes already known
+            # are written, not thrown away (unless the database was lost while writing them: then
+            # nothing more is, see flush); an attempt still running keeps its claim.
+            self.not_started += [row.pk for future, (row, _) in self.in_flight.items() if future.cancel()]
+            self.flush()
+            self.release()
+
+    def flush(self) -> None:
+        # Taken off first (in place: a kind's attempts may hold the list): a flush that lost the
+        # database (DatabaseLost) is not written again by the pass's last flush.
+        items = list(self.pending)
+        self.pending.clear()
+        self.flushed_at = time.monotonic()
+        if items:
+            self.write(items)
+
+    def give_back_unstarted(self) -> None:
+        """Stopping while attempts still run: the rows queued behind them, and those whose future
+        has not started, are given back now, not when the running ones end, which may be after
+        odal.stopping's clock has ended the process (their claim would then hold them, each
+        with an attempt counted that was never made)."""
+        self.not_started += self.take_waiting()
+        for future, (row, _) in list(self.in_flight.items()):
+            if future.cancel():
+                del self.in_flight[future]
+                self.not_started.append(row.pk)
+        self.release()
+
+    def release(self) -> None:
+        """Give the rows not started back: their counted attempt returned, due again at once
+        (unless another claimer took them meanwhile)."""
+        if not self.not_started:
+            return
+        self.report.not_started += len(self.not_started)
+        self.rows.filter(pk__in=self.not_started).release(token=self.claim.token)
+        log.warning(self.not_started_line, len(self.not_started))
+        self.not_started.clear()

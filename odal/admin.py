@@ -25,7 +25,7 @@ from odal.errors import Refused
 from odal.models import ApiToken, AuditEntry, Passport
 from odal.reasons import MAX_REASON_LENGTH, clean_reason
 from odal.redact import redacted_urls_within
-from odal.upi import PassportForm
+from odal.upi import canonical_upi
 
 admin.site.site_header = "odal back office"
 admin.site.site_title = "odal"
@@ -131,9 +131,15 @@ class OptionalReasonForm(StorableFormMixin, forms.Form):
             raise forms.ValidationError(exc.detail) from None
 
 
-class PassportAdminForm(PassportForm):
-    """The passport form: the UPI canonical (PassportForm), the other fields through the rules
-    the API and `odal passport create` use (odal.rules)."""
+class PassportAdminForm(StorableModelForm):
+    """The passport form: the UPI refused or stored canonical (odal.upi), the other fields through
+    the rules the API and `odal passport create` use (odal.rules)."""
+
+    def clean_upi(self):
+        try:
+            return canonical_upi(self.cleaned_data.get("upi"))
+        except ValueError as exc:
+            raise forms.ValidationError(f"The UPI {exc}.") from None
 
     def clean_operator_id(self):
         return rules.form_value(rules.operator_id, self.cleaned_data.get("operator_id"))

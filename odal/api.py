@@ -11,7 +11,7 @@ from django.db.models import Q
 from django.http import Http404, HttpResponse
 from ninja import Field, NinjaAPI, Query, Router, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
-from pydantic import WithJsonSchema, field_validator
+from pydantic import ConfigDict, WithJsonSchema, field_validator
 
 from odal import bulk, lifecycle, reconnect
 from odal.auth import ScopedAuth, document_access
@@ -24,8 +24,7 @@ from outbox.api import decode_cursor, encode_cursor
 from outbox.api import router as outbox_router
 from outbox.consumer_api import router as consumer_router
 from registry.api import router as registry_router
-from registry.models import Registration
-from registry.service import registration_json
+from registry.schemas import RegistrationSummaryOut
 
 api = NinjaAPI(
     title="odal",
@@ -130,18 +129,26 @@ passports = Router(tags=["passports"])
 
 
 class PassportOut(Schema):
+    """A passport with its registration summary (null until it is first published)."""
+
+    # Read from the model, each alias naming the attribute; by name, it reads back its own JSON,
+    # as an idempotent repeat of `POST dpp` does (odal.idempotency).
+    model_config = ConfigDict(validate_by_name=True)
+
     id: uuid.UUID
     upi: str
-    operatorId: str
-    facilityId: str
-    commodityCode: str
+    operatorId: str = Field(alias="operator_id")
+    facilityId: str = Field(alias="facility_id")
+    commodityCode: str = Field(alias="commodity_code")
     data: dict
     status: str
-    createdAt: datetime
-    updatedAt: datetime
-    publishedAt: datetime | None
-    suspendedAt: datetime | None
-    registration: dict | None = None
+    createdAt: datetime = Field(alias="created_at")
+    updatedAt: datetime = Field(alias="updated_at")
+    publishedAt: datetime | None = Field(alias="published_at")
+    suspendedAt: datetime | None = Field(alias="suspended_at")
+    # A passport never published has none: reading it raises RelatedObjectDoesNotExist (an
+    # AttributeError), which leaves the default.
+    registration: RegistrationSummaryOut | None = None
 
 
 class LifecycleOut(PassportOut):
@@ -149,26 +156,18 @@ class LifecycleOut(PassportOut):
     detail: str
 
 
-def passport_json(passport: Passport) -> dict:
-    return {
-        "id": passport.id,
-        "upi": passport.upi,
-        "operatorId": passport.operator_id,
-        "facilityId": passport.facility_id,
-        "commodityCode": passport.commodity_code,
-        "data": passport.data,
-        "status": passport.status,
-        "createdAt": passport.created_at,
-        "updatedAt": passport.updated_at,
-        "publishedAt": passport.published_at,
-        "suspendedAt": passport.suspended_at,
-        "registration": registration_summary(passport),
-    }
+def with_registration(passports):
+    """`passports` (a Passport queryset) with the registration each answer shows, joined: a page
+    of them is one query, whatever its size."""
+    return passports.select_related("registration")
 
 
-def registration_summary(passport: Passport) -> dict | None:
-    reg = Registration.objects.filter(passport=passport).first()
-    return registration_json(reg) if reg else None
+def lifecycle_answer(result: lifecycle.LifecycleResult) -> Passport:
+    """The passport as the transition left it (read again: the registry work may have changed its
+    registration by an update the instance did not see), with what the transition did."""
+    passport = with_registration(Passport.objects).get(pk=result.passport.pk)
+    passport.changed, passport.detail = result.changed, result.detail
+    return passport
 
 
 @passports.post(
@@ -180,9 +179,9 @@ def create_passport(
     request, payload: PassportIn, response: HttpResponse, idempotency_key: IdempotencyKey = None
 ):
     """Create a draft passport. With an `Idempotency-Key`, a repeat creates nothing."""
-    with idempotent(request, response, "POST dpp", payload, idempotency_key) as once:
-        if once.replay is not None:
-            return once.replay
+    with idempotent(request, response, "POST dpp", payload, idempotency_key) as idempotency:
+        if idempotency.replay is not None:
+            return idempotency.replay
         if Passport.objects.filter(upi=payload.upi).exists():
             raise Refused("A passport with this upi already exists.", code="upi_taken", status=409)
         try:
@@ -197,7 +196,7 @@ def create_passport(
                 AuditEntry.objects.record(actor=request.auth.actor, action="passport_created", obj=passport)
         except IntegrityError:
             raise Refused("A passport with this upi already exists.", code="upi_taken", status=409) from None
-        return once.answer(201, passport_json(passport))
+        return idempotency.answer(201, PassportOut.from_orm(passport))
 
 
 # Each item is checked on its own (a bad one fails alone), so the schema takes any JSON value
@@ -267,13 +266,13 @@ def create_passports(
     creates nothing (an answer with `batch_failed` is not kept: the key stays free)."""
     if payload.publish and request.auth.scope is None:  # a staff session: may it publish, too?
         PUBLISHING.check_permission(request.user)
-    with idempotent(request, response, "POST dpp/bulk", payload, idempotency_key) as once:
-        if once.replay is not None:
-            return once.replay
+    with idempotent(request, response, "POST dpp/bulk", payload, idempotency_key) as idempotency:
+        if idempotency.replay is not None:
+            return idempotency.replay
         intake = bulk.Intake(actor=request.auth.actor, publish=payload.publish)
         results = intake.take([(index, bulk.screened(raw)) for index, raw in enumerate(payload.items)])
         failed = any(r.error is not None and r.error["code"] == "batch_failed" for r in results)
-        return once.answer(200, {"results": [r.as_json() for r in results]}, keep=not failed)
+        return idempotency.answer(200, {"results": [r.as_json() for r in results]}, keep=not failed)
 
 
 @passports.get(
@@ -283,10 +282,10 @@ def create_passports(
 )
 def get_passport(request, dppId: uuid.UUID):
     """A passport with its registration summary."""
-    passport = Passport.objects.filter(pk=dppId).first()
+    passport = with_registration(Passport.objects).filter(pk=dppId).first()
     if passport is None:
         raise Refused(f"No passport {dppId}.", code="not_found", status=404)
-    return passport_json(passport)
+    return passport
 
 
 class PassportPage(Schema):
@@ -306,7 +305,7 @@ def list_passports(
     limit: int = Query(50, ge=1, le=200),
 ):
     """Passports, newest first, a page at a time: pass `nextCursor` back as `cursor` for the next."""
-    rows = Passport.objects.order_by("-created_at", "-id")  # passport_listing_idx
+    rows = with_registration(Passport.objects).order_by("-created_at", "-id")  # passport_listing_idx
     if status:
         if status not in Passport.Status.values:
             raise Refused(
@@ -320,7 +319,7 @@ def list_passports(
         rows = rows.filter(Q(created_at__lt=at) | Q(created_at=at, id__lt=pk))
     page = list(rows[: limit + 1])
     next_cursor = encode_cursor(page[limit - 1]) if len(page) > limit else None
-    return {"items": [passport_json(p) for p in page[:limit]], "nextCursor": next_cursor}
+    return {"items": page[:limit], "nextCursor": next_cursor}
 
 
 @passports.post(
@@ -330,8 +329,7 @@ def list_passports(
 )
 def publish_passport(request, dppId: uuid.UUID):
     """Publish a draft or suspended passport. Publishing a published one changes nothing."""
-    result = lifecycle.publish(dppId, actor=request.auth.actor)
-    return {**passport_json(result.passport), "changed": result.changed, "detail": result.detail}
+    return lifecycle_answer(lifecycle.publish(dppId, actor=request.auth.actor))
 
 
 @passports.post(
@@ -341,8 +339,7 @@ def publish_passport(request, dppId: uuid.UUID):
 )
 def suspend_passport(request, dppId: uuid.UUID):
     """Suspend (withdraw) a published passport."""
-    result = lifecycle.suspend(dppId, actor=request.auth.actor)
-    return {**passport_json(result.passport), "changed": result.changed, "detail": result.detail}
+    return lifecycle_answer(lifecycle.suspend(dppId, actor=request.auth.actor))
 
 
 api.add_router("", passports)

@@ -4,11 +4,11 @@ the first result again and creates nothing; the same key with another body is 40
 A route opts in with one header parameter and one `with` block around its work:
 
     def post_event(request, payload: EventIn, response: HttpResponse, idempotency_key: IdempotencyKey = None):
-        with idempotent(request, response, "POST events", payload, idempotency_key) as once:
-            if once.replay is not None:
-                return once.replay
+        with idempotent(request, response, "POST events", payload, idempotency_key) as idempotency:
+            if idempotency.replay is not None:
+                return idempotency.replay
             event, deliveries = emit(payload.type, payload.payload)
-            return once.answer(201, {"id": event.pk, ...})
+            return idempotency.answer(201, {"id": event.pk, ...})
 
 With a key, the block runs in one transaction, in this order:
 1. The caller's record of this route and key, if older than the window, is deleted: it no
@@ -18,7 +18,7 @@ With a key, the block runs in one transaction, in this order:
    and, once that commits, fails. The second then reads the committed record: the same body
    hash answers its stored status and body (header `Idempotent-Replayed: true`); another is
    409 `idempotency_conflict`. (If the first rolled back, the second's INSERT simply succeeds.)
-3. The route does its work and `once.answer()` stores the answer in the record; the
+3. The route does its work and `idempotency.answer()` stores the answer in the record; the
    transaction commits. A refusal (Refused) or an error rolls all of it back, record included,
    so the key is free again for a corrected request.
 Without a key nothing of this happens: the route runs as it always did.
@@ -133,22 +133,25 @@ def canonical_json(value) -> str:
 
 
 @dataclass
-class Once:
-    """What a route does inside `idempotent()`: return `replay` if it is set, else do its work
-    and return `answer(status, body)`."""
+class IdempotentRequest:
+    """A request under its Idempotency-Key, as `idempotent()` hands it to the route: the route
+    returns `replay` (the first answer to this key) if it is set, else does its work and returns
+    `answer(status, body)`, which keeps that answer for a repeat."""
 
     record: IdempotencyRecord | None = None  # this request's record (None without a key)
     replay: Status | None = None  # the first answer, when this key was used before
     answered: bool = False
 
-    def answer(self, status_code: int, body: dict, *, keep: bool = True) -> Status:
-        """The route's answer, stored in the record (when there is one) for a repeat. `keep=False`:
-        an answer that reports a failure (the key stays free, as after a refusal)."""
+    def answer(self, status_code: int, body: dict | BaseModel, *, keep: bool = True) -> Status:
+        """The route's answer (its response schema, or a dict of it), stored in the record (when
+        there is one) as the JSON sent, for a repeat. `keep=False`: an answer that reports a
+        failure (the key stays free, as after a refusal)."""
         self.answered = True
         if self.record is not None and not keep:
             IdempotencyRecord.objects.filter(pk=self.record.pk).delete()
         elif self.record is not None:
-            stored = json.loads(json.dumps(body, cls=DjangoJSONEncoder))
+            shown = body.model_dump() if isinstance(body, BaseModel) else body
+            stored = json.loads(json.dumps(shown, cls=DjangoJSONEncoder))
             taken = IdempotencyRecord.objects.filter(pk=self.record.pk).answer(
                 status_code=status_code, response=stored
             )
@@ -159,12 +162,12 @@ class Once:
 @contextmanager
 def idempotent(
     request: HttpRequest, response: HttpResponse, route: str, body, key: str | None
-) -> Iterator[Once]:
+) -> Iterator[IdempotentRequest]:
     """Run a route's work at most once per (caller, route, key); see the module's docstring.
     `response` is the route's temporal response (for the replay header); `body` the validated
     payload; `key` the Idempotency-Key header, None when it was not sent."""
     if key is None:
-        yield Once()
+        yield IdempotentRequest()
         return
     key = check_key(key)
     caller, digest = caller_of(request), request_hash(body)
@@ -191,9 +194,9 @@ def idempotent(
                     status=409,
                 )
             response[REPLAYED_HEADER] = "true"
-            yield Once(replay=Status(first.status_code, first.response))
+            yield IdempotentRequest(replay=Status(first.status_code, first.response))
             return
-        once = Once(record=record)
-        yield once
-        if not once.answered:  # a route that forgot answer() would commit a record with no answer
-            raise RuntimeError(f"{route}: idempotent() block left without once.answer()")
+        idempotency = IdempotentRequest(record=record)
+        yield idempotency
+        if not idempotency.answered:  # a route that forgot answer() would commit a record with no answer
+            raise RuntimeError(f"{route}: idempotent() block left without idempotency.answer()")

@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from django import forms
 
 from odal.text import unstorable
+from odal.upi import canonical_upi
 
 # -- the sizes: the columns the values are stored in ------------------------------------------------
 
@@ -334,8 +335,6 @@ def delivery_id(value) -> uuid.UUID:
 
 def upi(value) -> str:
     """A passport's UPI, in its canonical form (odal.upi)."""
-    from odal.upi import canonical_upi  # odal.upi imports the admin's form helpers; rules stays a leaf
-
     return canonical_upi(value)
 
 

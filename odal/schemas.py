@@ -44,6 +44,20 @@ class PassportIn(BaseModel):
         return None if value is None else rules.commodity_code(value)
 
 
+class ReasonIn(Schema):
+    """A person's reason for an override, kept in the audit trail: required, one line, at most
+    500 characters."""
+
+    # Checked here, before the route runs (422 invalid_request naming `reason`), by the rule every
+    # surface uses (odal.rules.reason); the write checks it again for the admin and the CLI.
+    reason: str
+
+    @field_validator("reason", mode="before")
+    @classmethod
+    def _reason(cls, value) -> str:
+        return rules.reason(value)
+
+
 def field_of(loc) -> str:
     """Where a validation error is, as the API names it: `upi`, `items.3`, `request`."""
     parts = [str(p) for p in loc if p not in ("body", "payload", "path", "query")]

@@ -14,7 +14,7 @@ registry's task list), so one product is one passport however its UPI was typed:
 The path, query and fragment keep their case otherwise (`/01/ABC` and `/01/abc` are two UPIs).
 
 canonical_upi() is the one definition; the API (odal.schemas.check_upi), `odal passport create`,
-the admin's passport form (PassportForm), the registry lookup and the migration that rewrote the
+the admin's passport form (odal.admin.PassportAdminForm), the registry lookup and the migration that rewrote the
 UPIs stored before (odal 0004, canonicalise_upis) all use it.
 """
 
@@ -23,12 +23,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from django import forms
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.db import IntegrityError, transaction
 
-from odal.admin_actions import StorableModelForm
 from odal.text import unstorable
 
 MAX_UPI_LENGTH = 2000  # the passport's upi column
@@ -96,16 +94,6 @@ def upi_key(value: str) -> str:
         return canonical_upi(value)
     except ValueError:
         return value
-
-
-class PassportForm(StorableModelForm):
-    """The admin's passport form: the UPI refused or stored as the API and the command line do."""
-
-    def clean_upi(self):
-        try:
-            return canonical_upi(self.cleaned_data.get("upi"))
-        except ValueError as exc:
-            raise forms.ValidationError(f"The UPI {exc}.") from None
 
 
 # -- stored UPIs ---------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from odal import rules
 from odal.auth import ScopedAuth
 from odal.errors import Refused
 from odal.idempotency import IdempotencyKey, idempotent
-from odal.schemas import responses
+from odal.schemas import ReasonIn, responses
 from outbox import service
 from outbox.events import emit
 from outbox.models import Consumer, Delivery, Event
@@ -117,10 +117,6 @@ class ConsumerIn(Schema):
         return value
 
 
-class ReasonIn(Schema):
-    reason: str | None = None
-
-
 class BulkReplayIn(DeliveryFilterIn):
     reason: str | None = None
     deadSince: datetime | None = None
@@ -168,11 +164,11 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
 def post_event(request, payload: EventIn, response: HttpResponse, idempotency_key: IdempotencyKey = None):
     """Emit an event: one delivery per consumer that subscribes to its type (parked, not sent,
     while that consumer is paused). With an `Idempotency-Key`, a repeat creates nothing."""
-    with idempotent(request, response, "POST events", payload, idempotency_key) as once:
-        if once.replay is not None:
-            return once.replay
+    with idempotent(request, response, "POST events", payload, idempotency_key) as idempotency:
+        if idempotency.replay is not None:
+            return idempotency.replay
         event, deliveries = emit(payload.type, payload.payload)
-        return once.answer(201, {"id": event.pk, "type": event.type, "deliveries": deliveries})
+        return idempotency.answer(201, {"id": event.pk, "type": event.type, "deliveries": deliveries})
 
 
 @router.get(

@@ -17,7 +17,7 @@ from pydantic import field_validator, model_validator
 from odal import rules
 from odal.auth import ScopedAuth
 from odal.errors import Refused
-from odal.schemas import responses
+from odal.schemas import ReasonIn, responses
 from outbox import service
 from outbox.api import ConsumerIn, get_delivery_or_404
 from outbox.models import Consumer, Delivery
@@ -36,15 +36,6 @@ class ConsumerCreatedOut(ConsumerOut):
 
 class ConsumerList(Schema):
     items: list[ConsumerOut]
-
-
-class ReasonIn(Schema):
-    reason: str
-
-    @field_validator("reason", mode="before")
-    @classmethod
-    def _reason(cls, value) -> str:
-        return rules.reason(value)
 
 
 class ConsumerPatch(Schema):

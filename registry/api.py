@@ -8,45 +8,13 @@ from ninja import Router, Schema
 from odal.auth import ScopedAuth
 from odal.schemas import Error, responses
 from registry import service
+from registry.schemas import AbandonOut, RegistrationOut
 
 router = Router(tags=["registry"])
 
 
-class RegistrationAttemptOut(Schema):
-    number: int
-    operation: str
-    startedAt: datetime
-    finishedAt: datetime
-    outcome: str
-    answer: str
-    late: bool
-
-
-class RegistrationOut(Schema):
-    status: str
-    operation: str
-    attempts: int
-    nextAttemptAt: datetime | None
-    lastError: str
-    correlationId: str | None
-    handle: str | None
-    note: str
-    lastUnknownAt: datetime | None = None
-    settlesAt: datetime | None = None
-    attemptLog: list[RegistrationAttemptOut] = []
-
-
 class AbandonIn(Schema):
     reason: str | None = None
-
-
-class AbandonOut(Schema):
-    dppId: uuid.UUID
-    status: str
-    alreadyAbandoned: bool
-    attempts: int
-    passportStatus: str
-    detail: str
 
 
 class AbandonRefusal(Error):
@@ -71,9 +39,6 @@ class RegistryCountsOut(Schema):
     stalled: int
 
 
-with_log = service.registration_with_log
-
-
 @router.get(
     "dpp/{dppId}/registry",
     auth=ScopedAuth("read", perm="registry.view_registration"),
@@ -81,7 +46,7 @@ with_log = service.registration_with_log
 )
 def get_registration(request, dppId: uuid.UUID):
     """The passport's registration and the registry's answers so far."""
-    return with_log(service.registration_for(dppId))
+    return service.registration_for(dppId)
 
 
 @router.post(
@@ -100,8 +65,7 @@ def abandon_registration(request, dppId: uuid.UUID, payload: AbandonIn):
     attempt whose outcome is unknown is younger than ODAL_REGISTRY_SETTLE_SECONDS: its register
     may still land); then the conditional update (409 `registration_changed` if the row is no longer
     the one read before the registry was asked). The passport stays published."""
-    result = service.abandon(dppId, actor=request.auth.actor, reason=payload.reason)
-    return result.as_json()
+    return service.abandon(dppId, actor=request.auth.actor, reason=payload.reason)
 
 
 @router.post(
@@ -111,8 +75,9 @@ def abandon_registration(request, dppId: uuid.UUID, payload: AbandonIn):
 )
 def record_handle(request, dppId: uuid.UUID, payload: HandleIn):
     """Record by hand the registry handle of a submitted registration (-> registered)."""
-    reg = service.record_handle(dppId, handle=payload.handle, actor=request.auth.actor, reason=payload.reason)
-    return with_log(reg)
+    return service.record_handle(
+        dppId, handle=payload.handle, actor=request.auth.actor, reason=payload.reason
+    )
 
 
 @router.get(

@@ -18,7 +18,7 @@ from odal.rows import insert_rows
 from odal.work.wake import DRAIN
 from outbox.events import emit
 from registry import adapters
-from registry.models import Registration, RegistrationAttempt
+from registry.models import Registration
 
 MAX_HANDLE_LENGTH = adapters.MAX_ID  # what the drain would take from the registry, and the column holds
 
@@ -119,17 +119,6 @@ class AbandonResult:
     already_abandoned: bool
     attempts: int
     detail: str
-
-    def as_json(self) -> dict:
-        passport = self.registration.passport
-        return {
-            "dppId": str(passport.pk),
-            "status": Registration.Status.ABANDONED.value,
-            "alreadyAbandoned": self.already_abandoned,
-            "attempts": self.attempts,
-            "passportStatus": passport.status,
-            "detail": self.detail,
-        }
 
 
 def check_abandonable(reg: Registration, now=None) -> None:
@@ -446,39 +435,3 @@ def registry_counts() -> dict:
             counts[status] = n
     counts["stalled"] = Registration.objects.stalled().count()
     return counts
-
-
-def registration_json(reg: Registration) -> dict:
-    return {
-        "status": reg.status,
-        "operation": reg.operation,
-        "attempts": reg.attempts,
-        "nextAttemptAt": reg.next_attempt_at if reg.status in ("pending", "submitted") else None,
-        "lastError": reg.last_error,
-        "correlationId": reg.correlation_id or None,
-        "handle": reg.handle or None,
-        "note": reg.note,
-        "lastUnknownAt": reg.last_unknown_at,
-        "settlesAt": reg.settles_at,
-    }
-
-
-def registration_with_log(reg: Registration) -> dict:
-    """The registration and every line of its attempt log (`unknown`: the request may have reached
-    the registry, no answer of its own came back; `late`: its claim was superseded)."""
-    log = RegistrationAttempt.objects.filter(registration=reg).order_by("started_at", "id")
-    return {
-        **registration_json(reg),
-        "attemptLog": [
-            {
-                "number": a.number,
-                "operation": a.operation,
-                "startedAt": a.started_at,
-                "finishedAt": a.finished_at,
-                "outcome": a.outcome,
-                "answer": a.answer,
-                "late": a.late,
-            }
-            for a in log
-        ],
-    }

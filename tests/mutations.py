@@ -870,10 +870,17 @@ GUARDS = [
     ),
     Guard(
         "admin passport form: the canonical form is stored",
-        "odal/upi.py",
+        "odal/admin.py",
         '            return canonical_upi(self.cleaned_data.get("upi"))\n',
         '            return canonical_upi(self.cleaned_data.get("upi")) and self.cleaned_data.get("upi")\n',
         "tests/test_upi.py::test_the_admin_stores_the_canonical_form_and_refuses_what_the_api_refuses",
+    ),
+    Guard(
+        "imports: odal.upi (under odal.rules) imports nothing of the admin (no circle back to it)",
+        "odal/upi.py",
+        "from odal.text import unstorable\n",
+        "from odal.admin_actions import StorableModelForm  # noqa: F401\nfrom odal.text import unstorable\n",
+        "tests/test_upi.py::test_the_upi_rule_imports_nothing_above_it",
     ),
     Guard(
         "canonicalise_upis: colliding UPIs are reported, not merged",
@@ -2009,6 +2016,27 @@ GUARDS = [
         "        rows = rows.filter(Q(created_at__lt=at) | Q(created_at=at, id__lt=pk))\n",
         "        rows = rows.filter(Q(created_at__lt=at) | Q(created_at=at, id__lte=pk))\n",
         "tests/test_reads.py::test_passports_page_newest_first_without_duplicates_or_gaps",
+    ),
+    Guard(
+        "GET dpp: a page reads its registrations joined (as many queries for 1 passport as for 25)",
+        "odal/api.py",
+        '    return passports.select_related("registration")\n',
+        "    return passports\n",
+        "tests/test_reads.py::test_a_page_of_passports_is_as_many_queries_for_one_as_for_many",
+    ),
+    Guard(
+        "registration answers: nextAttemptAt only while pending or submitted",
+        "registry/schemas.py",
+        "            self.nextAttemptAt = None\n",
+        "            pass\n",
+        "tests/test_registry_api.py -k due_only_while_the_drain_owes_it_work",
+    ),
+    Guard(
+        "registration answers: a correlation id or handle not known yet is null, not blank",
+        "registry/schemas.py",
+        "        return value or None",
+        "        return value",
+        "tests/test_registry_api.py::test_a_registration_not_yet_known_to_the_registry_shows_null_ids",
     ),
     Guard(
         "GET dpp: the listing is served by passport_listing_idx (created_at, id)",

@@ -224,6 +224,22 @@ def test_replay_refuses_a_bad_reason_and_changes_nothing(api_as, body):
     assert not AuditEntry.objects.exists()
 
 
+@pytest.mark.parametrize("body", BAD_REASONS)
+def test_every_route_that_takes_a_reason_refuses_a_bad_one_alike(api_as, body):
+    delivery = DeadDeliveryFactory()
+    client = api_as("admin")
+    answers = [
+        client.post(f"outbox/deliveries/{delivery.pk}/replay", body),
+        client.post(f"outbox/deliveries/{delivery.pk}/resend", body),
+        client.post(f"outbox/consumers/{delivery.consumer.name}/pause", body),
+    ]
+    assert [a.status_code for a in answers] == [422, 422, 422]
+    assert answers[0].json()["code"] == "invalid_request" and "reason" in answers[0].json()["detail"]
+    assert answers[0].json() == answers[1].json() == answers[2].json()
+    delivery.refresh_from_db()
+    assert delivery.status == "dead" and not AuditEntry.objects.exists()
+
+
 def test_replay_needs_admin_scope(api_as):
     delivery = DeadDeliveryFactory()
     response = api_as("write").post(f"outbox/deliveries/{delivery.pk}/replay", {"reason": "x"})

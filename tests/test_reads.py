@@ -8,11 +8,20 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from odal.api import with_registration
 from odal.models import Passport
 from outbox.events import emit
-from tests.factories import ConsumerFactory, DeliveryFactory, EventFactory, PassportFactory, UserFactory
+from tests.factories import (
+    ConsumerFactory,
+    DeliveryFactory,
+    EventFactory,
+    PassportFactory,
+    RegistrationFactory,
+    UserFactory,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -39,6 +48,14 @@ def read_all(client, path, **params) -> list[dict]:
         if cursor is None:
             return items
     raise AssertionError("the cursor never ran out")
+
+
+def queries_of(client, path, **params) -> int:
+    """How many statements one read of `path` runs (the caller's token already seen once, so its
+    first-use bookkeeping is not counted)."""
+    with CaptureQueriesContext(connection) as seen:
+        assert client.get(path, **params).status_code == 200
+    return len(seen)
 
 
 def newest_first(passports) -> list[str]:
@@ -117,10 +134,19 @@ def test_listing_passports_needs_credentials_and_the_view_permission(api_as):
         assert api_as(scope).get("dpp").status_code == 200
 
 
+def test_a_page_of_passports_is_as_many_queries_for_one_as_for_many(api_as):
+    for _ in range(25):
+        RegistrationFactory()  # a published passport with its registration, which the answer shows
+    client = api_as("read")
+    client.get("dpp")
+    assert queries_of(client, "dpp", limit=1) == queries_of(client, "dpp", limit=25)
+
+
 def test_the_passport_list_is_served_by_its_index():
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")
-        query, params = Passport.objects.order_by("-created_at", "-id")[:51].query.sql_with_params()
+        rows = with_registration(Passport.objects).order_by("-created_at", "-id")  # as GET dpp reads them
+        query, params = rows[:51].query.sql_with_params()
         cursor.execute(f"EXPLAIN {query}", params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "passport_listing_idx" in plan and "Sort" not in plan, plan
@@ -149,6 +175,26 @@ def test_an_event_is_shown_with_its_deliveries(api_as):
     # the shape of the delivery list, item for item
     listed = api_as("read").get("outbox/deliveries", eventId=str(event.pk)).json()["items"]
     assert sorted(body["deliveries"], key=lambda d: d["id"]) == sorted(listed, key=lambda d: d["id"])
+
+
+def test_an_event_is_as_many_queries_with_one_delivery_as_with_many(api_as):
+    one, many = EventFactory(), EventFactory()
+    DeliveryFactory(event=one)
+    for _ in range(25):
+        DeliveryFactory(event=many)  # each to a consumer of its own
+    client = api_as("read")
+    client.get(f"events/{one.pk}")
+    assert queries_of(client, f"events/{one.pk}") == queries_of(client, f"events/{many.pk}")
+
+
+def test_a_page_of_deliveries_is_as_many_queries_for_one_as_for_many(api_as):
+    for _ in range(25):
+        DeliveryFactory()  # each of an event and to a consumer of its own
+    client = api_as("read")
+    client.get("outbox/deliveries")
+    assert queries_of(client, "outbox/deliveries", limit=1) == queries_of(
+        client, "outbox/deliveries", limit=25
+    )
 
 
 def test_an_event_without_deliveries_is_shown_with_none(api_as):

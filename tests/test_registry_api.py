@@ -269,6 +269,32 @@ def test_registration_and_counts(api_as, registry_sim):
                       "deactivated": 0, "abandoned": 1, "stalled": 0}  # fmt: skip
 
 
+@pytest.mark.parametrize("status", Registration.Status.values)
+def test_a_registration_shows_when_it_is_due_only_while_the_drain_owes_it_work(api_as, status):
+    reg = backed_off_registration(status=status)
+    client = api_as("read")
+    owed = status in ("pending", "submitted")
+    due = reg.next_attempt_at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    for shown in (
+        client.get(f"dpp/{reg.passport_id}/registry").json(),
+        client.get(f"dpp/{reg.passport_id}").json()["registration"],
+    ):
+        assert shown["nextAttemptAt"] == (due if owed else None)
+
+
+def test_a_registration_not_yet_known_to_the_registry_shows_null_ids(api_as):
+    reg = backed_off_registration()  # correlation_id and handle "": nothing the registry gave yet
+    client = api_as("read")
+    summary = client.get(f"dpp/{reg.passport_id}").json()["registration"]
+    whole = client.get(f"dpp/{reg.passport_id}/registry").json()
+    assert (
+        (summary["correlationId"], summary["handle"])
+        == (whole["correlationId"], whole["handle"])
+        == (None, None)
+    )
+    assert summary == {key: value for key, value in whole.items() if key != "attemptLog"}
+
+
 def test_metrics_show_registry_gauges(client):
     backed_off_registration(status="abandoned")
     backed_off_registration(attempts=9)

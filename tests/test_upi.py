@@ -3,6 +3,8 @@ through the API, the command line and the admin, unique on that form; the migrat
 UPIs stored before and names, without merging them, passports whose UPIs collide."""
 
 import io
+import subprocess
+import sys
 
 import pytest
 from django.core.management import call_command
@@ -15,6 +17,16 @@ from odal.upi import canonical_upi, upi_key
 from tests.factories import PassportFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
+
+
+def test_the_upi_rule_imports_nothing_above_it():
+    """odal.upi sits under the input rules, and they under the admin's reason forms
+    (odal.admin_actions -> odal.reasons -> odal.rules -> odal.upi): importing the rules, in a fresh
+    interpreter, loads neither the admin's modules nor anything of odal but what they stand on."""
+    code = "import sys, odal.rules; print(sorted(m for m in sys.modules if m.startswith('odal')))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "['odal', 'odal.rules', 'odal.text', 'odal.upi']"
+
 
 CANONICAL = "https://id.example.eu/01/09506000134352/21/ABC"
 # the issue's four spellings of one product

@@ -4,6 +4,7 @@ writes a person makes on a registration (give it up, record its handle), with a 
 from odal import rules
 from odal.cli import argument, cli_actor, dumps
 from registry import service
+from registry.schemas import AbandonOut, RegistrationOut
 
 
 def add_arguments(sub) -> None:
@@ -45,7 +46,7 @@ def status_handle(command, *, json: bool, **_):
 
 
 def show_handle(command, *, passport_id, json: bool, **_):
-    shown = service.registration_with_log(service.registration_for(passport_id))
+    shown = RegistrationOut.from_orm(service.registration_for(passport_id)).model_dump()
     if json:
         command.stdout.write(dumps(shown))
         return
@@ -70,7 +71,7 @@ def show_handle(command, *, passport_id, json: bool, **_):
 def abandon_handle(command, *, passport_id, reason, actor, json: bool, **_):
     result = service.abandon(passport_id, actor=cli_actor(actor), reason=reason)
     if json:
-        command.stdout.write(dumps(result.as_json()))
+        command.stdout.write(dumps(AbandonOut.from_orm(result).model_dump()))
         return
     command.stdout.write(f"{passport_id}: {result.detail}")
 

@@ -276,20 +276,23 @@ def pause_erp_then_accept(event, delivery_id):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_no_request_starts_after_a_pause_committed_during_the_pass():
+def test_no_request_starts_after_a_pause_committed_during_the_pass(settings):
     """Rows claimed but not started when an operator pauses the consumer were still sent, one
     after another, for as long as the pass ran (up to the claim hold, 5 minutes by default).
     A pass now re-reads its consumers every REFRESH_SECONDS and starts no attempt of a paused one.
     The pass gives them back when odal pauses the consumer itself (Pass.paused), not when a
     person does: the pause promised 'none is sent' beyond the attempts already running."""
+    settings.ODAL_PYTHON_CONSUMERS = (*settings.ODAL_PYTHON_CONSUMERS, f"{__name__}.pause_erp_then_accept")
     calls_after_pause.clear()
-    consumer = ConsumerFactory(name="erp", target="tests.test_consumer_races.pause_erp_then_accept")
+    consumer = ConsumerFactory(name="erp", target=f"{__name__}.pause_erp_then_accept")
     for _ in range(5):
         DeliveryFactory(consumer=consumer)
 
     sweep_once()
 
-    assert Consumer.objects.get(pk=consumer.pk).paused
+    # Paused by the operator in its first call (not by odal's allow-list before any call: then
+    # nothing would have been sent, and this test could not fail).
+    assert Consumer.objects.get(pk=consumer.pk).paused_by == "ops"
     assert calls_after_pause == [], f"{len(calls_after_pause)} requests went out after the pause"
 
 

@@ -2428,7 +2428,7 @@ GUARDS = [
         "drain wake: publishing wakes the drain (not only the minute's schedule)",
         "odal/work/wake.py",
         "            transaction.on_commit(lambda: wake_up(self))\n",
-        "    pass\n",
+        "            pass\n",
         "tests/test_kicks.py -k burst or wakes_the_listening_drain",
     ),
     Guard(

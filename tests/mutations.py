@@ -113,7 +113,7 @@ GUARDS = [
         "outbox/models.py",
         "        reason = clean_reason(reason)\n",
         "",
-        "tests/test_outbox_api.py -k test_replay_refuses_a_bad_reason",
+        "tests/test_outbox_api.py -k test_the_replay_write_itself_refuses_a_bad_reason",
     ),
     Guard(
         "sweep: a write that took nothing is logged as late",

@@ -225,6 +225,21 @@ def test_replay_refuses_a_bad_reason_and_changes_nothing(api_as, body):
 
 
 @pytest.mark.parametrize("body", BAD_REASONS)
+def test_the_replay_write_itself_refuses_a_bad_reason_and_changes_nothing(body):
+    """The API's schema refuses a bad reason before the route runs; the admin and the command
+    line reach the write itself, which checks it again (odal.reasons.clean_reason)."""
+    from odal.errors import Refused
+
+    delivery = DeadDeliveryFactory()
+    with pytest.raises(Refused) as refused:
+        Delivery.objects.filter(pk=delivery.pk).replay(actor="user:ops", reason=body.get("reason"))
+    assert refused.value.code == "invalid_reason"
+    delivery.refresh_from_db()
+    assert delivery.status == "dead" and delivery.attempts == 3
+    assert not AuditEntry.objects.exists()
+
+
+@pytest.mark.parametrize("body", BAD_REASONS)
 def test_every_route_that_takes_a_reason_refuses_a_bad_one_alike(api_as, body):
     delivery = DeadDeliveryFactory()
     client = api_as("admin")

@@ -56,3 +56,56 @@ def test_concurrent_publish_and_suspend_answer_what_they_did_and_the_registratio
                 f"round {round_}: passport {final} but its registration is {reg.status} {reg.operation}"
             )
     assert not wrong, "\n".join(wrong[:10])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_suspend_waits_for_a_publish_that_has_the_passport_and_so_each_answers_what_it_did(monkeypatch):
+    """The interleaving the rounds above hope for, made to happen: a publish of a published
+    passport (its UPDATE takes no row, so holds no lock of its own) is stopped right after it,
+    and a suspend is started then. With the passport's row lock taken first, the suspend waits
+    for the publish, which answers "already published" with the passport published. Without
+    it, the suspend commits in between and the publish reads a passport it did not leave."""
+    import time
+
+    from django.db import connection
+
+    passport = PassportFactory()
+    lifecycle.publish(passport.pk, actor="test")
+    at_read, go, answers = threading.Event(), threading.Event(), []
+    real_get = lifecycle._get
+
+    def held_get(dpp_id):
+        if threading.current_thread().name == "publish":
+            at_read.set()
+            go.wait(30)
+        return real_get(dpp_id)
+
+    monkeypatch.setattr(lifecycle, "_get", held_get)
+    publish = threading.Thread(
+        target=call, args=(passport, "publish", threading.Barrier(1), answers), name="publish"
+    )
+    publish.start()
+    assert at_read.wait(30)
+    suspend = threading.Thread(
+        target=call, args=(passport, "suspend", threading.Barrier(1), answers), name="suspend"
+    )
+    suspend.start()
+
+    def suspend_is_waiting_on_a_lock() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+            return cursor.fetchone()[0] > 0
+
+    # Until the suspend has either finished (nothing stopped it) or waits on a lock (the publish's).
+    deadline = time.monotonic() + 30
+    while suspend.is_alive() and not suspend_is_waiting_on_a_lock() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    go.set()
+    publish.join(30)
+    suspend.join(30)
+    assert answers[0][0] == "publish", f"the suspend answered first: {answers}"
+    verb, changed, detail, status = answers[0]
+    assert "already published" in detail and status == "published", answers
+    assert answers[1][:2] == ("suspend", True) and answers[1][3] == "suspended", answers

@@ -849,9 +849,9 @@ GUARDS = [
     ),
     Guard(
         "metrics: protocol errors counted",
-        "odal/migrations/0005_tally_and_heartbeats.py",
-        "operation FROM new_rows\n            WHERE outcome = 'failed' AND left(",
-        "operation FROM new_rows\n            WHERE outcome = 'failed' OR left(",
+        "odal/migrations/0008_protocol_errors_of_unknown_outcomes.py",
+        "            WHERE outcome IN ({outcomes}) AND left(",
+        "            WHERE outcome IN ({outcomes}) OR left(",
         "tests/test_registry_answers.py::test_a_request_id_over_500_characters_is_a_protocol_error_and_the_row_stays_fixable tests/test_tally.py::test_registry_attempt_lines_count_late_answers_protocol_errors_and_write_errors",
     ),
     Guard(

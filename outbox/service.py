@@ -21,7 +21,7 @@ from odal.models import AuditEntry
 from odal.reasons import clean_reason
 from odal.redact import redacted_url
 from odal.text import excerpt, storable
-from odal.work.wake import SWEEP
+from odal.work.wake import SWEEP, wake_up
 from outbox.consumers import check_python_target, check_webhook_url, signing_secrets  # noqa: F401
 from outbox.events import check_event_pattern, emit
 from outbox.models import BULK_BATCH, Consumer, Delivery, DeliveryAttempt, new_secret
@@ -291,8 +291,8 @@ def resume(consumer: Consumer, *, actor: str, reason: str, progress=None) -> int
         batches += 1
         if progress:
             progress(batches, resumed)
-    if resumed:
-        SWEEP.on_commit()
+    if resumed:  # (whatever ODAL_KICK_SWEEP says: a listening sweep is told at once)
+        transaction.on_commit(lambda: wake_up(SWEEP))
     consumer.refresh_from_db()
     return resumed
 

@@ -28,9 +28,10 @@ log = logging.getLogger(__name__)
 def write_in_sets(items: list, write, refused) -> list:
     """Write `items` in one transaction (`write(items)` says, per item, whether its guarded write
     took its row). If the database refuses the set, each is written again in a transaction of its
-    own, so one row it cannot store costs no other row its outcome; for that one `refused(item,
-    exc)` is called (it keeps its claim until the hold runs out, then it is due again) and its
-    answer is None. If the database is lost meanwhile, DatabaseLost unwinds the pass: nothing
+    own (a set of one too: what the database refused may have been passing, a deadlock), so one
+    row it cannot store costs no other row its outcome; for that one `refused(item, exc)` is
+    called (it keeps its claim until the hold runs out, then it is due again) and its answer is
+    None. If the database is lost meanwhile, DatabaseLost unwinds the pass: nothing
     more is written for its claim, and its rows are due again after the hold (odal.reconnect)."""
     if not items:
         return []
@@ -39,9 +40,6 @@ def write_in_sets(items: list, write, refused) -> list:
             return write(items)
     except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below
         reconnect.raise_if_lost(exc)
-        if len(items) == 1:
-            refused(items[0], exc)
-            return [None]
         log.warning("writing %s outcomes together failed; writing them one by one", len(items), exc_info=True)
     taken = []
     for item in items:
@@ -103,7 +101,8 @@ class Pass:
                 for future in done:
                     row, job = self.in_flight.pop(future)
                     self.ended(row, job, future.result())
-                self.start_more()
+                # Written, and a stop looked at, before anything more starts: a consumer the
+                # flush's bookkeeping paused, or a process asked to stop, starts nothing more.
                 if self.pending and (
                     not done
                     or len(self.pending) >= self.flush_rows
@@ -112,10 +111,13 @@ class Pass:
                     self.flush()
                 if stopping.requested():
                     self.give_back_unstarted()
+                self.start_more()
         finally:
-            # Whatever stopped the pass: attempts not begun are given back; outcomes already known
-            # are written, not thrown away (unless the database was lost while writing them: then
-            # nothing more is, see flush); an attempt still running keeps its claim.
+            # Whatever stopped the pass: attempts not begun are given back, queued or on the pool;
+            # outcomes already known are written, not thrown away (unless the database was lost
+            # while writing them: then nothing more is, see flush); an attempt still running
+            # keeps its claim.
+            self.not_started += self.take_waiting()
             self.not_started += [row.pk for future, (row, _) in self.in_flight.items() if future.cancel()]
             self.flush()
             self.release()

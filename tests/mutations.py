@@ -1504,6 +1504,13 @@ GUARDS = [
         "odal/logs.py",
         '            line["exc"] = _text(self.formatException(record.exc_info))\n',
         "            pass\n",
+        "tests/test_logs.py::test_a_record_no_filter_has_seen_still_carries_its_traceback",
+    ),
+    Guard(
+        "logs: the traceback RedactUrls made (without credentials) is in exc",
+        "odal/logs.py",
+        '            line["exc"] = _text(record.exc_text)\n',
+        "            pass\n",
         "tests/test_logs.py::test_nul_lone_surrogates_and_odd_extras_still_make_one_line_of_json",
     ),
     Guard(

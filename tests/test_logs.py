@@ -209,3 +209,15 @@ def test_a_bad_odal_log_format_stops_start_up_naming_the_variable(value):
     from tests.test_settings import refusal
 
     assert refusal(ODAL_LOG_FORMAT=value).startswith("ODAL_LOG_FORMAT must be one of text, json")
+
+
+def test_a_record_no_filter_has_seen_still_carries_its_traceback():
+    """The traceback is made by RedactUrls (without credentials) where the logging settings put
+    it; a handler without that filter (a library's own, a test's) still gets it in `exc`."""
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = logging.LogRecord("odal.test", logging.ERROR, __file__, 1, "failed", None, sys.exc_info())
+    assert not record.exc_text
+    line = json.loads(JsonFormatter().format(record))
+    assert "ValueError: boom" in line["exc"] and "Traceback" in line["exc"]

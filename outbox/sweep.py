@@ -328,7 +328,7 @@ class SweepPass(Pass):
         for consumer_id, rows in self.waiting.items():
             if rows:
                 self.refresh("main")
-            if consumer_id in self.paused or stopping.requested():  # paused, or stopping: no more attempts
+            if consumer_id in self.paused:  # no more attempts (a stop: Pass.run gave them back)
                 self.not_started.extend(d.pk for d in rows)
                 rows.clear()
             while rows and self.running[consumer_id] < bound:

@@ -18,6 +18,7 @@ goes on; a run with a deadline gives up at the deadline.
 """
 
 import time
+from abc import ABC, abstractmethod
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, fields
 
@@ -43,7 +44,7 @@ class Report:
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
-class Work:
+class Work(ABC):
     """One kind of claimed work, as the runs see it. Subclasses set the class attributes and
     write `one_pass`; the rest has defaults."""
 
@@ -59,16 +60,17 @@ class Work:
         """What a run of passes shares (a client, a pool), as keyword arguments of `one_pass`."""
         yield {}
 
+    @abstractmethod
     def one_pass(self, *, batch: int, **tools) -> Report:
-        raise NotImplementedError
+        """One pass of this kind: claim up to `batch` rows and run them, with the run's `tools`."""
 
     def paused_for(self, tools: dict) -> float:
         """Seconds every worker of this kind must wait before claiming again (none: 0)."""
         return 0.0
 
+    @abstractmethod
     def owed(self) -> bool:
         """Whether a leading task hands over to a successor at the end of its turn."""
-        raise NotImplementedError
 
     def due(self) -> bool:
         """Whether anything is due now: a leader's last look."""

@@ -15,6 +15,7 @@ A kind (outbox.sweep, registry.drain) subclasses Pass and says how its rows star
 
 import logging
 import time
+from abc import ABC, abstractmethod
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 from django.conf import settings
@@ -53,7 +54,7 @@ def write_in_sets(items: list, write, refused) -> list:
     return taken
 
 
-class Pass:
+class Pass(ABC):
     """The attempts of one claim (see the module). Subclasses set the class attributes and write
     `start_more`, `ended` and `write`; `look` and `take_waiting` have defaults."""
 
@@ -72,21 +73,22 @@ class Pass:
         # Outcomes must be written well inside the claim's hold, or they arrive late for nothing.
         self.flush_seconds = min(self.flush_seconds, settings.ODAL_CLAIM_HOLD_SECONDS / 4)
 
+    @abstractmethod
     def start_more(self) -> None:
         """Start what the kind's bounds allow now (`in_flight`), or give rows back (`not_started`)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def ended(self, row, job, result) -> None:
         """An attempt's future ended with `result`: add its outcome to `pending`, or its row to
         `not_started` if it never started."""
-        raise NotImplementedError
 
+    @abstractmethod
     def write(self, items: list) -> None:
         """Write a set of outcomes and count them in the report."""
-        raise NotImplementedError
 
     def look(self) -> None:
-        """Between waits: what the kind re-reads while attempts run."""
+        """Between waits: what the kind re-reads while attempts run (by default nothing)."""
+        return None
 
     def take_waiting(self) -> list:
         """The rows not started yet, taken off the kind's queues (stopping: they are given back)."""

@@ -62,3 +62,19 @@ class RedactUrls(logging.Filter):
         if record.exc_info and not record.exc_text:
             record.exc_text = redacted_urls_in(logging.Formatter().formatException(record.exc_info))
         return True
+
+
+class LostDatabaseInALine(logging.Filter):
+    """django-q2 logs a database it cannot reach (its pusher's poll, its monitor's save) with the
+    whole traceback, every poll while it is gone, as it would a bug. A lost connection
+    (odal.reconnect.is_lost) is not one: its record says what happened in one line, as odal's
+    own workers do, and django-q2 goes on retrying as before. Any other error keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from odal import reconnect
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, reconnect.ERRORS) and reconnect.is_lost(exc):
+            record.msg, record.args = f"{_text(record.getMessage())}: {reconnect.lost_in_a_line(exc)}", None
+            record.exc_info = record.exc_text = None
+        return True

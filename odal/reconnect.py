@@ -70,13 +70,22 @@ def is_lost(exc: BaseException) -> bool:
 
 def unanswered(exc: BaseException) -> str:
     """A sentence for a person whose command or request met a database that does not answer."""
-    where = connection.settings_dict
-    host = f"{where.get('HOST') or 'local socket'}{':' + str(where['PORT']) if where.get('PORT') else ''}"
-    cause = " ".join(error_text(database_error(exc)).split())
     return (
-        f"The database does not answer ({where.get('NAME')} on {host}: {cause}). "
+        f"The database does not answer ({where_and_why(exc)}). "
         "Nothing more was done; what was done before it went is kept. Try again once it answers."
     )
+
+
+def lost_in_a_line(exc: BaseException) -> str:
+    """What a log says of a lost connection, without a traceback."""
+    return f"the database does not answer ({where_and_why(exc)})"
+
+
+def where_and_why(exc: BaseException) -> str:
+    """The database's name and host, and the driver's cause on one line."""
+    where = connection.settings_dict
+    host = f"{where.get('HOST') or 'local socket'}{':' + str(where['PORT']) if where.get('PORT') else ''}"
+    return f"{where.get('NAME')} on {host}: {' '.join(error_text(database_error(exc)).split())}"
 
 
 def raise_if_lost(exc: BaseException) -> None:

@@ -306,7 +306,10 @@ LOGGING = {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
         "json": {"()": "odal.logs.JsonFormatter"},
     },
-    "filters": {"redact_urls": {"()": "odal.logs.RedactUrls"}},  # no URL credentials in a log
+    "filters": {
+        "redact_urls": {"()": "odal.logs.RedactUrls"},  # no URL credentials in a log
+        "lost_database_in_a_line": {"()": "odal.logs.LostDatabaseInALine"},
+    },
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
@@ -318,6 +321,8 @@ LOGGING = {
         "odal": {"handlers": ["console"], "level": env_str("ODAL_LOG_LEVEL", "INFO")},
         "outbox": {"handlers": ["console"], "level": env_str("ODAL_LOG_LEVEL", "INFO")},
         "registry": {"handlers": ["console"], "level": env_str("ODAL_LOG_LEVEL", "INFO")},
+        # django-q2 adds its own handler (text) or reaches the root's (json); this only filters
+        "django-q": {"filters": ["lost_database_in_a_line"], "level": Q_CLUSTER["log_level"]},
     },
 }
 if ODAL_LOG_FORMAT == "json":
@@ -326,6 +331,5 @@ if ODAL_LOG_FORMAT == "json":
     # odal's loggers stop there so nothing is written twice.
     LOGGING["root"] = {"handlers": ["console"], "level": "WARNING"}
     LOGGING["loggers"]["django"] = {"handlers": [], "level": "INFO"}
-    LOGGING["loggers"]["django-q"] = {"level": Q_CLUSTER["log_level"]}
     for name in ("odal", "outbox", "registry"):
         LOGGING["loggers"][name]["propagate"] = False

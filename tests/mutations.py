@@ -1479,6 +1479,27 @@ GUARDS = [
         "tests/test_logs.py::test_odal_log_format_json_makes_every_line_json",
     ),
     Guard(
+        "logs: django-q2's lost database is one line, not a traceback",
+        "odal/logs.py",
+        "        if isinstance(exc, reconnect.ERRORS) and reconnect.is_lost(exc):\n",
+        "        if False:\n",
+        "tests/test_logs.py -k django_q",
+    ),
+    Guard(
+        "logs: only a lost database loses its traceback",
+        "odal/logs.py",
+        "        if isinstance(exc, reconnect.ERRORS) and reconnect.is_lost(exc):\n",
+        "        if exc is not None:\n",
+        "tests/test_logs.py -k django_q",
+    ),
+    Guard(
+        "settings: django-q2's logger has the lost-database filter",
+        "odal/settings.py",
+        '"django-q": {"filters": ["lost_database_in_a_line"], "level": Q_CLUSTER["log_level"]},',
+        '"django-q": {"level": Q_CLUSTER["log_level"]},',
+        "tests/test_logs.py -k django_q",
+    ),
+    Guard(
         "logs: lone surrogates become U+FFFD",
         "odal/logs.py",
         '    return _SURROGATE.sub("\\ufffd", text)\n',

@@ -8,6 +8,7 @@ import json
 import logging
 import logging.config
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -175,12 +176,10 @@ LOG_ONE_LINE = (
 )
 
 
-def start(**env) -> subprocess.CompletedProcess:
+def start(script: str = LOG_ONE_LINE, **env) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("ODAL_", "DEBUG", "SECRET_KEY"))}
     environment.update(env, DJANGO_SETTINGS_MODULE="odal.settings")  # DEBUG on: Django's console handler too
-    return subprocess.run(
-        [sys.executable, "-c", LOG_ONE_LINE], env=environment, capture_output=True, text=True
-    )
+    return subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True)
 
 
 def test_odal_log_format_json_makes_every_line_json():
@@ -221,3 +220,47 @@ def test_a_record_no_filter_has_seen_still_carries_its_traceback():
     assert not record.exc_text
     line = json.loads(JsonFormatter().format(record))
     assert "ValueError: boom" in line["exc"] and "Traceback" in line["exc"]
+
+
+def unused_port() -> int:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return free.getsockname()[1]
+
+
+# What django-q2's pusher does when its ORM broker's database cannot be reached, then what it
+# does with a bug of its own (a package it cannot read).
+DJANGO_Q_LOGS_A_LOST_DATABASE_AND_A_BUG = """
+import django, logging
+django.setup()
+import django_q.conf  # its logger and, unless the settings gave one, its own handler
+from django.db import connection
+log = logging.getLogger("django-q")
+try:
+    connection.ensure_connection()
+except Exception:
+    log.exception("Failed to pull task from broker")
+try:
+    raise TypeError("a bug")
+except TypeError:
+    log.exception("Failed to push task to queue")
+"""
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_django_q_says_a_lost_database_in_one_line_and_keeps_a_bugs_traceback(log_format):
+    """The pusher logs every poll while its database is gone: a traceback each time would bury
+    the log (and it is no bug). Any other error keeps its traceback."""
+    result = start(
+        DJANGO_Q_LOGS_A_LOST_DATABASE_AND_A_BUG,
+        ODAL_LOG_FORMAT=log_format,
+        DATABASE_URL=f"postgres://postgres@127.0.0.1:{unused_port()}/odal",
+    )
+    assert result.returncode == 0, result.stderr
+    said = result.stderr
+    lost, bug = said.split("Failed to push task to queue")
+    assert "Failed to pull task from broker: the database does not answer (odal on 127.0.0.1:" in lost, said
+    assert "Traceback" not in lost and "psycopg" not in lost.split("does not answer")[0], said
+    assert "Traceback" in bug and "TypeError: a bug" in bug, said
+    if log_format == "json":
+        assert [json.loads(line)["logger"] for line in said.splitlines()] == ["django-q", "django-q"]

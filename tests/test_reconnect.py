@@ -136,6 +136,30 @@ def a_refused_connection() -> Exception:
     raise AssertionError("something listens on a free port")
 
 
+def a_serialization_failure() -> Exception:
+    """40001, which psycopg counts an OperationalError: a repeatable-read transaction updates a
+    row another connection changed since it began. The connection is fine; the caller retries."""
+    params = connection.get_connection_params()
+    with psycopg.connect(**params) as first, psycopg.connect(**params, autocommit=True) as second:
+        first.execute("CREATE TABLE IF NOT EXISTS odal_test_serial (n int)")
+        first.execute("DELETE FROM odal_test_serial")
+        first.execute("INSERT INTO odal_test_serial VALUES (1)")
+        first.commit()
+        first.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        first.execute("SELECT n FROM odal_test_serial").fetchall()
+        second.execute("UPDATE odal_test_serial SET n = 2")
+        try:
+            first.execute("UPDATE odal_test_serial SET n = 3")
+        except psycopg.OperationalError as exc:
+            assert exc.sqlstate == "40001", exc
+            return exc
+        finally:
+            first.rollback()
+            first.execute("DROP TABLE odal_test_serial")
+            first.commit()
+    raise AssertionError("the second update was not refused")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_what_counts_as_a_lost_database():
     """A terminated backend or a refused connection is lost, and so is a statement or a lock that
@@ -172,9 +196,16 @@ def test_what_counts_as_a_lost_database():
                 cursor.execute("LOCK TABLE outbox_delivery")
         except OperationalError as exc:
             refused["lock timeout"] = exc
+    refused["serialization failure"] = a_serialization_failure()  # an OperationalError, and no loss
     assert sorted(errors) == ["closed connection", "refused connection", "terminated backend"]
     assert all(reconnect.is_lost(exc) for exc in errors.values()), errors
-    assert sorted(refused) == ["bad value", "constraint", "lock timeout", "statement timeout"]
+    assert sorted(refused) == [
+        "bad value",
+        "constraint",
+        "lock timeout",
+        "serialization failure",
+        "statement timeout",
+    ]
     timed_out = {name: refused.pop(name) for name in ("lock timeout", "statement timeout")}
     assert all(reconnect.is_lost(exc) for exc in timed_out.values()), timed_out
     assert not any(reconnect.is_lost(exc) for exc in refused.values()), refused

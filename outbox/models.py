@@ -5,10 +5,11 @@ import base64
 import secrets
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.db.models import Case, Exists, F, OuterRef, Value, When
 from django.db.models.functions import Cast, Coalesce, Concat, Least
 from django.utils import timezone
@@ -252,6 +253,16 @@ class Event(models.Model):
         return f"{self.type} {self.id}"
 
 
+@dataclass(frozen=True)
+class Failure:
+    """One failed attempt to settle (DeliveryQuerySet.mark_attempts_failed_each)."""
+
+    delivery_id: uuid.UUID
+    error: str
+    retry_at: datetime
+    at: datetime
+
+
 class DeliveryQuerySet(ClaimQuerySet):
     claimable_statuses = ("pending",)
 
@@ -350,6 +361,48 @@ class DeliveryQuerySet(ClaimQuerySet):
             )
             == 1
         )
+
+    def mark_attempts_failed_each(self, *, token: uuid.UUID, failures: "list[Failure]") -> set:
+        """The bulk form the sweep uses: mark_attempt_failed for each row of `failures`, with its
+        own error, retry time and end, under the same guard (_held, and this queryset's filter).
+        Returns the ids it took (the others were late). On PostgreSQL one UPDATE … FROM unnest(…)
+        whatever their number: the guard is stated on the row being updated, so a row that
+        another writer settled while this one waited for its lock is checked again and left."""
+        if not failures:
+            return set()
+        if connection.vendor != "postgresql":
+            return {
+                f.delivery_id
+                for f in failures
+                if self.filter(pk=f.delivery_id).mark_attempt_failed(
+                    token=token, error=f.error, retry_at=f.retry_at, at=f.at
+                )
+            }
+        held = self._held(token).query
+        if len(held.alias_map) > 1:
+            raise ValueError("mark_attempts_failed_each needs a queryset without joins")
+        guard, guard_params = held.get_compiler(self.db).compile(held.where)
+        table = connection.ops.quote_name(Delivery._meta.db_table)
+        consumers = connection.ops.quote_name(Consumer._meta.db_table)
+        paused = f"EXISTS (SELECT 1 FROM {consumers} c WHERE c.id = {table}.consumer_id AND c.paused)"
+        spent = f"{table}.attempts >= {table}.max_attempts"
+        rows = sorted(failures, key=lambda f: f.delivery_id)  # (the plan's loop over them locks in id order)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET "
+                f"status = CASE WHEN {paused} THEN %s WHEN {spent} THEN %s ELSE %s END, "
+                f"dead_at = CASE WHEN {paused} THEN NULL WHEN {spent} THEN failure.at END, "
+                "next_attempt_at = failure.retry_at, claim_token = NULL, last_error = failure.error "
+                "FROM unnest(%s::uuid[], %s::text[], %s::timestamptz[], %s::timestamptz[]) "
+                "AS failure(id, error, retry_at, at) "
+                f"WHERE {table}.id = failure.id AND {guard} RETURNING {table}.id",
+                [
+                    Delivery.Status.PAUSED, Delivery.Status.DEAD, Delivery.Status.PENDING,
+                    [f.delivery_id for f in rows], [storable(f.error) for f in rows],
+                    [f.retry_at for f in rows], [f.at for f in rows], *guard_params,
+                ],
+            )  # fmt: skip
+            return {row[0] for row in cursor.fetchall()}
 
     def note_late_success(self, *, at: datetime) -> bool:
         """A late attempt of this delivery (its claim superseded, or the row settled meanwhile)

@@ -24,7 +24,7 @@ from odal.work.loops import Report, Work
 from odal.work.passes import Pass, write_in_sets
 from odal.work.wake import SWEEP
 from outbox import consumers, python_consumers, service
-from outbox.models import Consumer, Delivery, DeliveryAttempt
+from outbox.models import Consumer, Delivery, DeliveryAttempt, Failure
 from outbox.python_consumers import OVERRUNS
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,8 @@ def log_attempts(lines: list[tuple]) -> None:
 
 def _settle(token, finished: list[Finished]) -> set:
     """Write a run of outcomes in the caller's transaction: successes in one guarded UPDATE
-    (mark_delivered_each), failures one guarded UPDATE each (their errors and backoff differ),
+    (mark_delivered_each), failures in another, each with its own error and backoff
+    (mark_attempts_failed_each),
     a late success's note on its row (note_late_success: the consumer has it, whatever the row
     says), and one attempt-log line per attempt. Returns the ids whose write took."""
     now = timezone.now()
@@ -104,13 +105,14 @@ def _settle(token, finished: list[Finished]) -> set:
         if delivered
         else set()
     )
-    for f in finished:
-        if not f.outcome.ok:
-            retry_at = f.finished_at + backoff_delay(f.delivery.attempts)
-            if Delivery.objects.filter(pk=f.delivery.pk).mark_attempt_failed(
-                token=token, error=f.outcome.error, retry_at=retry_at, at=f.finished_at
-            ):
-                taken.add(f.delivery.pk)
+    failures = [
+        Failure(
+            f.delivery.pk, f.outcome.error, f.finished_at + backoff_delay(f.delivery.attempts), f.finished_at
+        )
+        for f in finished
+        if not f.outcome.ok
+    ]
+    taken |= Delivery.objects.mark_attempts_failed_each(token=token, failures=failures)
     answered_late = [f for f in finished if f.outcome.ok and f.delivery.pk not in taken]
     for f in sorted(answered_late, key=lambda f: f.delivery.pk):  # (rows locked in one order)
         Delivery.objects.filter(pk=f.delivery.pk).note_late_success(at=f.finished_at)

@@ -616,6 +616,27 @@ def make_happen(scenarios: "invariants.Scenarios", hosts: "Hosts", figures: dict
         time.sleep(0.1)
     figures["people_seconds_past_their_time"] = round(time.monotonic() - started, 1)
     figures["person_writes"] = dict(sorted(scenarios.outcomes.items()))
+    if not scenarios.done():  # what the next person needs to see why: who held what, then
+        figures["when_scenarios_fell_short"] = stuck()
+
+
+def stuck() -> dict:
+    """The database's view when the scenarios fell short: the sessions, who holds the wakes'
+    listener locks, the kicks on their way and the registrations by status."""
+    from django.db import connection
+
+    from registry.models import Registration
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT l.objid::text, a.client_addr::text, a.state, now() - a.state_change "
+            "FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.locktype = 'advisory' AND l.granted"
+        )
+        locks = [list(map(str, row)) for row in cursor.fetchall()]
+        cursor.execute("SELECT task, now() - enqueued_at FROM outbox_kick")
+        kicks = [list(map(str, row)) for row in cursor.fetchall()]
+    statuses = Counter(Registration.objects.values_list("status", flat=True))
+    return {"sessions": activity(), "advisory_locks": locks, "kicks": kicks, "registrations": dict(statuses)}
 
 
 def settle(seconds: float, figures: dict, sim) -> None:

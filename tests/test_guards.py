@@ -20,7 +20,7 @@ from django.utils import timezone
 from odal import lifecycle
 from odal.errors import Refused
 from odal.models import AuditEntry
-from outbox.models import Delivery
+from outbox.models import Consumer, Delivery, Failure
 from registry.models import Registration
 from tests.factories import (
     ConsumerFactory,
@@ -134,6 +134,145 @@ def test_without_row_locks_the_bulk_delivered_write_still_takes_no_row_another_c
     second.refresh_from_db()
     assert (second.status, second.claim_token, second.delivered_at) == ("pending", other, None)
     assert Delivery.objects.get(pk=first.pk).status == "delivered"
+
+
+# -- mark_attempts_failed_each: a batch's failures in one statement, each row under the guard ------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_bulk_failed_write_leaves_a_row_another_writer_settled_while_it_waited():
+    """Another writer settles one of the rows and holds its lock while the batch's failures are
+    written; the write waits for it, then checks the guard again on the row as it now is: the
+    settled row is left as that writer left it, and reported as not taken."""
+    token, first, second = claimed_pair()
+    now = timezone.now()
+    failures = [
+        Failure(row.pk, f"HTTP 50{n}", now + timedelta(seconds=30), now)
+        for n, row in enumerate([first, second])
+    ]
+
+    with HeldWrite(lambda: Delivery.objects.filter(pk=second.pk).mark_delivered(token=token, at=now)) as held:
+        taken = Delivery.objects.mark_attempts_failed_each(token=token, failures=failures)
+
+    assert held.waited_for
+    assert taken == {first.pk}
+    rows = {row.pk: row for row in rows_of(first, second)}
+    assert (rows[first.pk].status, rows[first.pk].last_error) == ("pending", "HTTP 500")
+    assert (rows[second.pk].status, rows[second.pk].last_error) == ("delivered", "")
+
+
+@pytest.mark.django_db
+def test_a_batch_of_failures_settles_each_row_as_its_own_write_would():
+    """Each row with its own error, retry time and end: one with attempts left backs off, a spent
+    one dies, a paused consumer's row is parked; a row another claim holds and a settled row are
+    not taken. (Each row's own values: a write that mixed them up would show here.)"""
+    active, paused = ConsumerFactory(), ConsumerFactory()
+    retrying = DeliveryFactory(consumer=active, max_attempts=5)
+    spent = DeliveryFactory(consumer=active, max_attempts=1)
+    parked = DeliveryFactory(consumer=paused, max_attempts=1)
+    superseded = DeliveryFactory(consumer=active, max_attempts=5)
+    settled = DeliveryFactory(consumer=active, max_attempts=5)
+    claim = Delivery.objects.claim(limit=10, hold_seconds=300)
+    assert len(claim.rows) == 5
+    Consumer.objects.filter(pk=paused.pk).update(paused=True)
+    Delivery.objects.filter(pk=superseded.pk).update(claim_token=uuid.uuid4())
+    Delivery.objects.filter(pk=settled.pk).update(status="delivered", claim_token=None)
+    now = timezone.now()
+    rows = [retrying, spent, parked, superseded, settled]
+    failures = [
+        Failure(row.pk, f"error {n}", now + timedelta(minutes=n + 1), now - timedelta(seconds=n))
+        for n, row in enumerate(rows)
+    ]
+
+    taken = Delivery.objects.mark_attempts_failed_each(token=claim.token, failures=failures)
+
+    assert taken == {retrying.pk, spent.pk, parked.pk}
+    after = {row.pk: row for row in Delivery.objects.all()}
+    got = [
+        (after[r.pk].status, after[r.pk].last_error, after[r.pk].next_attempt_at, after[r.pk].dead_at)
+        for r in rows
+    ]
+    assert got[0] == ("pending", "error 0", now + timedelta(minutes=1), None)
+    assert got[1] == ("dead", "error 1", now + timedelta(minutes=2), now - timedelta(seconds=1))
+    assert got[2] == ("paused", "error 2", now + timedelta(minutes=3), None)
+    assert got[3][:2] == ("pending", "") and got[4][:2] == ("delivered", "")
+    assert all(after[r.pk].claim_token is None for r in rows[:3])
+
+
+@pytest.mark.django_db
+def test_a_batch_of_failures_is_written_in_as_many_statements_whatever_its_size():
+    """The sweep's settle of a batch of failed attempts: its statements do not grow with the
+    batch (one UPDATE for the failures, one INSERT for their attempt-log lines)."""
+    from django.test.utils import CaptureQueriesContext
+
+    from outbox.consumers import Outcome
+    from outbox.sweep import Finished, finish_attempts
+
+    def statements(size: int) -> int:
+        consumer = ConsumerFactory(max_attempts=5)
+        for _ in range(size):
+            DeliveryFactory(consumer=consumer)
+        claim = Delivery.objects.claim(limit=size, hold_seconds=300)
+        now = timezone.now()
+        finished = [
+            Finished(row, Outcome(ok=False, error="HTTP 500", http_status=500), now, now)
+            for row in claim.rows
+        ]
+        with CaptureQueriesContext(connection) as queries:
+            settled = finish_attempts(claim.token, finished)
+        assert len(settled.taken) == size
+        return len(queries)
+
+    few, many = statements(2), statements(100)
+    assert few == many, (few, many)
+    assert many / 100 <= 0.05  # (issue 26: at most 0.05 statements per failed delivery)
+
+
+SQLITE_FAILURES = """
+import django, json, uuid
+django.setup()
+from datetime import timedelta
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from django.utils import timezone
+from outbox.models import Consumer, Delivery, Event, Failure
+c = Consumer.objects.create(name="c", kind="python", target="tests.consumers.accept", max_attempts=1)
+rows = [Delivery.objects.create(event=Event.objects.create(type="t"), consumer=c, max_attempts=m) for m in (5, 1, 5)]
+claim = Delivery.objects.claim(limit=10, hold_seconds=300)
+Delivery.objects.filter(pk=rows[2].pk).update(claim_token=uuid.uuid4())
+now = timezone.now()
+taken = Delivery.objects.mark_attempts_failed_each(
+    token=claim.token, failures=[Failure(r.pk, f"e{n}", now + timedelta(minutes=1), now) for n, r in enumerate(rows)])
+after = [Delivery.objects.get(pk=r.pk) for r in rows]
+print(json.dumps({"taken": [r.pk in taken for r in rows],
+                  "rows": [(d.status, d.last_error) for d in after]}))
+"""
+
+
+def test_a_batch_of_failures_is_written_on_sqlite_too(tmp_path):
+    """The embedded default has no UPDATE … FROM unnest: each row is its own guarded write."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'odal.sqlite3'}",
+           "DJANGO_SETTINGS_MODULE": "odal.settings", "PYTHONPATH": str(root)}  # fmt: skip
+    env.pop("ODAL_TEST_DATABASE", None)
+    done = subprocess.run(
+        [sys.executable, "-c", SQLITE_FAILURES],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert said["rows"] == [["pending", "e0"], ["dead", "e1"], ["pending", ""]]
+    assert said["taken"] == [True, True, False]
 
 
 # -- replay without row locks: the UPDATE's status check and the conflict refusal ------------------

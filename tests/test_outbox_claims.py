@@ -10,7 +10,7 @@ import pytest
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from outbox.models import Delivery
+from outbox.models import Delivery, Failure
 from tests.factories import ConsumerFactory, DeliveryFactory, EventFactory
 
 pytestmark = pytest.mark.django_db
@@ -32,7 +32,21 @@ def rows(delivery):
     return Delivery.objects.filter(pk=delivery.pk)
 
 
-def test_late_failure_does_not_resurrect_delivered():
+@pytest.fixture(params=["one", "each"])
+def fail(request):
+    """A failed attempt written as mark_attempt_failed does (one row), or as the sweep writes a
+    batch's failures (mark_attempts_failed_each): the same guard, the same outcome."""
+
+    def write(delivery, *, token, error, retry_at, at) -> bool:
+        if request.param == "one":
+            return rows(delivery).mark_attempt_failed(token=token, error=error, retry_at=retry_at, at=at)
+        failure = Failure(delivery.pk, error, retry_at, at)
+        return Delivery.objects.mark_attempts_failed_each(token=token, failures=[failure]) == {delivery.pk}
+
+    return write
+
+
+def test_late_failure_does_not_resurrect_delivered(fail):
     delivery = DeliveryFactory()
     slow_token, _ = claim_one()  # attempt A starts and stalls
     outlive_hold()
@@ -40,8 +54,8 @@ def test_late_failure_does_not_resurrect_delivered():
     assert fast_token != slow_token
     assert rows(delivery).mark_delivered(token=fast_token, at=timezone.now())
 
-    late = rows(delivery).mark_attempt_failed(
-        token=slow_token, error="A finally threw", retry_at=timezone.now(), at=timezone.now()
+    late = fail(
+        delivery, token=slow_token, error="A finally threw", retry_at=timezone.now(), at=timezone.now()
     )
 
     assert late is False
@@ -53,15 +67,13 @@ def test_late_failure_does_not_resurrect_delivered():
     assert Delivery.objects.claim(limit=10).rows == []
 
 
-def test_late_success_does_not_bury_dead():
+def test_late_success_does_not_bury_dead(fail):
     delivery = DeliveryFactory(max_attempts=2)
     slow_token, _ = claim_one()
     outlive_hold()
     fast_token, row = claim_one()
     assert row.attempts == 2
-    assert rows(delivery).mark_attempt_failed(
-        token=fast_token, error="HTTP 500", retry_at=timezone.now(), at=timezone.now()
-    )
+    assert fail(delivery, token=fast_token, error="HTTP 500", retry_at=timezone.now(), at=timezone.now())
     delivery.refresh_from_db()
     assert delivery.status == "dead"
 
@@ -99,15 +111,13 @@ def test_overlapping_attempts_count_twice_so_the_bound_holds():
     assert delivery.status == "dead" and delivery.attempts == 3
 
 
-def test_a_superseded_claim_cannot_end_the_current_attempt():
+def test_a_superseded_claim_cannot_end_the_current_attempt(fail):
     delivery = DeliveryFactory(max_attempts=5)
     old_token, _ = claim_one()
     outlive_hold()
     current_token, _ = claim_one(hold=300)  # attempt 2 is in flight
     assert not rows(delivery).mark_delivered(token=old_token, at=timezone.now())
-    assert not rows(delivery).mark_attempt_failed(
-        token=old_token, error="stale", retry_at=timezone.now(), at=timezone.now()
-    )
+    assert not fail(delivery, token=old_token, error="stale", retry_at=timezone.now(), at=timezone.now())
     delivery.refresh_from_db()
     assert (delivery.status, delivery.claim_token, delivery.last_error) == ("pending", current_token, "")
     assert rows(delivery).mark_delivered(token=current_token, at=timezone.now())
@@ -139,12 +149,12 @@ def test_a_spent_row_in_flight_is_not_dead_lettered_before_its_hold_expires():
     assert Delivery.objects.get(pk=delivery.pk).status == "pending"
 
 
-def test_a_failure_by_the_current_claim_backs_off_and_counts_once():
+def test_a_failure_by_the_current_claim_backs_off_and_counts_once(fail):
     delivery = DeliveryFactory(max_attempts=5)
     token, row = claim_one(hold=300)
     before = timezone.now()
     retry_at = before + timedelta(seconds=30)
-    assert rows(delivery).mark_attempt_failed(token=token, error="HTTP 502", retry_at=retry_at, at=before)
+    assert fail(delivery, token=token, error="HTTP 502", retry_at=retry_at, at=before)
     delivery.refresh_from_db()
     assert (delivery.status, delivery.attempts, delivery.claim_token) == ("pending", 1, None)
     assert delivery.next_attempt_at == retry_at
@@ -159,26 +169,22 @@ def test_a_claimed_row_is_not_due_until_its_hold_expires():
     assert Delivery.objects.due().count() == 0
 
 
-def test_terminal_writes_need_the_expected_status_even_with_the_token():
+def test_terminal_writes_need_the_expected_status_even_with_the_token(fail):
     delivery = DeliveryFactory()
     token, _ = claim_one(hold=300)
     # A settled row that somehow still carries the token: the status guard alone must hold.
     rows(delivery).update(status="delivered")
-    assert not rows(delivery).mark_attempt_failed(
-        token=token, error="x", retry_at=timezone.now(), at=timezone.now()
-    )
+    assert not fail(delivery, token=token, error="x", retry_at=timezone.now(), at=timezone.now())
     rows(delivery).update(status="dead")
     assert not rows(delivery).mark_delivered(token=token, at=timezone.now())
     delivery.refresh_from_db()
     assert delivery.status == "dead" and delivery.last_error == ""
 
 
-def test_the_last_attempt_failing_dead_letters():
+def test_the_last_attempt_failing_dead_letters(fail):
     delivery = DeliveryFactory(max_attempts=1)
     token, _ = claim_one()
-    assert rows(delivery).mark_attempt_failed(
-        token=token, error="HTTP 500", retry_at=timezone.now(), at=timezone.now()
-    )
+    assert fail(delivery, token=token, error="HTTP 500", retry_at=timezone.now(), at=timezone.now())
     delivery.refresh_from_db()
     assert delivery.status == "dead" and delivery.dead_at is not None
 

@@ -7,6 +7,7 @@ import ipaddress
 import json
 import socket
 import ssl
+import threading
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -99,7 +100,7 @@ def call_webhook(consumer, delivery_id, event, client: httpx.Client) -> Outcome:
     # Checked again at delivery time, and connected to at the address checked: a name may
     # resolve inside now, or answer a second lookup otherwise than the first (DNS rebinding).
     try:
-        target = webhook_target(consumer.url)
+        target = webhook_target(consumer.url, client.answers)
     except Refused as exc:
         return Outcome(False, storable(f"not called: {exc.detail}"))
     body = webhook_body(event)
@@ -191,13 +192,46 @@ class Target:
     address: ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
-def webhook_target(url: str) -> Target:
-    """Resolve the webhook's host once, check every address it has (see check_webhook_url), and
-    pin the first: the request connects to exactly that address. Resolving again when connecting
-    could answer otherwise (DNS rebinding: a public address for the check, an internal one for
-    the connection). Pinned always, private targets allowed or not: one way of connecting."""
+def webhook_target(url: str, answers: "Answers | None" = None) -> Target:
+    """Resolve the webhook's host once (or take `answers`' lookup of it, at most DNS_CACHE_SECONDS
+    old), check every address it has (see check_webhook_url), and pin the first: the request
+    connects to exactly that address. Resolving again when connecting could answer otherwise (DNS
+    rebinding: a public address for the check, an internal one for the connection). Pinned
+    always, private targets allowed or not: one way of connecting."""
     name = _webhook_url(url).raw_host.decode("ascii")
-    return Target(name, _checked_addresses(name)[0])
+    return Target(name, _checked_addresses(name, answers.addresses if answers else _addresses)[0])
+
+
+# A webhook host's addresses are looked up again after this long: a sweep sending hundreds of
+# requests a second to one host resolves it about once in that time, not once per request, and a
+# name that moves (or starts to resolve inside, refused from then on) is followed within it.
+DNS_CACHE_SECONDS = 30.0
+DNS_CACHE_HOSTS = 1024  # names a client remembers; the one looked up longest ago goes first
+
+
+class Answers:
+    """A webhook client's lookups: each host's addresses, reused for DNS_CACHE_SECONDS. Only
+    answers are kept (a name that did not resolve is asked again next time), and a kept answer is
+    checked again at every use: what is connected to is what was checked, as without it."""
+
+    def __init__(self, seconds: float = DNS_CACHE_SECONDS, size: int = DNS_CACHE_HOSTS, clock=time.monotonic):
+        self.seconds, self.size, self.clock = seconds, size, clock
+        self._kept: dict[str, tuple[float, list]] = {}  # host -> (until, addresses), oldest first
+        self._lock = threading.Lock()
+
+    def addresses(self, host: str) -> list:
+        now = self.clock()
+        with self._lock:
+            until, addresses = self._kept.get(host, (now, None))
+        if addresses is not None and now < until:
+            return addresses
+        addresses = _addresses(host)
+        with self._lock:
+            self._kept.pop(host, None)
+            while len(self._kept) >= self.size:
+                del self._kept[next(iter(self._kept))]
+            self._kept[host] = (now + self.seconds, addresses)
+        return addresses
 
 
 def check_webhook_url(url: str) -> str:
@@ -225,11 +259,12 @@ def _webhook_url(url: str) -> httpx.URL:
         raise Refused(f"A webhook URL must be a valid URL: {exc}.", code="invalid_url", status=422) from None
 
 
-def _checked_addresses(host: str) -> list:
-    """The addresses of `host`, in the resolver's order; in production (unless
-    ODAL_ALLOW_PRIVATE_WEBHOOKS) refused if any of them is not a public unicast address
-    (odal.addresses: the one rule, asked when a URL is stored and when connecting)."""
-    addresses = _addresses(host)
+def _checked_addresses(host: str, lookup=None) -> list:
+    """The addresses of `host` (as `lookup` gives them, a fresh lookup by default), in the
+    resolver's order; in production (unless ODAL_ALLOW_PRIVATE_WEBHOOKS) refused if any of them
+    is not a public unicast address (odal.addresses: the one rule, asked when a URL is stored and
+    when connecting)."""
+    addresses = (lookup or _addresses)(host)
     if not settings.ODAL_ALLOW_PRIVATE_WEBHOOKS:
         for address in addresses:
             problem = why_not_public(address)
@@ -313,6 +348,7 @@ class _WebhookClient(httpx.Client):
             transport=DeadlineTransport(verify=verify, limits=limits, network=PinnedBackend(network)),
             follow_redirects=False,
         )
+        self.answers = Answers()  # its hosts' lookups, for DNS_CACHE_SECONDS
 
 
 DEFAULT_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)  # httpx.Client's

@@ -102,6 +102,27 @@ GUARDS = [
         "tests/test_guards.py -k as_many_statements",
     ),
     Guard(
+        "webhook DNS answers: kept no longer than DNS_CACHE_SECONDS",
+        "outbox/consumers.py",
+        "        if addresses is not None and now < until:\n",
+        "        if addresses is not None:\n",
+        "tests/test_webhook_pinning.py -k resolves_inside",
+    ),
+    Guard(
+        "webhook DNS answers: a client keeps at most its size of names",
+        "outbox/consumers.py",
+        "            while len(self._kept) >= self.size:\n",
+        "            while False:\n",
+        "tests/test_webhook_pinning.py -k oldest_answer",
+    ),
+    Guard(
+        "webhook DNS answers: a delivery takes its client's kept lookup",
+        "outbox/consumers.py",
+        "        target = webhook_target(consumer.url, client.answers)\n",
+        "        target = webhook_target(consumer.url)\n",
+        "tests/test_webhook_pinning.py -k kept_alive_and_reused",
+    ),
+    Guard(
         "mark_attempt_failed: dead-letters at max_attempts",
         "outbox/models.py",
         'spent = When(attempts__gte=F("max_attempts"), then=Value(Delivery.Status.DEAD))',

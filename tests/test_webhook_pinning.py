@@ -23,6 +23,7 @@ import httpcore
 import httpx
 import pytest
 
+from odal.errors import Refused
 from outbox import consumers
 from outbox.events import emit
 from outbox.models import Delivery
@@ -236,7 +237,7 @@ def test_plain_http_connections_are_kept_alive_and_reused_per_name(resolver):
     ports = [seen.client_port for seen in server.seen]
     assert ports[0] == ports[2] and ports[1] == ports[3] and ports[0] != ports[1]
     assert server.connections == 2
-    assert dns.of("a.hooks.test") == ["a.hooks.test"] * 2  # checked before every request
+    assert dns.of("a.hooks.test") == ["a.hooks.test"]  # looked up once in DNS_CACHE_SECONDS
 
 
 def test_concurrent_deliveries_on_the_sweeps_threads_each_connect_to_their_own_names_address(
@@ -292,8 +293,8 @@ def test_https_connects_to_the_address_and_verifies_the_name(resolver, certifica
 
 
 def test_https_connections_are_kept_alive_and_reused(resolver, certificate):
-    """Three deliveries to one name: one connection, one TLS handshake (the name is checked
-    before each request; the connection was verified when it was made)."""
+    """Three deliveries to one name: one connection, one TLS handshake (the name's addresses are
+    checked before each request; the connection was verified when it was made)."""
     server_tls, trusted = certificate
     with Peer(tls=server_tls) as server, consumers.webhook_client(verify=trusted) as client:
         dns = resolver({"a.hooks.test": [["127.0.0.1"]]})
@@ -302,7 +303,7 @@ def test_https_connections_are_kept_alive_and_reused(resolver, certificate):
     assert all(outcome.ok for outcome in outcomes), outcomes
     assert [seen.server_name for seen in server.seen] == ["a.hooks.test"] * 3
     assert (server.handshakes, server.connections) == (1, 1)
-    assert dns.of("a.hooks.test") == ["a.hooks.test"] * 3
+    assert dns.of("a.hooks.test") == ["a.hooks.test"]  # looked up once in DNS_CACHE_SECONDS
 
 
 def test_a_tls_connection_verified_for_one_name_does_not_carry_another_names_request(resolver, certificate):
@@ -429,15 +430,65 @@ def test_plain_http_names_the_host_and_keeps_alive(settings, resolver):
     assert line.requests == [("/hooks", "hooks.example.com")] * 2
 
 
+class Clock:
+    """time.monotonic for a client's Answers, moved by the test."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_in_production_a_kept_alive_connection_is_not_used_once_its_name_resolves_inside(settings, resolver):
-    """The name is checked before every request, a pooled connection or not."""
+    """Its lookup is kept DNS_CACHE_SECONDS; once it is older, the name is looked up again before
+    the next request, a pooled connection or not, and an internal answer stops it."""
     settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = False
-    resolver({"hooks.example.com": [["93.184.215.14"], ["10.0.0.8"]]})
-    (first, second), wire = sent(WebhookConsumerFactory(url="https://hooks.example.com/hooks"), deliveries=2)
-    assert first.ok, first.error
+    dns = resolver({"hooks.example.com": [["93.184.215.14"], ["10.0.0.8"]]})
+    consumer = WebhookConsumerFactory(url="https://hooks.example.com/hooks")
+    wire, clock = Wire(), Clock()
+    with consumers.webhook_client(network=wire) as client:
+        client.answers.clock = clock
+        first, kept = deliver(consumer, client), deliver(consumer, client)
+        clock.now += consumers.DNS_CACHE_SECONDS - 0.001
+        still = deliver(consumer, client)
+        clock.now += 0.001
+        second = deliver(consumer, client)
+    assert first.ok and kept.ok and still.ok, (first, kept, still)
     assert second.error.startswith("not called: hooks.example.com resolves to 10.0.0.8, an internal address")
+    assert dns.of("hooks.example.com") == ["hooks.example.com"] * 2
     (line,) = wire.lines
-    assert len(line.requests) == 1
+    assert len(line.requests) == 3
+
+
+def test_a_kept_answer_is_checked_again_at_every_use(settings, resolver):
+    """An answer kept while private targets were allowed is refused once they are not: the
+    check is made at every request, only the lookup is kept."""
+    settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = True
+    resolver({"hooks.example.com": [["10.0.0.8"]]})
+    consumer = WebhookConsumerFactory(url="https://hooks.example.com/hooks")
+    with consumers.webhook_client(network=Wire()) as client:
+        allowed = deliver(consumer, client)
+        settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = False
+        refused = deliver(consumer, client)
+    assert allowed.ok, allowed.error
+    assert refused.error.startswith("not called: hooks.example.com resolves to 10.0.0.8, an internal address")
+
+
+def test_a_name_that_did_not_resolve_is_asked_again_and_the_oldest_answer_goes_first(resolver):
+    """A failed lookup is not kept; past its size, the answer looked up longest ago goes."""
+    dns = resolver({"late.hooks.test": [[], ["127.0.0.1"]], "a.hooks.test": [["127.0.0.2"]]})
+    answers = consumers.Answers(size=2)
+    with pytest.raises(Refused, match="does not resolve"):
+        answers.addresses("late.hooks.test")
+    assert answers.addresses("late.hooks.test") == [ipaddress.ip_address("127.0.0.1")]
+    answers.addresses("a.hooks.test")
+    answers.addresses("late.hooks.test")  # kept
+    answers.addresses("127.0.0.3")  # a third name: late.hooks.test, the oldest, goes
+    answers.addresses("a.hooks.test")  # kept
+    answers.addresses("late.hooks.test")
+    assert dns.of("late.hooks.test") == ["late.hooks.test"] * 3
+    assert dns.of("a.hooks.test") == ["a.hooks.test"]
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """The benchmark's webhook consumer: a small asyncio HTTP/1.1 server (keep-alive) that answers
-every POST with 204 and notes when each one arrived, so the benchmark measures odal rather than
+every POST with 204 (500 to a path starting /fail) and notes when each one arrived, so the benchmark measures odal rather than
 a slow receiver. It does not verify signatures (the test suite does, with the standardwebhooks
 package); a consumer that does spends its own CPU, not odal's.
 
@@ -59,7 +59,10 @@ class Http(asyncio.Protocol):
                 sequence = SEQUENCE.search(body)
                 if sequence:
                     arrivals.append((int(sequence.group(1)), now))
-            self.transport.write(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")
+            if head.startswith(b"POST /fail"):  # the failing endpoint of the pipeline rows
+                self.transport.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 6\r\n\r\nfailed")
+            else:
+                self.transport.write(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")
 
 
 async def serve(port: int) -> None:

@@ -299,6 +299,7 @@ else:
 
 # text: one plain line per record; json: one JSON object per line (odal/logs.py says which keys).
 ODAL_LOG_FORMAT = env_choice("ODAL_LOG_FORMAT", "text", ("text", "json"))
+ODAL_LOG_LEVEL = env_choice("ODAL_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -318,9 +319,9 @@ LOGGING = {
         }
     },
     "loggers": {
-        "odal": {"handlers": ["console"], "level": env_str("ODAL_LOG_LEVEL", "INFO")},
-        "outbox": {"handlers": ["console"], "level": env_str("ODAL_LOG_LEVEL", "INFO")},
-        "registry": {"handlers": ["console"], "level": env_str("ODAL_LOG_LEVEL", "INFO")},
+        "odal": {"handlers": ["console"], "level": ODAL_LOG_LEVEL},
+        "outbox": {"handlers": ["console"], "level": ODAL_LOG_LEVEL},
+        "registry": {"handlers": ["console"], "level": ODAL_LOG_LEVEL},
         # django-q2 adds its own handler (text) or reaches the root's (json); this only filters
         "django-q": {"filters": ["lost_database_in_a_line"], "level": Q_CLUSTER["log_level"]},
     },

@@ -1535,6 +1535,13 @@ GUARDS = [
         "tests/test_logs.py -k bad_odal_log_format",
     ),
     Guard(
+        "settings: a bad ODAL_LOG_LEVEL is refused by name",
+        "odal/settings.py",
+        'ODAL_LOG_LEVEL = env_choice("ODAL_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))',
+        'ODAL_LOG_LEVEL = env_str("ODAL_LOG_LEVEL", "INFO")',
+        "tests/test_logs.py -k bad_odal_log_level",
+    ),
+    Guard(
         "settings: json makes the console handler write JSON",
         "odal/settings.py",
         '"formatter": "json" if ODAL_LOG_FORMAT == "json" else "plain"',

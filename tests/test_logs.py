@@ -210,6 +210,15 @@ def test_a_bad_odal_log_format_stops_start_up_naming_the_variable(value):
     assert refusal(ODAL_LOG_FORMAT=value).startswith("ODAL_LOG_FORMAT must be one of text, json")
 
 
+@pytest.mark.parametrize("value", ["bogus", "info", "VERBOSE"])
+def test_a_bad_odal_log_level_stops_start_up_naming_the_variable(value):
+    """(It was a traceback from the logging configuration: "Unknown level".)"""
+    from tests.test_settings import refusal
+
+    said = refusal(ODAL_LOG_LEVEL=value)
+    assert said.startswith("ODAL_LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL"), said
+
+
 def test_a_record_no_filter_has_seen_still_carries_its_traceback():
     """The traceback is made by RedactUrls (without credentials) where the logging settings put
     it; a handler without that filter (a library's own, a test's) still gets it in `exc`."""

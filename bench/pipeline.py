@@ -86,6 +86,17 @@ def install(url: str) -> None:
         conn.execute(PROCEDURE)
 
 
+def timed_threads(count: int, work) -> float:
+    """Seconds from starting `count` threads, each running work(i), to the end of the last."""
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.monotonic() - started
+
+
 def ceiling(url: str, clients: int) -> float:
     """Deliveries/s of `clients` connections each calling odal_bench_batch until the backlog
     (filled by the caller) is gone."""
@@ -105,13 +116,7 @@ def ceiling(url: str, clients: int) -> float:
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    started = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.monotonic() - started
+    elapsed = timed_threads(clients, client)
     if errors:
         raise SystemExit(f"benchmark broken: the ceiling's client failed: {errors[0]}")
     return sum(delivered) / elapsed

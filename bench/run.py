@@ -38,7 +38,6 @@ import platform
 import random
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -111,13 +110,7 @@ def ceiling(url: str, clients: int, seconds: float) -> float:
                 n, row = n + 1, row + clients
             done[i] = n
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    started = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(done) / (time.monotonic() - started)
+    return sum(done) / pipeline.timed_threads(clients, client)
 
 
 def django_q_rate(env: dict, tasks: int) -> float:

@@ -142,6 +142,30 @@ def test_changing_a_consumer_in_the_admin_changes_it_and_audits(admin_client, fa
     assert entry.details["timeoutSeconds"] == {"was": 5, "now": 7}
 
 
+@pytest.mark.parametrize(
+    "factory, other",
+    [
+        (WebhookConsumerFactory, {"target": "tests.consumers.accept"}),
+        (ConsumerFactory, {"url": "https://x.example.eu/"}),
+    ],
+    ids=["webhook", "python"],
+)
+def test_what_is_typed_in_the_other_kinds_field_of_the_admin_form_is_not_the_consumers(
+    admin_client, factory, other
+):
+    """The form shows url and target both; only its kind's is passed on (the other was refused by
+    change_consumer, "Only a webhook consumer has a url", whatever else was changed)."""
+    consumer = factory(timeout_seconds=5)
+    form = {"url": consumer.url, "target": consumer.target, **other}
+    response = admin_client.post(
+        f"/admin/outbox/consumer/{consumer.pk}/change/",
+        {**form, "event_types": "[]", "max_attempts": 3, "timeout_seconds": 7, "opened_at_version": consumer.version},
+    )  # fmt: skip
+    assert response.status_code == 302, response.content[:2000]
+    row = Consumer.objects.get(pk=consumer.pk)
+    assert (row.timeout_seconds, row.url, row.target) == (7, consumer.url, consumer.target)
+
+
 def test_admin_refuses_a_consumer_with_a_bad_url(admin_client):
     response = admin_client.post(
         "/admin/outbox/consumer/add/",

@@ -63,22 +63,24 @@ def make_dead_deliveries(consumer: Consumer, n: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_bulk_replay_of_200000_rows_is_many_bounded_transactions():
+def test_a_bulk_replay_of_20000_rows_is_many_bounded_transactions():
     """A bulk replay took every matching row in one transaction: at 200,000 rows, one lock set
     of 200,000 rows and 200,000 audit entries committed at once (at a million, longer than any
     web timeout). Now no transaction writes more than BULK_BATCH of them, and each batch's
-    audit entries commit with its rows."""
+    audit entries commit with its rows. (20 times BULK_BATCH rows show it as 200 times did,
+    in a tenth of the suite's time.)"""
+    rows = 20 * BULK_BATCH
     consumer = ConsumerFactory(name="erp")
-    make_dead_deliveries(consumer, 200_000)
+    make_dead_deliveries(consumer, rows)
 
     replayed = Delivery.objects.matching(consumer="erp").replay(actor="ops", reason="ERP is back")
 
-    assert replayed == 200_000
-    assert Delivery.objects.filter(status="pending").count() == 200_000
+    assert replayed == rows
+    assert Delivery.objects.filter(status="pending").count() == rows
     written = rows_per_transaction(Delivery, consumer=consumer)
     largest = max(written.values())
-    print(f"200,000 rows replayed in {len(written)} transactions, the largest writing {largest:,}")
-    assert largest <= BULK_BATCH, f"one transaction wrote {largest:,} rows"
+    print(f"{rows:,} rows replayed in {len(written)} transactions, the largest writing {largest:,}")
+    assert len(written) >= 20 and largest <= BULK_BATCH, f"one transaction wrote {largest:,} rows"
     assert audit_per_transaction("delivery_replayed") == written, "audit entries outside their batch"
 
 

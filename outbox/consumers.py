@@ -215,7 +215,7 @@ class Answers:
     checked again at every use: what is connected to is what was checked, as without it."""
 
     def __init__(self, seconds: float = DNS_CACHE_SECONDS, size: int = DNS_CACHE_HOSTS, clock=time.monotonic):
-        self.seconds, self.size, self.clock = seconds, size, clock
+        self.seconds, self.size, self.clock = seconds, max(1, size), clock
         self._kept: dict[str, tuple[float, list]] = {}  # host -> (until, addresses), oldest first
         self._lock = threading.Lock()
 
@@ -285,7 +285,7 @@ def _addresses(host: str) -> list:
         pass
     try:
         infos = socket.getaddrinfo(host, None)
-    except socket.gaierror:
+    except (socket.gaierror, UnicodeError):  # (a name with an empty or over-long label: a..b, 64 a's)
         infos = []
     if not infos:
         raise Refused(f"The webhook host {host} does not resolve.", code="invalid_url", status=422)

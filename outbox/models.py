@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.exceptions import EmptyResultSet
 from django.db import connection, models, transaction
 from django.db.models import Case, Exists, F, OuterRef, Value, When
 from django.db.models.functions import Cast, Coalesce, Concat, Least
@@ -379,14 +380,16 @@ class DeliveryQuerySet(ClaimQuerySet):
                 )
             }
         held = self._held(token).query
-        if len(held.alias_map) > 1:
+        if any(count for alias, count in held.alias_refcount.items() if alias != held.base_table):
             raise ValueError("mark_attempts_failed_each needs a queryset without joins")
-        guard, guard_params = held.get_compiler(self.db).compile(held.where)
+        try:
+            guard, guard_params = held.get_compiler(self.db).compile(held.where)
+        except EmptyResultSet:  # (a queryset that can match nothing: .none(), pk__in=[])
+            return set()
         table = connection.ops.quote_name(Delivery._meta.db_table)
         consumers = connection.ops.quote_name(Consumer._meta.db_table)
         paused = f"EXISTS (SELECT 1 FROM {consumers} c WHERE c.id = {table}.consumer_id AND c.paused)"
         spent = f"{table}.attempts >= {table}.max_attempts"
-        rows = sorted(failures, key=lambda f: f.delivery_id)  # (the plan's loop over them locks in id order)
         with connection.cursor() as cursor:
             cursor.execute(
                 f"UPDATE {table} SET "
@@ -398,8 +401,8 @@ class DeliveryQuerySet(ClaimQuerySet):
                 f"WHERE {table}.id = failure.id AND {guard} RETURNING {table}.id",
                 [
                     Delivery.Status.PAUSED, Delivery.Status.DEAD, Delivery.Status.PENDING,
-                    [f.delivery_id for f in rows], [storable(f.error) for f in rows],
-                    [f.retry_at for f in rows], [f.at for f in rows], *guard_params,
+                    [str(f.delivery_id) for f in failures], [storable(f.error) for f in failures],
+                    [f.retry_at for f in failures], [f.at for f in failures], *guard_params,
                 ],
             )  # fmt: skip
             return {row[0] for row in cursor.fetchall()}

@@ -228,6 +228,33 @@ def test_a_batch_of_failures_is_written_in_as_many_statements_whatever_its_size(
     assert many / 100 <= 0.05  # (issue 26: at most 0.05 statements per failed delivery)
 
 
+@pytest.mark.django_db
+def test_a_batch_of_failures_keeps_to_its_queryset_whatever_the_filter():
+    """The queryset's own filter is part of the guard: a row it leaves out is not taken, a
+    filter that reads another table in a subquery is no join, and one that can match nothing
+    takes nothing (as mark_attempt_failed does, not an error). Ids may come as text."""
+    token, first, second = claimed_pair()
+    now = timezone.now()
+    failures = [Failure(str(row.pk), "HTTP 500", now, now) for row in (first, second)]
+
+    assert Delivery.objects.none().mark_attempts_failed_each(token=token, failures=failures) == set()
+    assert (
+        Delivery.objects.filter(pk__in=[]).mark_attempts_failed_each(token=token, failures=failures) == set()
+    )
+    others = Delivery.objects.exclude(pk=second.pk).exclude(
+        consumer_id__in=Consumer.objects.filter(paused=True)
+    )
+    assert others.mark_attempts_failed_each(token=token, failures=failures) == {first.pk}
+    assert dict(rows_of(first, second).values_list("pk", "last_error")) == {
+        first.pk: "HTTP 500",
+        second.pk: "",
+    }
+    with pytest.raises(ValueError, match="without joins"):
+        Delivery.objects.filter(consumer__paused=False).mark_attempts_failed_each(
+            token=token, failures=failures
+        )
+
+
 SQLITE_FAILURES = """
 import django, json, uuid
 django.setup()

@@ -506,6 +506,17 @@ def test_in_production_a_name_with_any_internal_address_is_not_called(settings, 
     )
 
 
+@pytest.mark.parametrize(
+    "host", ["a..b.hooks.test", f"{'a' * 64}.hooks.test"], ids=["empty_label", "long_label"]
+)
+def test_a_name_the_resolver_cannot_even_encode_is_not_called(host):
+    """getaddrinfo raises UnicodeError, not gaierror, for a name with an empty or over-long label:
+    it escaped call_webhook (a stored URL is only resolved when private targets are refused)."""
+    (outcome,), wire = sent(WebhookConsumerFactory(url=f"http://{host}/hooks"))
+    assert wire.lines == []
+    assert outcome.error == f"not called: The webhook host {host} does not resolve."
+
+
 def test_a_name_that_does_not_resolve_is_not_called(resolver):
     resolver({"gone.hooks.test": [[]]})
     (outcome,), wire = sent(WebhookConsumerFactory(url="http://gone.hooks.test/hooks"))

@@ -1,0 +1,72 @@
+"""Where one sweep process spends its time (issue 26, item 8): cProfile of `sweep_until_idle`
+draining a backlog of no-op deliveries in this process, after a warm-up, printed by own time and by
+cumulative time. cProfile sees this thread only: time the sweep's thread spends waiting for its
+pools (the Python runner, the webhook threads) shows as waiting, which is what it costs the sweep.
+
+    python tests/pg.py -- python bench/profile_sweep.py [--rows 20000] [--top 25]
+
+It makes (and drops) a database of its own, ODAL_BENCH_DATABASE or odal_profile.
+"""
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.run import PYTHON_CONSUMERS, consumer, database_url, drop_database, fill_backlog, recreate_database  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
+        print(
+            "the profile needs DATABASE_URL naming PostgreSQL (run it through tests/pg.py)", file=sys.stderr
+        )
+        return 2
+    name = os.environ.get("ODAL_BENCH_DATABASE", "odal_profile")
+    recreate_database(name)
+    env = {**os.environ, "DATABASE_URL": database_url(name), "ODAL_KICK_SWEEP": "false",
+           "ODAL_LOG_LEVEL": "ERROR", "ODAL_PYTHON_CONSUMERS": PYTHON_CONSUMERS}  # fmt: skip
+    subprocess.run([sys.executable, "-m", "odal", "migrate", "-v", "0"], env=env, cwd=ROOT, check=True)
+    os.environ.update(env, DJANGO_SETTINGS_MODULE="odal.settings")
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from outbox.sweep import sweep_until_idle
+
+    noop = consumer("python").pk
+    fill_backlog(min(args.rows, 2_000), noop)
+    sweep_until_idle(batch=500, max_seconds=600)  # warm-up: imports, caches, the runner thread
+    fill_backlog(args.rows, noop)
+    profile = cProfile.Profile()
+    started = time.monotonic()
+    profile.enable()
+    report = sweep_until_idle(batch=500, max_seconds=600)
+    profile.disable()
+    elapsed = time.monotonic() - started
+    connection.close()
+    drop_database(name)
+    print(f"{report.delivered:,} no-op deliveries in {elapsed:.2f} s, {report.delivered / elapsed:,.0f}/s "
+          "(one process, profiled: slower than unprofiled)")  # fmt: skip
+    for order in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).strip_dirs().sort_stats(order).print_stats(args.top)
+        print(text.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -199,7 +199,7 @@ def webhook_target(url: str, answers: "Answers | None" = None) -> Target:
     rebinding: a public address for the check, an internal one for the connection). Pinned
     always, private targets allowed or not: one way of connecting."""
     name = _webhook_url(url).raw_host.decode("ascii")
-    return Target(name, _checked_addresses(name, answers.addresses if answers else _addresses)[0])
+    return Target(name, _checked_addresses(name, answers and answers.addresses)[0])
 
 
 # A webhook host's addresses are looked up again after this long: a sweep sending hundreds of
@@ -260,7 +260,7 @@ def _webhook_url(url: str) -> httpx.URL:
 
 
 def _checked_addresses(host: str, lookup=None) -> list:
-    """The addresses of `host` (as `lookup` gives them, a fresh lookup by default), in the
+    """The addresses of `host` (as `lookup` gives them: a client's Answers, else a fresh lookup), in the
     resolver's order; in production (unless ODAL_ALLOW_PRIVATE_WEBHOOKS) refused if any of them
     is not a public unicast address (odal.addresses: the one rule, asked when a URL is stored and
     when connecting)."""

@@ -15,7 +15,7 @@ from odal.errors import Refused
 from odal.models import AuditEntry
 from outbox import service
 from outbox.events import emit
-from outbox.models import Consumer, Delivery, DeliveryAttempt, Failure
+from outbox.models import Consumer, Delivery, DeliveryAttempt
 from outbox.sweep import REFRESH_SECONDS, sweep_once
 from tests import consumers as recorder
 from tests.factories import ConsumerFactory, DeliveryFactory
@@ -107,19 +107,8 @@ def test_a_delivery_emitted_while_paused_but_committed_after_resume_is_not_parke
     assert row.status == "delivered", f"{row.status}: an active consumer's delivery is parked for good"
 
 
-def failed(form: str, delivery, *, token, error, retry_at, at) -> bool:
-    """A failed attempt written alone (mark_attempt_failed) or as the sweep writes a batch's."""
-    if form == "one":
-        return Delivery.objects.filter(pk=delivery.pk).mark_attempt_failed(
-            token=token, error=error, retry_at=retry_at, at=at
-        )
-    failures = [Failure(delivery.pk, error, retry_at, at)]
-    return Delivery.objects.mark_attempts_failed_each(token=token, failures=failures) == {delivery.pk}
-
-
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("form", ["one", "each"])
-def test_a_failure_written_while_paused_but_committed_after_resume_is_not_parked_forever(form):
+def test_a_failure_written_while_paused_but_committed_after_resume_is_not_parked_forever(fail):
     """The sweep's flush wrote a failure while the consumer was paused (mark_attempt_failed
     parks it) and commits after the resume's unpark ran: the row stays parked for good."""
     consumer = ConsumerFactory(name="erp", max_attempts=5)
@@ -129,7 +118,7 @@ def test_a_failure_written_while_paused_but_committed_after_resume_is_not_parked
     now = timezone.now()
     ready, hold = threading.Event(), threading.Event()
     thread, box = in_thread(
-        lambda: failed(form, d, token=claim.token, error="HTTP 503", retry_at=now, at=now),
+        lambda: fail(d, token=claim.token, error="HTTP 503", retry_at=now, at=now),
         ready=ready,
         hold=hold,
     )

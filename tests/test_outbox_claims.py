@@ -10,7 +10,7 @@ import pytest
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from outbox.models import Delivery, Failure
+from outbox.models import Delivery
 from tests.factories import ConsumerFactory, DeliveryFactory, EventFactory
 
 pytestmark = pytest.mark.django_db
@@ -30,20 +30,6 @@ def outlive_hold():
 
 def rows(delivery):
     return Delivery.objects.filter(pk=delivery.pk)
-
-
-@pytest.fixture(params=["one", "each"])
-def fail(request):
-    """A failed attempt written as mark_attempt_failed does (one row), or as the sweep writes a
-    batch's failures (mark_attempts_failed_each): the same guard, the same outcome."""
-
-    def write(delivery, *, token, error, retry_at, at) -> bool:
-        if request.param == "one":
-            return rows(delivery).mark_attempt_failed(token=token, error=error, retry_at=retry_at, at=at)
-        failure = Failure(delivery.pk, error, retry_at, at)
-        return Delivery.objects.mark_attempts_failed_each(token=token, failures=[failure]) == {delivery.pk}
-
-    return write
 
 
 def test_late_failure_does_not_resurrect_delivered(fail):

@@ -9,6 +9,7 @@ It makes (and drops) a database of its own, ODAL_BENCH_DATABASE or odal_profile.
 """
 
 import argparse
+import contextlib
 import cProfile
 import io
 import os
@@ -28,6 +29,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--sql", action="store_true", help="time each SQL statement of the sweep's thread instead, by kind"
+    )
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
         print(
@@ -51,16 +55,31 @@ def main() -> int:
     fill_backlog(min(args.rows, 2_000), noop)
     sweep_until_idle(batch=500, max_seconds=600)  # warm-up: imports, caches, the runner thread
     fill_backlog(args.rows, noop)
-    profile = cProfile.Profile()
+    profile, spent = cProfile.Profile(), {}
+
+    def timed(execute, sql, params, many, context):
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            kind = " ".join(sql.split()[:8])[:90]
+            seconds, count = spent.get(kind, (0.0, 0))
+            spent[kind] = (seconds + time.perf_counter() - started, count + 1)
+
     started = time.monotonic()
-    profile.enable()
-    report = sweep_until_idle(batch=500, max_seconds=600)
-    profile.disable()
+    with connection.execute_wrapper(timed) if args.sql else contextlib.nullcontext():
+        profile.enable() if not args.sql else None
+        report = sweep_until_idle(batch=500, max_seconds=600)
+        profile.disable()
     elapsed = time.monotonic() - started
     connection.close()
     drop_database(name)
     print(f"{report.delivered:,} no-op deliveries in {elapsed:.2f} s, {report.delivered / elapsed:,.0f}/s "
-          "(one process, profiled: slower than unprofiled)")  # fmt: skip
+          f"(one process, {'statements timed' if args.sql else 'profiled: slower than unprofiled'})")  # fmt: skip
+    if args.sql:
+        for kind, (seconds, count) in sorted(spent.items(), key=lambda item: -item[1][0]):
+            print(f"{seconds:8.3f} s {count:6,} × {seconds / count * 1000:8.2f} ms  {kind}")
+        return 0
     for order in ("tottime", "cumulative"):
         text = io.StringIO()
         pstats.Stats(profile, stream=text).strip_dirs().sort_stats(order).print_stats(args.top)

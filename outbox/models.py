@@ -20,7 +20,7 @@ from odal.errors import Refused
 from odal.models import AuditEntry
 from odal.reasons import clean_reason
 from odal.text import storable
-from odal.work.claims import ClaimQuerySet
+from odal.work.claims import ClaimQuerySet, updates_return_rows
 from odal.work.wake import SWEEP
 
 # Rows per transaction of a bulk write (replay, resend, unpark, a consumer's removal): a million
@@ -330,14 +330,22 @@ class DeliveryQuerySet(ClaimQuerySet):
 
     def mark_delivered_each(self, *, token: uuid.UUID, at: datetime) -> set:
         """The bulk form the sweep uses: mark_delivered for every row of this queryset, in one
-        UPDATE, each row under the same guard. Returns the ids it took (the others were late):
-        the rows are locked first, so the ids read are exactly the rows the UPDATE takes."""
+        UPDATE, each row under the same guard. Returns the ids it took (the others were late).
+        On PostgreSQL one UPDATE … RETURNING: the ids are the rows it wrote, each checked against
+        the guard after any lock wait. Elsewhere the rows are read first (locked where the
+        database can) and the UPDATE restates the guard."""
+        delivered = {
+            "status": Delivery.Status.DELIVERED,
+            "delivered_at": at,
+            "claim_token": None,
+            "last_error": "",
+        }
+        if updates_return_rows(self.db):
+            return self._held(token).update_returning_ids(delivered)
         with transaction.atomic(savepoint=False):
             taken = set(self._held(token).select_for_update().values_list("pk", flat=True))
             if taken:
-                Delivery.objects.filter(pk__in=taken)._held(token).update(
-                    status=Delivery.Status.DELIVERED, delivered_at=at, claim_token=None, last_error=""
-                )
+                Delivery.objects.filter(pk__in=taken)._held(token).update(**delivered)
         return taken
 
     def mark_attempt_failed(self, *, token: uuid.UUID, error: str, retry_at: datetime, at: datetime) -> bool:

@@ -9,6 +9,10 @@ more by this process until one returns (OVERRUNS), and both are counted in the t
 import logging
 import queue
 import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
 
 from django.db import close_old_connections, connections, transaction
 from django.db.models import Q
@@ -21,7 +25,6 @@ PYTHON_OVERRUNS_PER_CONSUMER = 4  # threads of one Python consumer left running 
 # before this process stops taking that consumer's rows (see Overruns)
 PYTHON_TIMEOUTS = "outbox.python_timeouts"  # tally figures, key the consumer's id (see odal.tally)
 PYTHON_BLOCKED = "outbox.python_blocked"
-TIMED_OUT = object()  # within_timeout's answer for an attempt still running at its timeout
 
 
 class Overruns:
@@ -123,52 +126,120 @@ def python_runner(*, replace: PythonRunner | None = None) -> PythonRunner:
         return RUNNER
 
 
-def within_timeout(consumer, call, *, late):
-    """`call()` on the process's Python runner thread, waited for up to the consumer's
-    timeoutSeconds: its result, or TIMED_OUT (then its runner is left to finish it, counted in
-    OVERRUNS, and `late(result)` is called with what it returns). What `call` raises is raised
-    here (a lost database: the pass's to unwind with, not the runner's)."""
-    box: dict = {}
-    lock = threading.Lock()
-    done = threading.Event()
-    runner = python_runner()
+@dataclass
+class Job:
+    """One Python attempt for run_each: `call()` runs within the consumer's timeoutSeconds (what it
+    returns or raises is its future's); `skip()`, asked first and not timed, says not to call it
+    (its future gets None); past the timeout the future gets `timed_out()` and what `call`
+    returns later goes to `late(result)`."""
 
-    def run() -> None:
+    consumer: object
+    future: Future
+    call: Callable
+    skip: Callable
+    late: Callable
+    timed_out: Callable
+
+
+class Batch:
+    """A list of jobs handed to a runner at once, run one after another from `start`: one hand-off
+    a batch, not two thread switches an attempt (that halved the no-op sweep). The runner says
+    which job runs and since when; the watcher (run_each's thread) sleeps until that job's
+    timeout, not once per job. Whoever of the two takes the lock first decides a job at its
+    timeout: the runner's result, or the watcher's giving up on it (then the runner hands what it
+    returns to `late` and ends)."""
+
+    def __init__(self, jobs: list[Job], start: int):
+        self.jobs, self.start = jobs, start
+        self.lock = threading.Lock()
+        self.ended = threading.Event()  # the runner is through the list (or gave up on it)
+        self.current: int | None = None  # the job being called, and since when (monotonic)
+        self.since = 0.0
+        self.abandoned = False
+
+    def run(self) -> None:
+        """On the runner thread."""
         try:
-            result = call()
-        except BaseException as exc:
-            box["raised"] = exc
-            return
+            for index in range(self.start, len(self.jobs)):
+                job = self.jobs[index]
+                if not job.future.set_running_or_notify_cancel():
+                    continue  # the pass gave it back before its turn
+                try:
+                    if job.skip():
+                        job.future.set_result(None)
+                        continue
+                    with self.lock:
+                        self.current, self.since = index, time.monotonic()
+                    result = job.call()
+                except BaseException as exc:  # (a lost database: the pass's to unwind with)
+                    if self.took(job):
+                        job.future.set_exception(exc)
+                        continue
+                    log.error(
+                        "Python consumer %s: an attempt given up on raised", job.consumer.name, exc_info=exc
+                    )
+                    OVERRUNS.done(job.consumer, threading.current_thread())
+                    return
+                if not self.took(job):
+                    try:
+                        job.late(result)
+                    except Exception:
+                        log.exception(
+                            "Python consumer %s: a late outcome could not be written", job.consumer.name
+                        )
+                    OVERRUNS.done(job.consumer, threading.current_thread())
+                    return
+                job.future.set_result(result)
         finally:
-            done.set()
-        with lock:
-            box["result"], abandoned = result, box.get("abandoned", False)
-        if abandoned:
-            try:
-                late(result)
-            except Exception:
-                log.exception("Python consumer %s: a late outcome could not be written", consumer.name)
-            OVERRUNS.done(consumer, runner.thread)
+            self.ended.set()
 
-    runner.jobs.put(run)
-    done.wait(consumer.timeout_seconds)
-    with lock:
-        if "raised" in box:
-            raise box["raised"]
-        if "result" in box:
-            return box["result"]
-        box["abandoned"] = True
-        blocked = OVERRUNS.add(
-            consumer, runner.thread
-        )  # (under the lock: the thread's done() comes after it)
-    runner.stop()  # once its attempt returns; the next attempt gets a new runner
-    python_runner(replace=runner)
-    count_overrun(consumer, blocked)
-    return TIMED_OUT
+    def took(self, job: Job) -> bool:
+        """The runner's side of the race at a timeout: True if the job's end is still its own."""
+        with self.lock:
+            self.current = None
+            return not self.abandoned
+
+    def watch(self, runner: "PythonRunner") -> int:
+        """On run_each's thread: wait for the runner to end the list, or for the job it runs to
+        pass its consumer's timeout. Returns where the rest of the list starts (its length when
+        done). A job that starts while it sleeps ends its timeout no sooner than the shortest
+        timeout of the list from now, so it sleeps no longer than that."""
+        shortest = min(job.consumer.timeout_seconds for job in self.jobs[self.start :])
+        while True:
+            with self.lock:
+                current, since = self.current, self.since
+            wait = shortest
+            if current is not None:
+                wait = min(wait, since + self.jobs[current].consumer.timeout_seconds - time.monotonic())
+            if self.ended.wait(max(wait, 0)):
+                return len(self.jobs)
+            if current is None:
+                continue
+            job = self.jobs[current]
+            with self.lock:
+                if self.current != current or self.since != since:
+                    continue  # it returned meanwhile
+                self.abandoned = True
+                # (under the lock: the runner's done() comes after it)
+                blocked = OVERRUNS.add(job.consumer, runner.thread)
+            job.future.set_result(job.timed_out())
+            runner.stop()  # once its attempt returns; the rest of the list gets a new runner
+            python_runner(replace=runner)
+            count_overrun(job.consumer, blocked)
+            return current + 1
 
 
-PYTHON_TIMEOUTS = "outbox.python_timeouts"  # tally figures, key the consumer's id (see odal.tally)
-PYTHON_BLOCKED = "outbox.python_blocked"
+def run_each(jobs: list[Job]) -> None:
+    """Run `jobs` in order on the process's Python runner thread, each within its consumer's
+    timeoutSeconds (see Job). A job past it is given up on: its runner is left to finish it
+    (counted in OVERRUNS; what it returns goes to its `late`), and the jobs after it go on on a
+    new runner. Returns when every job's future has its result."""
+    start = 0
+    while start < len(jobs):
+        runner = python_runner()
+        batch = Batch(jobs, start)
+        runner.jobs.put(batch.run)
+        start = batch.watch(runner)
 
 
 def count_overrun(consumer, blocked: bool) -> None:
@@ -177,6 +248,7 @@ def count_overrun(consumer, blocked: bool) -> None:
     cannot see this worker's threads. A tally that cannot be written is logged, never raised:
     the attempt's failure is still written by the pass."""
     key = str(consumer.pk)
+    close_old_connections()  # (this is the watcher's thread: its connection, if a restart broke it)
     try:
         with transaction.atomic():
             tally.bump(PYTHON_TIMEOUTS, {key: 1})

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import httpx
 from django.conf import settings
-from django.db import close_old_connections, connection, connections, transaction
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from odal import reconnect, stopping, tally
@@ -48,7 +48,7 @@ class SweepReport(Report):
         return text
 
 
-FLUSH_ROWS = 200  # outcomes written together, in one transaction
+FLUSH_ROWS = 500  # outcomes written together, in one transaction (a claim of 500 that ends at once: one)
 FLUSH_SECONDS = 1.0  # ...or sooner (a quarter of the hold if that is less), so a slow consumer
 # does not hold finished outcomes back
 SWEEP_THREADS = 32  # webhook requests in flight per sweep process, all consumers together
@@ -68,14 +68,14 @@ ATTEMPT_COLUMNS = (
     "delivery_id", "number", "claim_token", "started_at", "finished_at", "outcome", "error",
     "http_status", "duration_ms", "late", "answer", "content_type",
 )  # fmt: skip
-ATTEMPT_TYPES = ("uuid", "integer", "uuid", "timestamptz", "timestamptz", "text", "text", "integer",
-                 "integer", "boolean", "text", "text")  # fmt: skip
 
 
 def log_attempts(lines: list[tuple]) -> None:
-    """Append attempt-log lines (tuples in ATTEMPT_COLUMNS order). On PostgreSQL one INSERT …
-    SELECT FROM unnest(…) of one array per column, whatever the number of lines: the log costs
-    one statement per flush, not one model object per attempt."""
+    """Append attempt-log lines (tuples in ATTEMPT_COLUMNS order). On PostgreSQL one COPY of all
+    the lines, whatever their number (the driver writes the rows in C; an INSERT … SELECT FROM
+    unnest had each array element quoted in Python): the log costs one statement per flush, not
+    one model object per attempt. The COPY goes through the connection's execute wrappers, so
+    what counts or logs statements sees it."""
     if not lines:
         return
     if connection.vendor != "postgresql":
@@ -83,13 +83,15 @@ def log_attempts(lines: list[tuple]) -> None:
             DeliveryAttempt(**dict(zip(ATTEMPT_COLUMNS, line, strict=True))) for line in lines
         )
         return
-    arrays = ", ".join(f"%s::{t}[]" for t in ATTEMPT_TYPES)
+    statement = f"COPY {DeliveryAttempt._meta.db_table} ({', '.join(ATTEMPT_COLUMNS)}) FROM STDIN"
+
+    def copy(sql, rows, many, context):
+        with connection.wrap_database_errors, context["cursor"].cursor.copy(sql) as writing:
+            for row in rows:
+                writing.write_row(row)
+
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {DeliveryAttempt._meta.db_table} ({', '.join(ATTEMPT_COLUMNS)}) "
-            f"SELECT * FROM unnest({arrays})",
-            [list(column) for column in zip(*lines, strict=True)],
-        )
+        cursor._execute_with_wrappers(statement, lines, many=False, executor=copy)
 
 
 def _settle(token, finished: list[Finished]) -> set:
@@ -101,7 +103,7 @@ def _settle(token, finished: list[Finished]) -> set:
     now = timezone.now()
     delivered = [f.delivery.pk for f in finished if f.outcome.ok]
     taken = (
-        Delivery.objects.filter(pk__in=delivered).mark_delivered_each(token=token, at=now)
+        Delivery.objects.filter(pk__any=delivered).mark_delivered_each(token=token, at=now)
         if delivered
         else set()
     )
@@ -226,52 +228,51 @@ def attempt(consumer, delivery: Delivery, client: httpx.Client, claim) -> Finish
     return Finished(delivery, outcome, started_at, timezone.now())
 
 
-def attempt_python(consumer, delivery: Delivery, client: httpx.Client, claim) -> Finished | None:
-    """A Python consumer's attempt, within its timeoutSeconds as a webhook's request is
-    (outbox.python_consumers.within_timeout). Past it the attempt is failed ("timed out after
+def python_job(consumer, delivery: Delivery, future: Future, client: httpx.Client, claim, run=None):
+    """A Python consumer's attempt for outbox.python_consumers.run_each: within its consumer's
+    timeoutSeconds as a webhook's request is. Past it the attempt is failed ("timed out after
     Ns", written by the pass like any failure); what the consumer returns later is written then,
     as a late write: guarded by the claim like every outcome, so once the timeout's failure is
     written it takes nothing and goes to the attempt log as late (a late success noted as
-    lateSuccessAt), as a late webhook answer does."""
+    lateSuccessAt), as a late webhook answer does. Not started (None) if its consumer was paused
+    meanwhile (`run`, the Pass, says so) or its threads piled up during this pass."""
     started_at = timezone.now()
-    finished = python_consumers.within_timeout(
+
+    def skip() -> bool:
+        nonlocal started_at
+        started_at = timezone.now()
+        if run is not None and consumer.pk in run.paused:  # (read again by the pass's own thread: look)
+            return True
+        return OVERRUNS.full(consumer.pk)  # its threads piled up during this pass: given back
+
+    def timed_out() -> Finished:
+        error = f"timed out after {consumer.timeout_seconds}s (the Python consumer still runs; what it returns is late)"
+        log.warning(
+            "delivery %s attempt %s (claim %s) to Python consumer %s: %s",
+            delivery.pk, delivery.attempts, claim.token, consumer.name, error,
+            extra={"delivery": delivery.pk, "consumer": consumer.name, "claim": claim.token},
+        )  # fmt: skip
+        outcome = consumers.Outcome(False, error, duration_ms=consumer.timeout_seconds * 1000)
+        return Finished(delivery, outcome, started_at, timezone.now())
+
+    return python_consumers.Job(
         consumer,
-        lambda: attempt(consumer, delivery, client, claim),
+        future,
+        call=lambda: attempt(consumer, delivery, client, claim),
+        skip=skip,
         late=lambda f: finish_attempts(claim.token, [f] if f else []),
+        timed_out=timed_out,
     )
-    if finished is not python_consumers.TIMED_OUT:
-        return finished
-    error = f"timed out after {consumer.timeout_seconds}s (the Python consumer still runs; what it returns is late)"
-    log.warning(
-        "delivery %s attempt %s (claim %s) to Python consumer %s: %s",
-        delivery.pk, delivery.attempts, claim.token, consumer.name, error,
-        extra={"delivery": delivery.pk, "consumer": consumer.name, "claim": claim.token},
-    )  # fmt: skip
-    outcome = consumers.Outcome(False, error, duration_ms=consumer.timeout_seconds * 1000)
-    return Finished(delivery, outcome, started_at, timezone.now())
 
 
 def run_python_consumers(jobs: list, client: httpx.Client, claim, run=None) -> None:
-    """Python consumers of one claim, one after another, on the sweep's Python thread (they may
-    use the database, through that thread's own connection). Each job's future gets its result,
-    so the sweep's thread writes outcomes of webhooks while these run. A job whose consumer was
-    paused meanwhile (`run`, the Pass, says so) is not started: its result is None."""
-    close_old_connections()  # this thread's connection, if a database restart broke it
-    for consumer, delivery, future in jobs:
-        if not future.set_running_or_notify_cancel():
-            continue  # the pass gave up on it
-        try:
-            if run is not None:
-                run.refresh("python")
-                if consumer.pk in run.paused:
-                    future.set_result(None)
-                    continue
-            if OVERRUNS.full(consumer.pk):  # its threads piled up during this pass: given back
-                future.set_result(None)
-                continue
-            future.set_result(attempt_python(consumer, delivery, client, claim))
-        except BaseException as exc:
-            future.set_exception(exc)
+    """Python consumers of one claim, one after another, on the process's Python runner thread
+    (they may use the database, through that thread's own connection), watched from the sweep's
+    Python thread. Each job's future gets its result, so the sweep's thread writes outcomes of
+    webhooks while these run."""
+    python_consumers.run_each(
+        [python_job(consumer, delivery, future, client, claim, run) for consumer, delivery, future in jobs]
+    )
 
 
 class SweepPass(Pass):
@@ -281,7 +282,7 @@ class SweepPass(Pass):
     attempt starts after the claim's hold has run out, nor one of a consumer paused meanwhile."""
 
     rows, flush_rows, flush_seconds = Delivery.objects, FLUSH_ROWS, FLUSH_SECONDS
-    look_seconds = FLUSH_SECONDS  # (the flush's period: see __init__)
+    look_seconds = FLUSH_SECONDS  # (see __init__)
     not_started_line = (
         "%s claimed deliveries not started: the claim's hold ran out first, their consumer was paused, "
         "or this process is stopping"
@@ -289,10 +290,11 @@ class SweepPass(Pass):
 
     def __init__(self, claim, report: SweepReport, client: httpx.Client, pool: ThreadPoolExecutor, python):
         super().__init__(claim, report)
-        self.look_seconds = self.flush_seconds
+        # While Python consumers run, the pass's thread reads pauses again (look) this often.
+        self.look_seconds = min(self.flush_seconds, max(REFRESH_SECONDS, 0.05))
         self.client, self.pool, self.python = client, pool, python
         self.consumers = Consumer.objects.in_bulk({d.consumer_id for d in claim.rows})
-        self.refreshed = dict.fromkeys(("main", "python"), time.monotonic())  # just read
+        self.refreshed = time.monotonic()  # (just read)
         self.paused: set = set()  # consumers paused during this pass (by a person or by odal)
         self.streaks_ended: set = set()  # consumers whose failure streak a success of this pass ended
         self.waiting: dict[int, deque] = {}  # webhook rows by consumer, not started yet
@@ -304,15 +306,16 @@ class SweepPass(Pass):
                 self.python_jobs.append((self.consumers[d.consumer_id], d, Future()))
         self.running = dict.fromkeys(self.waiting, 0)
 
-    def refresh(self, thread: str) -> None:
-        """Re-read what a person may change under a running pass, at most every REFRESH_SECONDS
-        per thread: a consumer paused meanwhile starts no more attempts (its rows not started
-        are given back), and a rotated secret signs the next request (a leaked one, dropped
-        with no grace, no longer does)."""
+    def refresh(self) -> None:
+        """Re-read what a person may change under a running pass, at most every REFRESH_SECONDS:
+        a consumer paused meanwhile starts no more attempts (its rows not started are given
+        back; a Python consumer's are skipped by the runner, which reads `paused`), and a
+        rotated secret signs the next request (a leaked one, dropped with no grace, no longer
+        does). On the pass's own thread only, with its connection."""
         now = time.monotonic()
-        if now - self.refreshed.get(thread, float("-inf")) < REFRESH_SECONDS:
+        if now - self.refreshed < REFRESH_SECONDS:
             return
-        self.refreshed[thread] = now
+        self.refreshed = now
         fields = ("pk", "paused", "secret", "previous_secret", "previous_secret_expires_at")
         for row in Consumer.objects.filter(pk__in=list(self.consumers)).values(*fields):
             consumer = self.consumers[row["pk"]]
@@ -324,20 +327,24 @@ class SweepPass(Pass):
     def start_more(self) -> None:
         if self.python_jobs:  # (all of them at once, on the Python thread, which starts each in turn)
             jobs, self.python_jobs = self.python_jobs, []
-            self.in_flight.update({future: (d, None) for _, d, future in jobs})
+            for _, d, future in jobs:
+                self.track(future, d)
             self.python.submit(run_python_consumers, jobs, self.client, self.claim, self)
         bound = settings.ODAL_WEBHOOK_CONCURRENCY
         for consumer_id, rows in self.waiting.items():
             if rows:
-                self.refresh("main")
+                self.refresh()
             if consumer_id in self.paused:  # no more attempts (a stop: Pass.run gave them back)
                 self.not_started.extend(d.pk for d in rows)
                 rows.clear()
             while rows and self.running[consumer_id] < bound:
                 d = rows.popleft()
                 future = self.pool.submit(attempt, self.consumers[consumer_id], d, self.client, self.claim)
-                self.in_flight[future] = (d, consumer_id)
+                self.track(future, d, consumer_id)
                 self.running[consumer_id] += 1
+
+    def look(self) -> None:
+        self.refresh()
 
     def ended(self, delivery, consumer_id, finished: Finished | None) -> None:
         if consumer_id is not None:  # (a webhook's)

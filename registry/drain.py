@@ -627,7 +627,7 @@ class DrainPass(Pass):
         request = self.guarded(attempt, plan)
         if request is not None:
             future = self.pool.submit(send_in_turn, request, self.adapter, self.pace, slot, self.deadline)
-            self.in_flight[future] = (reg, (attempt, settle, request))
+            self.track(future, reg, (attempt, settle, request))
 
     def look(self) -> None:
         # Requests waiting for their slot see a pause another process met within this, and

@@ -468,8 +468,8 @@ GUARDS = [
     Guard(
         "python timeout: the pass waits for a Python attempt no longer than its consumer's timeoutSeconds",
         "outbox/python_consumers.py",
-        "    done.wait(consumer.timeout_seconds)\n",
-        "    done.wait()\n",
+        "            if self.ended.wait(max(wait, 0)):\n",
+        "            if self.ended.wait():\n",
         "tests/test_sweep_python.py::test_a_python_consumer_past_its_timeout_fails_its_attempt_and_the_pass_goes_on",
     ),
     Guard(
@@ -482,8 +482,8 @@ GUARDS = [
     Guard(
         "python timeout: a consumer whose overrunning threads piled up starts no more attempts in the pass",
         "outbox/sweep.py",
-        "            if OVERRUNS.full(consumer.pk):  # its threads piled up during this pass: given back\n",
-        "            if False:\n",
+        "        return OVERRUNS.full(consumer.pk)  # its threads piled up during this pass: given back\n",
+        "        return False\n",
         "tests/test_sweep_python.py::test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consumers_rows",
     ),
     Guard(
@@ -1150,17 +1150,24 @@ GUARDS = [
     ),
     # -- issue 12, item 8: the guards the list lacked ----------------------------------------------
     Guard(
-        "mark_delivered_each: reads the rows it takes under lock (the ids it returns are the rows it wrote)",
+        "mark_delivered_each: the ids it returns are the rows its UPDATE wrote (RETURNING)",
         "outbox/models.py",
-        '            taken = set(self._held(token).select_for_update().values_list("pk", flat=True))\n',
-        '            taken = set(self._held(token).values_list("pk", flat=True))\n',
+        "            return self._held(token).update_returning_ids(delivered)\n",
+        '            self._held(token).update_returning_ids(delivered)\n            return set(self.values_list("pk", flat=True))\n',
+        "tests/test_guards.py::test_the_bulk_delivered_write_reports_exactly_what_it_wrote_while_another_claim_takes_a_row",
+    ),
+    Guard(
+        "mark_delivered_each: its UPDATE … RETURNING states the guard (a row another claim took meanwhile is left)",
+        "outbox/models.py",
+        "            return self._held(token).update_returning_ids(delivered)\n",
+        "            return self.update_returning_ids(delivered)\n",
         "tests/test_guards.py::test_the_bulk_delivered_write_reports_exactly_what_it_wrote_while_another_claim_takes_a_row",
     ),
     Guard(
         "mark_delivered_each: the UPDATE restates the guard (without row locks, a row another claim took is left alone)",
         "outbox/models.py",
-        "                Delivery.objects.filter(pk__in=taken)._held(token).update(\n",
-        "                Delivery.objects.filter(pk__in=taken).update(\n",
+        "                Delivery.objects.filter(pk__in=taken)._held(token).update(**delivered)\n",
+        "                Delivery.objects.filter(pk__in=taken).update(**delivered)\n",
         "tests/test_guards.py::test_without_row_locks_the_bulk_delivered_write_still_takes_no_row_another_claim_holds",
     ),
     Guard(
@@ -1173,8 +1180,8 @@ GUARDS = [
     Guard(
         "terminal writes clear the claim token: outbox mark_delivered_each",
         "outbox/models.py",
-        '                    status=Delivery.Status.DELIVERED, delivered_at=at, claim_token=None, last_error=""\n',
-        '                    status=Delivery.Status.DELIVERED, delivered_at=at, last_error=""\n',
+        '            "delivered_at": at,\n            "claim_token": None,\n            "last_error": "",\n',
+        '            "delivered_at": at,\n            "last_error": "",\n',
         "tests/test_guards.py::test_a_delivery_write_that_ends_the_attempt_leaves_the_row_unclaimed[mark_delivered_each]",
     ),
     Guard(
@@ -1215,7 +1222,7 @@ GUARDS = [
     Guard(
         "claim: the UPDATE restates 'still claimable' (without row locks, two claims never share a row)",
         "odal/work/claims.py",
-        "            self.model._default_manager.filter(pk__in=ids).claimable(now).update(\n",
+        "            self.model._default_manager.filter(pk__any=ids).claimable(now).update(\n",
         "            self.model._default_manager.filter(pk__in=ids).update(\n",
         "tests/test_guards.py::test_without_row_locks_two_claims_never_take_the_same_row",
     ),
@@ -3004,8 +3011,8 @@ GUARDS = [
     ),
     Guard(
         "reconnect: the Python-consumer thread replaces a lost connection",
-        "outbox/sweep.py",
-        "    close_old_connections()  # this thread's connection, if a database restart broke it\n",
+        "outbox/python_consumers.py",
+        "                    close_old_connections()  # its connection, if a consumer opened one and it broke\n",
         "",
         "tests/test_reconnect.py -k python_consumer",
     ),
@@ -4233,7 +4240,7 @@ GUARDS = [
     Guard(
         "python runner: a runner whose attempt overran is replaced (the next attempt does not queue behind it)",
         "outbox/python_consumers.py",
-        "    python_runner(replace=runner)\n",
+        "            python_runner(replace=runner)\n",
         "",
         "tests/test_sweep_python.py::test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consumers_rows",
     ),

@@ -322,10 +322,10 @@ def test_a_sweep_that_loses_the_database_during_an_attempt_writes_nothing_of_tha
 
 @pytest.mark.django_db(transaction=True)
 def test_a_python_consumer_gets_a_working_connection_after_the_database_was_lost(start, monkeypatch):
-    """Python consumers are started from the sweep's own thread for them, which reads their
-    consumers again (a pause, a rotated secret) on its own connection, and run on the runner's
-    thread, with another: a cut one is replaced on each before the next pass's consumers run."""
-    monkeypatch.setattr(sweep_module, "REFRESH_SECONDS", 0)  # the Python thread reads before every attempt
+    """Python consumers run on the runner's thread, with a connection of its own, while the
+    pass's thread reads their consumers again (a pause, a rotated secret) on its own: a cut one
+    is replaced on each before the next pass's consumers run."""
+    monkeypatch.setattr(sweep_module, "REFRESH_SECONDS", 0)  # the pass reads at every look
     consumers.calls.clear()
     consumer = ConsumerFactory(target="tests.consumers.reads_the_database")
     sweep = start(lambda should_stop: sweep_listening(None, poll_seconds=0.05, should_stop=should_stop))

@@ -22,9 +22,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import models, transaction
-from django.db.models import F, Q
+from django.core.exceptions import EmptyResultSet
+from django.db import connections, models, transaction
+from django.db.models import F, Q, sql
 from django.utils import timezone
+
+import odal.lookups  # noqa: F401  (pk__any: a claim's ids as one array)
 
 
 @dataclass
@@ -37,6 +40,12 @@ class Claim:
     def holds(self) -> bool:
         """Whether the hold still runs: an attempt started later may overlap another claim's."""
         return self.held_until is not None and timezone.now() < self.held_until
+
+
+def updates_return_rows(db: str) -> bool:
+    """Whether the database answers an UPDATE with the rows it wrote (UPDATE … RETURNING, see
+    ClaimQuerySet.update_returning_ids). PostgreSQL does; on SQLite odal reads, then updates."""
+    return connections[db].vendor == "postgresql"
 
 
 class ClaimQuerySet(models.QuerySet):
@@ -95,7 +104,7 @@ class ClaimQuerySet(models.QuerySet):
                 return claim
             # The WHERE restates "still claimable": on a database without row locks (SQLite),
             # a row another claimer took in between no longer matches and is not taken twice.
-            self.model._default_manager.filter(pk__in=ids).claimable(now).update(
+            self.model._default_manager.filter(pk__any=ids).claimable(now).update(
                 claim_token=claim.token,
                 next_attempt_at=held_until,
                 attempts=F("attempts") + 1,
@@ -103,13 +112,32 @@ class ClaimQuerySet(models.QuerySet):
             )
         # By primary key: claim_token has no index, and a claim must not read the whole table.
         rows = (
-            self.model._default_manager.filter(pk__in=ids, claim_token=claim.token)
+            self.model._default_manager.filter(pk__any=ids, claim_token=claim.token)
             .select_related(*select_related)
             .in_bulk()
         )
         # In the order they fell due (oldest first): resumed deliveries in the order they were made.
         claim.rows = [rows[pk] for pk in ids if pk in rows]
         return claim
+
+    def update_returning_ids(self, values: dict) -> set:
+        """PostgreSQL: `.update(**values)` of this queryset as one UPDATE … RETURNING, the ids of
+        exactly the rows it wrote: each row is checked against the whole filter after any wait
+        for its lock, so a row another writer settled meanwhile is neither written nor named."""
+        query = self.query.chain(sql.UpdateQuery)
+        query.add_update_values(values)
+        query.annotations = {}
+        compiler = query.get_compiler(self.db)
+        try:
+            compiler.pre_sql_setup()
+            text, params = compiler.as_sql()
+        except EmptyResultSet:  # (a filter that can match nothing: pk__any=[])
+            return set()
+        quote = connections[self.db].ops.quote_name
+        returning = f"{quote(self.model._meta.db_table)}.{quote(self.model._meta.pk.column)}"
+        with transaction.mark_for_rollback_on_error(self.db), connections[self.db].cursor() as cursor:
+            cursor.execute(f"{text} RETURNING {returning}", params)
+            return {row[0] for row in cursor.fetchall()}
 
     def release(self, *, token: uuid.UUID, now: datetime | None = None) -> int:
         """Give back the rows of a claim whose attempt never started (the hold ran out before

@@ -14,9 +14,10 @@ A kind (outbox.sweep, registry.drain) subclasses Pass and says how its rows star
 """
 
 import logging
+import queue
 import time
 from abc import ABC, abstractmethod
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future
 
 from django.conf import settings
 from django.db import transaction
@@ -66,7 +67,8 @@ class Pass(ABC):
 
     def __init__(self, claim, report):
         self.claim, self.report = claim, report
-        self.in_flight: dict[Future, tuple] = {}  # future -> (row, what `ended` needs)
+        self.in_flight: dict[Future, tuple] = {}  # future -> (row, what `ended` needs): see track
+        self.ends: queue.SimpleQueue = queue.SimpleQueue()  # futures of in_flight as they end
         self.not_started: list = []  # rows' primary keys, to give back
         self.pending: list = []  # ended attempts' outcomes, to write
         self.flushed_at = time.monotonic()
@@ -94,12 +96,32 @@ class Pass(ABC):
         """The rows not started yet, taken off the kind's queues (stopping: they are given back)."""
         return []
 
+    def track(self, future: Future, row, job=None) -> None:
+        """An attempt started (or queued) on a pool: the pass waits for its future to end."""
+        self.in_flight[future] = (row, job)
+        future.add_done_callback(self.ends.put)
+
+    def wait_ended(self, timeout: float) -> list[Future]:
+        """The futures of in_flight that ended, waiting up to `timeout` for the first. A queue their
+        callbacks fill, not concurrent.futures.wait: that one hooks every future in flight on each
+        call, and a pass that waits once per ending attempt of 500 would do it 500 times."""
+        try:
+            ended = [self.ends.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        try:
+            while True:
+                ended.append(self.ends.get_nowait())
+        except queue.Empty:
+            pass
+        return [future for future in ended if future in self.in_flight]  # (not one cancelled and given back)
+
     def run(self) -> None:
         try:
             self.start_more()
             while self.in_flight:
                 self.look()
-                done, _ = wait(self.in_flight, timeout=self.look_seconds, return_when=FIRST_COMPLETED)
+                done = self.wait_ended(self.look_seconds)
                 for future in done:
                     row, job = self.in_flight.pop(future)
                     self.ended(row, job, future.result())

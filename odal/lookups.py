@@ -19,7 +19,9 @@ class Any(In):
         if not self.rhs_is_direct_value():  # (a subquery: IN (SELECT …) as `in` does)
             return super().as_sql(compiler, connection)
         lhs, lhs_params = self.process_lhs(compiler, connection)
-        _, values = self.process_rhs(compiler, connection)  # (EmptyResultSet for none, as `in`)
+        values = self.rhs  # (each already the field's type: In.get_prep_lookup)
+        if not (values and all(isinstance(v, uuid.UUID | int) and not isinstance(v, bool) for v in values)):
+            _, values = self.process_rhs(compiler, connection)  # (EmptyResultSet for none, as `in`)
         cast = self.lhs.output_field.cast_db_type(connection)
         return f"{lhs} = ANY(%s::{cast}[])", (*lhs_params, array(values))
 

@@ -7,6 +7,7 @@ password of its userinfo and every query value as ***: `http://alice:***@host/ho
 `redacted_url` is the one function that hides them; the sweep keeps calling the whole URL.
 """
 
+import functools
 import re
 from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
@@ -83,10 +84,18 @@ def secrets_of(url: str) -> list[str]:
     return sorted({v for v in found if len(v) >= SHORTEST_SECRET}, key=len, reverse=True)
 
 
+@functools.lru_cache(maxsize=1024)
+def _secrets_of(url: str) -> tuple[str, ...]:
+    """secrets_of, kept per URL: a sweep asks it for every attempt of the same few consumers."""
+    return tuple(secrets_of(url))
+
+
 def without_secrets_of(url: str, text: str) -> str:
     """`text` with each credential of `url` (secrets_of) that it quotes (a relative Location, an
     answer echoing the request) shown as ***."""
-    for secret in secrets_of(url):
+    if not text:
+        return text
+    for secret in _secrets_of(url):
         text = text.replace(secret, HIDDEN)
     return text
 

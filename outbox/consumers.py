@@ -3,6 +3,7 @@
 Either way the answer is an Outcome; nothing here touches the delivery row.
 """
 
+import functools
 import ipaddress
 import json
 import socket
@@ -368,13 +369,11 @@ def webhook_client(
     return _WebhookClient(limits=limits, verify=verify, network=network)
 
 
-def python_callable(target: str):
-    """The callable a Python consumer's `target` names, checked, the allow-list first: nothing
-    outside ODAL_PYTHON_CONSUMERS is imported (an import runs the module's code). Under an entry
-    `prefix.*` the callable must also be defined under the prefix: `outbox.receiver.Webhook` is a
-    class imported there from elsewhere, and the allow-list names modules, not what they import.
-    Refused (422 invalid_target) with a sentence for a person, whatever the import raises."""
-    allowed = settings.ODAL_PYTHON_CONSUMERS
+@functools.lru_cache(maxsize=1024)
+def allowed_python_target(target: str, allowed: tuple[str, ...]) -> str:
+    """`target` checked as a dotted path and against the allow-list `allowed`; a refusal is raised
+    (and not kept: only answers that passed are, per target and list, since a sweep asks for
+    every attempt)."""
     try:
         target = rules.python_target(target)
     except ValueError as exc:
@@ -385,6 +384,17 @@ def python_callable(target: str):
             code="invalid_target",
             status=422,
         )
+    return target
+
+
+def python_callable(target: str):
+    """The callable a Python consumer's `target` names, checked, the allow-list first: nothing
+    outside ODAL_PYTHON_CONSUMERS is imported (an import runs the module's code). Under an entry
+    `prefix.*` the callable must also be defined under the prefix: `outbox.receiver.Webhook` is a
+    class imported there from elsewhere, and the allow-list names modules, not what they import.
+    Refused (422 invalid_target) with a sentence for a person, whatever the import raises."""
+    allowed = settings.ODAL_PYTHON_CONSUMERS
+    target = allowed_python_target(target, allowed)
     try:
         func = import_string(target)
     except Exception as exc:  # ImportError, or whatever importing the module raised

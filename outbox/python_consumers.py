@@ -11,8 +11,8 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from django.db import close_old_connections, connections, transaction
 from django.db.models import Q
@@ -127,14 +127,14 @@ def python_runner(*, replace: PythonRunner | None = None) -> PythonRunner:
 
 
 @dataclass
-class Job:
-    """One Python attempt for run_each: `call()` runs within the consumer's timeoutSeconds (what it
-    returns or raises is its future's); `skip()`, asked first and not timed, says not to call it
-    (its future gets None); past the timeout the future gets `timed_out()` and what `call`
-    returns later goes to `late(result)`."""
+class Jobs:
+    """Python attempts for run_each, each `(consumer, row, future)`: `call(consumer, row)` runs
+    within the consumer's timeoutSeconds (what it returns or raises is the future's); `skip(consumer)`,
+    asked first and not timed, says not to call it (the future gets None); past the timeout the
+    future gets `timed_out(consumer, row, started_at)` and what `call` returns later goes to
+    `late(result)`. One set of functions for the list: nothing is made per attempt but its future."""
 
-    consumer: object
-    future: Future
+    items: list[tuple]
     call: Callable
     skip: Callable
     late: Callable
@@ -149,7 +149,7 @@ class Batch:
     timeout: the runner's result, or the watcher's giving up on it (then the runner hands what it
     returns to `late` and ends)."""
 
-    def __init__(self, jobs: list[Job], start: int):
+    def __init__(self, jobs: Jobs, start: int):
         self.jobs, self.start = jobs, start
         self.lock = threading.Lock()
         self.ended = threading.Event()  # the runner is through the list (or gave up on it)
@@ -159,41 +159,42 @@ class Batch:
 
     def run(self) -> None:
         """On the runner thread."""
+        jobs, lock = self.jobs, self.lock
         try:
-            for index in range(self.start, len(self.jobs)):
-                job = self.jobs[index]
-                if not job.future.set_running_or_notify_cancel():
+            for index in range(self.start, len(jobs.items)):
+                consumer, row, future = jobs.items[index]
+                if not future.set_running_or_notify_cancel():
                     continue  # the pass gave it back before its turn
                 try:
-                    if job.skip():
-                        job.future.set_result(None)
+                    if jobs.skip(consumer):
+                        future.set_result(None)
                         continue
-                    with self.lock:
+                    with lock:
                         self.current, self.since = index, time.monotonic()
-                    result = job.call()
+                    result = jobs.call(consumer, row)
                 except BaseException as exc:  # (a lost database: the pass's to unwind with)
-                    if self.took(job):
-                        job.future.set_exception(exc)
+                    if self.took():
+                        future.set_exception(exc)
                         continue
                     log.error(
-                        "Python consumer %s: an attempt given up on raised", job.consumer.name, exc_info=exc
+                        "Python consumer %s: an attempt given up on raised", consumer.name, exc_info=exc
                     )
-                    OVERRUNS.done(job.consumer, threading.current_thread())
+                    OVERRUNS.done(consumer, threading.current_thread())
                     return
-                if not self.took(job):
+                if not self.took():
                     try:
-                        job.late(result)
+                        jobs.late(result)
                     except Exception:
                         log.exception(
-                            "Python consumer %s: a late outcome could not be written", job.consumer.name
+                            "Python consumer %s: a late outcome could not be written", consumer.name
                         )
-                    OVERRUNS.done(job.consumer, threading.current_thread())
+                    OVERRUNS.done(consumer, threading.current_thread())
                     return
-                job.future.set_result(result)
+                future.set_result(result)
         finally:
             self.ended.set()
 
-    def took(self, job: Job) -> bool:
+    def took(self) -> bool:
         """The runner's side of the race at a timeout: True if the job's end is still its own."""
         with self.lock:
             self.current = None
@@ -204,38 +205,40 @@ class Batch:
         pass its consumer's timeout. Returns where the rest of the list starts (its length when
         done). A job that starts while it sleeps ends its timeout no sooner than the shortest
         timeout of the list from now, so it sleeps no longer than that."""
-        shortest = min(job.consumer.timeout_seconds for job in self.jobs[self.start :])
+        items = self.jobs.items
+        shortest = min(consumer.timeout_seconds for consumer, _, _ in items[self.start :])
         while True:
             with self.lock:
                 current, since = self.current, self.since
             wait = shortest
             if current is not None:
-                wait = min(wait, since + self.jobs[current].consumer.timeout_seconds - time.monotonic())
+                wait = min(wait, since + items[current][0].timeout_seconds - time.monotonic())
             if self.ended.wait(max(wait, 0)):
-                return len(self.jobs)
+                return len(items)
             if current is None:
                 continue
-            job = self.jobs[current]
+            consumer, row, future = items[current]
             with self.lock:
                 if self.current != current or self.since != since:
                     continue  # it returned meanwhile
                 self.abandoned = True
                 # (under the lock: the runner's done() comes after it)
-                blocked = OVERRUNS.add(job.consumer, runner.thread)
-            job.future.set_result(job.timed_out())
+                blocked = OVERRUNS.add(consumer, runner.thread)
+            started_at = datetime.now(UTC) - timedelta(seconds=time.monotonic() - since)
+            future.set_result(self.jobs.timed_out(consumer, row, started_at))
             runner.stop()  # once its attempt returns; the rest of the list gets a new runner
             python_runner(replace=runner)
-            count_overrun(job.consumer, blocked)
+            count_overrun(consumer, blocked)
             return current + 1
 
 
-def run_each(jobs: list[Job]) -> None:
+def run_each(jobs: Jobs) -> None:
     """Run `jobs` in order on the process's Python runner thread, each within its consumer's
-    timeoutSeconds (see Job). A job past it is given up on: its runner is left to finish it
-    (counted in OVERRUNS; what it returns goes to its `late`), and the jobs after it go on on a
-    new runner. Returns when every job's future has its result."""
+    timeoutSeconds (see Jobs). A job past it is given up on: its runner is left to finish it
+    (counted in OVERRUNS; what it returns goes to `late`), and the jobs after it go on on a new
+    runner. Returns when every job's future has its result."""
     start = 0
-    while start < len(jobs):
+    while start < len(jobs.items):
         runner = python_runner()
         batch = Batch(jobs, start)
         runner.jobs.put(batch.run)

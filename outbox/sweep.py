@@ -56,6 +56,19 @@ REFRESH_SECONDS = 0.5  # a pass re-reads its consumers' pause and secrets at mos
 HOUSEKEEPING_SECONDS = 1.0  # a run of passes parks and unparks paused consumers' rows this often
 
 
+# What a pass reads of the rows it claimed: no timestamp of the delivery (each costs a parse in
+# Python), the whole event (a Python consumer gets it, a webhook's body is made of it).
+CLAIMED = (
+    "event_id",
+    "consumer_id",
+    "attempts",
+    "event__id",
+    "event__type",
+    "event__payload",
+    "event__created_at",
+)
+
+
 @dataclass
 class Finished:
     delivery: Delivery
@@ -228,24 +241,26 @@ def attempt(consumer, delivery: Delivery, client: httpx.Client, claim) -> Finish
     return Finished(delivery, outcome, started_at, timezone.now())
 
 
-def python_job(consumer, delivery: Delivery, future: Future, client: httpx.Client, claim, run=None):
-    """A Python consumer's attempt for outbox.python_consumers.run_each: within its consumer's
-    timeoutSeconds as a webhook's request is. Past it the attempt is failed ("timed out after
-    Ns", written by the pass like any failure); what the consumer returns later is written then,
-    as a late write: guarded by the claim like every outcome, so once the timeout's failure is
-    written it takes nothing and goes to the attempt log as late (a late success noted as
-    lateSuccessAt), as a late webhook answer does. Not started (None) if its consumer was paused
-    meanwhile (`run`, the Pass, says so) or its threads piled up during this pass."""
-    started_at = timezone.now()
+def run_python_consumers(jobs: list, client: httpx.Client, claim, run=None) -> None:
+    """Python consumers of one claim, `(consumer, delivery, future)` each, one after another on
+    the process's Python runner thread (they may use the database, through that thread's own
+    connection), watched from the sweep's Python thread (outbox.python_consumers.run_each). Each
+    future gets its result, so the sweep's thread writes outcomes of webhooks while these run.
 
-    def skip() -> bool:
-        nonlocal started_at
-        started_at = timezone.now()
-        if run is not None and consumer.pk in run.paused:  # (read again by the pass's own thread: look)
+    Each runs within its consumer's timeoutSeconds as a webhook's request does. Past it the
+    attempt is failed ("timed out after Ns", written by the pass like any failure); what the
+    consumer returns later is written then, as a late write: guarded by the claim like every
+    outcome, so once the timeout's failure is written it takes nothing and goes to the attempt
+    log as late (a late success noted as lateSuccessAt), as a late webhook answer does. Not
+    started (None) if its consumer was paused meanwhile (`run`, the Pass, reads pauses again) or
+    its threads piled up during this pass."""
+
+    def skip(consumer) -> bool:
+        if run is not None and consumer.pk in run.paused:
             return True
         return OVERRUNS.full(consumer.pk)  # its threads piled up during this pass: given back
 
-    def timed_out() -> Finished:
+    def timed_out(consumer, delivery: Delivery, started_at) -> Finished:
         error = f"timed out after {consumer.timeout_seconds}s (the Python consumer still runs; what it returns is late)"
         log.warning(
             "delivery %s attempt %s (claim %s) to Python consumer %s: %s",
@@ -255,23 +270,14 @@ def python_job(consumer, delivery: Delivery, future: Future, client: httpx.Clien
         outcome = consumers.Outcome(False, error, duration_ms=consumer.timeout_seconds * 1000)
         return Finished(delivery, outcome, started_at, timezone.now())
 
-    return python_consumers.Job(
-        consumer,
-        future,
-        call=lambda: attempt(consumer, delivery, client, claim),
-        skip=skip,
-        late=lambda f: finish_attempts(claim.token, [f] if f else []),
-        timed_out=timed_out,
-    )
-
-
-def run_python_consumers(jobs: list, client: httpx.Client, claim, run=None) -> None:
-    """Python consumers of one claim, one after another, on the process's Python runner thread
-    (they may use the database, through that thread's own connection), watched from the sweep's
-    Python thread. Each job's future gets its result, so the sweep's thread writes outcomes of
-    webhooks while these run."""
     python_consumers.run_each(
-        [python_job(consumer, delivery, future, client, claim, run) for consumer, delivery, future in jobs]
+        python_consumers.Jobs(
+            jobs,
+            call=lambda consumer, delivery: attempt(consumer, delivery, client, claim),
+            skip=skip,
+            late=lambda f: finish_attempts(claim.token, [f] if f else []),
+            timed_out=timed_out,
+        )
     )
 
 
@@ -448,7 +454,7 @@ def sweep_once(
             Delivery.objects.unpark(consumer_id=consumer_id)
     report.dead_lettered = Delivery.objects.dead_letter_exhausted(now=now)
     # The hold runs from the claim's own clock reading, not from before the dead-lettering.
-    claim = Delivery.objects.claim(limit=batch, select_related=("event",), skip=OVERRUNS.skip())
+    claim = Delivery.objects.claim(limit=batch, select_related=("event",), only=CLAIMED, skip=OVERRUNS.skip())
     report.claimed = len(claim.rows)
     if not claim.rows:
         tally.beat(tally.SWEEP)

@@ -475,8 +475,8 @@ GUARDS = [
     Guard(
         "python timeout: what an overrunning Python consumer returns later is written as a late write",
         "outbox/sweep.py",
-        "        late=lambda f: finish_attempts(claim.token, [f] if f else []),\n",
-        "        late=lambda f: finish_attempts(claim.token, []),\n",
+        "            late=lambda f: finish_attempts(claim.token, [f] if f else []),\n",
+        "            late=lambda f: finish_attempts(claim.token, []),\n",
         "tests/test_sweep_python.py::test_a_python_consumer_past_its_timeout_fails_its_attempt_and_the_pass_goes_on",
     ),
     Guard(
@@ -489,8 +489,8 @@ GUARDS = [
     Guard(
         "python timeout: a process claims none of the rows of a consumer whose overrunning threads piled up",
         "outbox/sweep.py",
-        'select_related=("event",), skip=OVERRUNS.skip())',
-        'select_related=("event",), skip=None)',
+        'select_related=("event",), only=CLAIMED, skip=OVERRUNS.skip())',
+        'select_related=("event",), only=CLAIMED, skip=None)',
         "tests/test_sweep_python.py::test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consumers_rows",
     ),
     Guard(
@@ -4343,6 +4343,35 @@ GUARDS = [
         "            if False:\n",
         "tests/test_consumer_queryset.py::test_a_replay_or_resend_refuses_a_consumer_that_does_not_exist "
         "tests/test_outbox_api.py::test_bulk_replay_refuses_an_unknown_consumer_and_a_missing_reason",
+    ),
+    # -- issue 26: the sweep at the database's speed -----------------------------------------------
+    Guard(
+        "sweep: the claim reads every field a pass uses (none is loaded again, row by row)",
+        "outbox/sweep.py",
+        '    "consumer_id",\n    "attempts",\n    "event__id",\n',
+        '    "consumer_id",\n    "event__id",\n',
+        "tests/test_outbox_sweep.py::test_a_pass_reads_only_what_it_claimed_no_field_of_a_claimed_row_is_loaded_again",
+    ),
+    Guard(
+        "pk__any: ids of the field's type are sent as one array of them",
+        "odal/lookups.py",
+        '        return "{" + ",".join(map(str, values)) + "}"\n',
+        '        return "{" + ",".join(map(str, values[:1])) + "}"\n',
+        "tests/test_lookups.py",
+    ),
+    Guard(
+        "pk__any: other values go through the field's own preparation",
+        "odal/lookups.py",
+        "            _, values = self.process_rhs(compiler, connection)  # (EmptyResultSet for none, as `in`)\n",
+        "            pass\n",
+        "tests/test_lookups.py",
+    ),
+    Guard(
+        "attempt log: every line of a flush is copied",
+        "outbox/sweep.py",
+        "            for row in rows:\n                writing.write_row(row)\n",
+        "            for row in rows[:1]:\n                writing.write_row(row)\n",
+        "tests/test_outbox_sweep.py tests/test_attempt_answers.py",
     ),
 ]
 

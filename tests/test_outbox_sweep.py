@@ -218,3 +218,30 @@ def test_a_pass_starts_no_attempt_after_its_claims_hold_ran_out(settings):
     assert (second.claimed, second.delivered) == (1, 1)
     assert len(server.received) == 2
     assert sorted(Delivery.objects.values_list("status", "attempts")) == [("delivered", 1), ("delivered", 1)]
+
+
+@pytest.mark.django_db(transaction=True)  # (the Python runner's thread reads what this one committed)
+def test_a_pass_reads_only_what_it_claimed_no_field_of_a_claimed_row_is_loaded_again(monkeypatch):
+    """The claim reads its rows with `only` the fields a pass uses (outbox.sweep.CLAIMED): a field
+    left out would be loaded again by Django, one query per row, on whichever thread touched it.
+    Successes and failures, Python consumers and webhooks, written and logged: none is."""
+    loaded = []
+    for model in (Delivery, Event):
+        original = model.refresh_from_db
+
+        def recording(self, *args, _original=original, **kwargs):
+            loaded.append((type(self).__name__, kwargs.get("fields")))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(model, "refresh_from_db", recording)
+    with WebhookServer(script=[204, 500]) as server:
+        WebhookConsumerFactory(url=server.url, max_attempts=3)
+        ConsumerFactory(target="tests.consumers.accept")
+        ConsumerFactory(target="tests.consumers.explode")
+        emit("passport.published", {"n": 1})
+        emit("passport.published", {"n": 2})
+
+        report = sweep_once(batch=100)
+
+    assert (report.claimed, report.delivered, report.failed) == (6, 3, 3)
+    assert loaded == []

@@ -82,10 +82,12 @@ class ClaimQuerySet(models.QuerySet):
         hold_seconds: int | None = None,
         now: datetime | None = None,
         select_related: tuple[str, ...] = (),
+        only: tuple[str, ...] = (),
         skip: Q | None = None,
     ) -> Claim:
         """Claim up to `limit` due rows, none matching `skip`; returns the claim with the rows it
-        took (their `attempts` already counts this attempt)."""
+        took (their `attempts` already counts this attempt), read with `select_related` and, if
+        given, `only` those fields (a field left out is read again, row by row, if used)."""
         now = now or timezone.now()
         hold = timedelta(seconds=settings.ODAL_CLAIM_HOLD_SECONDS if hold_seconds is None else hold_seconds)
         held_until = now + hold
@@ -111,10 +113,11 @@ class ClaimQuerySet(models.QuerySet):
                 **self.reclaim_updates(now),
             )
         # By primary key: claim_token has no index, and a claim must not read the whole table.
+        taken = self.model._default_manager.filter(pk__any=ids, claim_token=claim.token)
         rows = (
-            self.model._default_manager.filter(pk__any=ids, claim_token=claim.token)
-            .select_related(*select_related)
-            .in_bulk()
+            taken.select_related(*select_related).only(*only).in_bulk()
+            if only
+            else (taken.select_related(*select_related).in_bulk())
         )
         # In the order they fell due (oldest first): resumed deliveries in the order they were made.
         claim.rows = [rows[pk] for pk in ids if pk in rows]

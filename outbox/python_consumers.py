@@ -155,6 +155,7 @@ class Batch:
         self.ended = threading.Event()  # the runner is through the list (or gave up on it)
         self.current: int | None = None  # the job being called, and since when (monotonic)
         self.since = 0.0
+        self.next = start  # the first job the runner has not taken yet
         self.abandoned = False
 
     def run(self) -> None:
@@ -163,6 +164,10 @@ class Batch:
         try:
             for index in range(self.start, len(jobs.items)):
                 consumer, row, future = jobs.items[index]
+                with lock:
+                    if self.abandoned:
+                        return  # (the watcher gave the list to another runner: see watch)
+                    self.next = index + 1
                 if not future.set_running_or_notify_cancel():
                     continue  # the pass gave it back before its turn
                 try:
@@ -204,9 +209,11 @@ class Batch:
         """On run_each's thread: wait for the runner to end the list, or for the job it runs to
         pass its consumer's timeout. Returns where the rest of the list starts (its length when
         done). A job that starts while it sleeps ends its timeout no sooner than the shortest
-        timeout of the list from now, so it sleeps no longer than that."""
+        timeout of the list from now, so it sleeps no longer than that. A runner that takes no
+        job in all that time is stuck (it never started the list): the list goes to a new one."""
         items = self.jobs.items
         shortest = min(consumer.timeout_seconds for consumer, _, _ in items[self.start :])
+        taken = self.next
         while True:
             with self.lock:
                 current, since = self.current, self.since
@@ -216,7 +223,17 @@ class Batch:
             if self.ended.wait(max(wait, 0)):
                 return len(items)
             if current is None:
-                continue
+                with self.lock:
+                    stuck = self.current is None and self.next == taken
+                    taken = self.next
+                    self.abandoned = self.abandoned or stuck
+                if not stuck:
+                    continue
+                log.error("the Python runner took none of its %s attempts in %ss; a new runner takes them",
+                          len(items) - taken, shortest)  # fmt: skip
+                runner.stop()
+                python_runner(replace=runner)
+                return taken
             consumer, row, future = items[current]
             with self.lock:
                 if self.current != current or self.since != since:

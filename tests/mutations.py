@@ -489,8 +489,8 @@ GUARDS = [
     Guard(
         "python timeout: a process claims none of the rows of a consumer whose overrunning threads piled up",
         "outbox/sweep.py",
-        'select_related=("event",), only=CLAIMED, skip=OVERRUNS.skip())',
-        'select_related=("event",), only=CLAIMED, skip=None)',
+        "claim(limit=batch, read=read_claimed, skip=OVERRUNS.skip())",
+        "claim(limit=batch, read=read_claimed, skip=None)",
         "tests/test_sweep_python.py::test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consumers_rows",
     ),
     Guard(
@@ -4240,8 +4240,9 @@ GUARDS = [
     Guard(
         "python runner: a runner whose attempt overran is replaced (the next attempt does not queue behind it)",
         "outbox/python_consumers.py",
+        "            runner.stop()  # once its attempt returns; the rest of the list gets a new runner\n"
         "            python_runner(replace=runner)\n",
-        "",
+        "            runner.stop()  # once its attempt returns; the rest of the list gets a new runner\n",
         "tests/test_sweep_python.py::test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consumers_rows",
     ),
     # -- issue 25: every consumer state change on ConsumerQuerySet, one selection for replay and resend
@@ -4348,8 +4349,8 @@ GUARDS = [
     Guard(
         "sweep: the claim reads every field a pass uses (none is loaded again, row by row)",
         "outbox/sweep.py",
-        '    "consumer_id",\n    "attempts",\n    "event__id",\n',
-        '    "consumer_id",\n    "event__id",\n',
+        "        delivery = Delivery.from_db(db, DELIVERY_READ, (pk, event_id, consumer_id, attempts))\n",
+        "        delivery = Delivery.from_db(db, DELIVERY_READ[:3], (pk, event_id, consumer_id))\n",
         "tests/test_outbox_sweep.py::test_a_pass_reads_only_what_it_claimed_no_field_of_a_claimed_row_is_loaded_again",
     ),
     Guard(
@@ -4372,6 +4373,20 @@ GUARDS = [
         "            for row in rows:\n                writing.write_row(row)\n",
         "            for row in rows[:1]:\n                writing.write_row(row)\n",
         "tests/test_outbox_sweep.py tests/test_attempt_answers.py",
+    ),
+    Guard(
+        "python runner: a list its runner never takes goes to a new runner (nothing waits for it forever)",
+        "outbox/python_consumers.py",
+        "                    stuck = self.current is None and self.next == taken\n",
+        "                    stuck = False\n",
+        "tests/test_sweep_python.py::test_a_list_handed_to_a_runner_that_never_takes_it_goes_to_a_new_runner",
+    ),
+    Guard(
+        "python runner: a runner the watcher gave up on takes no more of the list",
+        "outbox/python_consumers.py",
+        "                    if self.abandoned:\n                        return  # (the watcher gave the list",
+        "                    if False:\n                        return  # (the watcher gave the list",
+        "tests/test_sweep_python.py::test_a_list_handed_to_a_runner_that_never_takes_it_goes_to_a_new_runner",
     ),
 ]
 

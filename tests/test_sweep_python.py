@@ -4,6 +4,7 @@ timeoutSeconds fails its attempt and the pass goes on, and a process whose overr
 of one consumer piled up takes none of its rows (issue 23)."""
 
 import logging
+import threading
 
 import pytest
 from django.test import Client
@@ -141,6 +142,7 @@ def test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consum
     assert due.filter(claim_token=None).count() == 2  # due, and left alone
     said = [r for r in caplog.records if "takes none of its deliveries" in r.getMessage()]
     assert len(said) == 1
+    assert not [r for r in caplog.records if "took none of its" in r.getMessage()]  # (a new runner at once)
     assert overrun_lines(blocked.name) == {  # and on /metrics: one timeout, and it blocked the process
         f'outbox_python_timeouts_total{{consumer="{blocked.name}"}}': 1.0,
         f'outbox_python_consumer_blocked_total{{consumer="{blocked.name}"}}': 1.0,
@@ -151,3 +153,43 @@ def test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consum
     third = sweep_once()
 
     assert (third.claimed, third.delivered) == (2, 2)  # the blocked consumer's two due rows
+
+
+def test_a_list_handed_to_a_runner_that_never_takes_it_goes_to_a_new_runner(monkeypatch, caplog):
+    """The watcher bounds the wait for a runner to start, not only each attempt: a runner busy
+    with something else (here, a job that waits for a gate) takes none of the list within the
+    shortest timeout of the list, so a new runner runs it, and that is logged. Nothing hangs."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    gate = threading.Event()
+    busy = python_consumers.PythonRunner()
+    busy.jobs.put(gate.wait)
+    monkeypatch.setattr(python_consumers, "RUNNER", busy)
+    consumer = SimpleNamespace(pk=1, name="quick", timeout_seconds=1)
+    ran = []
+    jobs = python_consumers.Jobs(
+        [(consumer, n, Future()) for n in range(3)],
+        call=lambda consumer, n: ran.append((n, threading.current_thread())) or n,
+        skip=lambda consumer: False,
+        late=lambda result: None,
+        timed_out=lambda consumer, n, started_at: "timed out",
+    )
+    watching = threading.Thread(target=python_consumers.run_each, args=(jobs,))
+    try:
+        with caplog.at_level(logging.ERROR, logger="outbox"):
+            watching.start()
+            watching.join(10)
+            assert not watching.is_alive(), "the list waited for a runner that never took it"
+    finally:
+        gate.set()
+        watching.join(5)
+
+    assert [future.result(0) for _, _, future in jobs.items] == [0, 1, 2]
+    assert [n for n, _ in ran] == [0, 1, 2] and {thread for _, thread in ran} != {busy.thread}
+    assert python_consumers.RUNNER is not busy
+    assert [r.getMessage() for r in caplog.records if "took none of its" in r.getMessage()] == [
+        "the Python runner took none of its 3 attempts in 1s; a new runner takes them"
+    ]
+    busy.thread.join(5)
+    assert not busy.thread.is_alive()  # (stopped: it ends once its own job returns)

@@ -82,12 +82,12 @@ class ClaimQuerySet(models.QuerySet):
         hold_seconds: int | None = None,
         now: datetime | None = None,
         select_related: tuple[str, ...] = (),
-        only: tuple[str, ...] = (),
+        read=None,
         skip: Q | None = None,
     ) -> Claim:
         """Claim up to `limit` due rows, none matching `skip`; returns the claim with the rows it
-        took (their `attempts` already counts this attempt), read with `select_related` and, if
-        given, `only` those fields (a field left out is read again, row by row, if used)."""
+        took (their `attempts` already counts this attempt), read with `select_related`, or by
+        `read(queryset of the rows taken)`, which returns them by primary key."""
         now = now or timezone.now()
         hold = timedelta(seconds=settings.ODAL_CLAIM_HOLD_SECONDS if hold_seconds is None else hold_seconds)
         held_until = now + hold
@@ -114,11 +114,7 @@ class ClaimQuerySet(models.QuerySet):
             )
         # By primary key: claim_token has no index, and a claim must not read the whole table.
         taken = self.model._default_manager.filter(pk__any=ids, claim_token=claim.token)
-        rows = (
-            taken.select_related(*select_related).only(*only).in_bulk()
-            if only
-            else (taken.select_related(*select_related).in_bulk())
-        )
+        rows = read(taken) if read is not None else taken.select_related(*select_related).in_bulk()
         # In the order they fell due (oldest first): resumed deliveries in the order they were made.
         claim.rows = [rows[pk] for pk in ids if pk in rows]
         return claim

@@ -58,28 +58,42 @@ HOUSEKEEPING_SECONDS = 1.0  # a run of passes parks and unparks paused consumers
 
 # What a pass reads of the rows it claimed (read_claimed): no timestamp of the delivery (each costs
 # a parse in Python), the whole event (a Python consumer gets it, a webhook's body is made of it).
-CLAIMED = ("pk", "consumer_id", "attempts", "event_id", "event__type", "event__payload", "event__created_at")
-# (in the order of the models' fields, as Model.from_db takes them)
-DELIVERY_READ = ("id", "event_id", "consumer_id", "attempts")
-EVENT_READ = ("id", "type", "payload", "created_at")
+CLAIMED = ("pk", "event_id", "consumer_id", "attempts", "event__type", "event__payload", "event__created_at")
+EVENT_READ = ("id", "type", "payload", "created_at")  # (in the model's order, as Model.from_db takes them)
+
+
+class Claimed:
+    """A claimed delivery as a pass sees it: its id, consumer and event, and the number of this
+    attempt. Not a model instance (making one cost the sweep more than the rest of its read):
+    nothing of it is read again or saved, and a field a pass does not read is not there at all,
+    so using one fails at once instead of costing a query a row."""
+
+    __slots__ = ("pk", "event_id", "consumer_id", "attempts", "event")
+
+    def __init__(self, pk, event_id, consumer_id, attempts, event):
+        self.pk, self.event_id, self.consumer_id, self.attempts, self.event = (
+            pk, event_id, consumer_id, attempts, event,
+        )  # fmt: skip
+
+    def __repr__(self) -> str:
+        return f"<Claimed delivery {self.pk} attempt {self.attempts}>"
 
 
 def read_claimed(taken) -> dict:
-    """The rows a pass claimed, by primary key: each delivery with the fields a pass uses (others
-    deferred, as `only` leaves them) and its event whole, made from one joined read of plain
-    rows (Django's select_related costs twice as much per row, and the sweep pays it for every
-    delivery)."""
+    """The rows a pass claimed, by primary key (Claimed, each with its event whole), made from
+    one joined read of plain rows: Django's select_related, two model instances and three
+    timestamps a row, cost more than the rest of the sweep's own work per delivery."""
     rows, db = {}, taken.db
-    for pk, consumer_id, attempts, event_id, *event in taken.values_list(*CLAIMED):
-        delivery = Delivery.from_db(db, DELIVERY_READ, (pk, event_id, consumer_id, attempts))
-        delivery._state.fields_cache["event"] = Event.from_db(db, EVENT_READ, (event_id, *event))
-        rows[pk] = delivery
+    for pk, event_id, consumer_id, attempts, *event in taken.values_list(*CLAIMED):
+        rows[pk] = Claimed(
+            pk, event_id, consumer_id, attempts, Event.from_db(db, EVENT_READ, (event_id, *event))
+        )
     return rows
 
 
 @dataclass
 class Finished:
-    delivery: Delivery
+    delivery: "Claimed"
     outcome: consumers.Outcome
     started_at: object
     finished_at: object
@@ -226,7 +240,7 @@ def record_write_error(token, f: Finished, exc: Exception) -> None:
         log.exception("delivery %s: not even the attempt-log line could be written", f.delivery.pk, extra=ids)
 
 
-def attempt(consumer, delivery: Delivery, client: httpx.Client, claim) -> Finished | None:
+def attempt(consumer, delivery: "Claimed", client: httpx.Client, claim) -> Finished | None:
     """Call the consumer for one delivery, unless the claim's hold has run out by the time its
     turn comes: then the row is due again and may be another sweep's, and None says it was not
     started (so it is when the process is stopping). Writes nothing, so it may run on a pool
@@ -268,7 +282,7 @@ def run_python_consumers(jobs: list, client: httpx.Client, claim, run=None) -> N
             return True
         return OVERRUNS.full(consumer.pk)  # its threads piled up during this pass: given back
 
-    def timed_out(consumer, delivery: Delivery, started_at) -> Finished:
+    def timed_out(consumer, delivery: "Claimed", started_at) -> Finished:
         error = f"timed out after {consumer.timeout_seconds}s (the Python consumer still runs; what it returns is late)"
         log.warning(
             "delivery %s attempt %s (claim %s) to Python consumer %s: %s",

@@ -7,7 +7,7 @@ the same plan whatever the count. Elsewhere (SQLite) it is `IN`, as `__in` is.
 
 import uuid
 
-from django.db.models import Field
+from django.db.models import Field, IntegerField, UUIDField
 from django.db.models.lookups import In
 
 
@@ -15,22 +15,27 @@ from django.db.models.lookups import In
 class Any(In):
     lookup_name = "any"
 
+    def ids(self) -> bool:
+        """Whether the values are ids of the field's own type (a claim's UUIDs, for a UUID field;
+        integers, for an integer one): they need none of `in`'s preparation, value by value, and
+        go as the array's text. Anything else (text, None, an int for a UUID field) gets it."""
+        kind = uuid.UUID if isinstance(self.lhs.output_field, UUIDField) else int
+        if not isinstance(self.lhs.output_field, UUIDField | IntegerField):
+            return False
+        values = self.rhs
+        return (
+            isinstance(values, list | tuple | set) and bool(values) and all(type(v) is kind for v in values)
+        )
+
+    def get_prep_lookup(self):
+        return list(self.rhs) if self.ids() else super().get_prep_lookup()
+
     def as_postgresql(self, compiler, connection):
         if not self.rhs_is_direct_value():  # (a subquery: IN (SELECT …) as `in` does)
             return super().as_sql(compiler, connection)
         lhs, lhs_params = self.process_lhs(compiler, connection)
-        values = self.rhs  # (each already the field's type: In.get_prep_lookup)
-        if not (values and all(isinstance(v, uuid.UUID | int) and not isinstance(v, bool) for v in values)):
-            _, values = self.process_rhs(compiler, connection)  # (EmptyResultSet for none, as `in`)
         cast = self.lhs.output_field.cast_db_type(connection)
-        return f"{lhs} = ANY(%s::{cast}[])", (*lhs_params, array(values))
-
-
-def array(values) -> "str | list":
-    """`values` as one array parameter: ids (UUIDs, integers) as the array's text, `{a,b,…}`,
-    which the driver sends as one string; a list of them costs a quoting call per element
-    (psycopg dumps lists in Python). Other values as a list, which the driver quotes."""
-    values = list(values)
-    if all(isinstance(v, uuid.UUID | int) and not isinstance(v, bool) for v in values):
-        return "{" + ",".join(map(str, values)) + "}"
-    return values
+        if self.ids():
+            return f"{lhs} = ANY(%s::{cast}[])", (*lhs_params, "{" + ",".join(map(str, self.rhs)) + "}")
+        _, values = self.process_rhs(compiler, connection)  # (EmptyResultSet for none, as `in`)
+        return f"{lhs} = ANY(%s::{cast}[])", (*lhs_params, list(values))

@@ -4356,15 +4356,15 @@ GUARDS = [
     Guard(
         "pk__any: ids of the field's type are sent as one array of them",
         "odal/lookups.py",
-        '        return "{" + ",".join(map(str, values)) + "}"\n',
-        '        return "{" + ",".join(map(str, values[:1])) + "}"\n',
+        '",".join(map(str, self.rhs))',
+        '",".join(map(str, list(self.rhs)[:1]))',
         "tests/test_lookups.py",
     ),
     Guard(
         "pk__any: other values go through the field's own preparation",
         "odal/lookups.py",
-        "            _, values = self.process_rhs(compiler, connection)  # (EmptyResultSet for none, as `in`)\n",
-        "            pass\n",
+        "        return f\"{lhs} = ANY(%s::{cast}[])\", (*lhs_params, list(values))\n",
+        "        return f\"{lhs} = ANY(%s::{cast}[])\", (*lhs_params, list(self.rhs))\n",
         "tests/test_lookups.py",
     ),
     Guard(

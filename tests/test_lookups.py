@@ -34,6 +34,7 @@ def test_any_prepares_each_value_as_its_field_does():
     assert set(Delivery.objects.filter(pk__any=[str(rows[1].pk), None]).values_list("pk", flat=True)) == {
         rows[1].pk
     }
+    assert set(Delivery.objects.filter(pk__any=[rows[0].pk.int]).values_list("pk", flat=True)) == {rows[0].pk}
     assert set(Consumer.objects.filter(pk__any=[str(consumers[0].pk)]).values_list("pk", flat=True)) == {
         consumers[0].pk
     }

@@ -47,6 +47,7 @@ def test_any_of_nothing_matches_nothing_and_updates_nothing():
 
     with CaptureQueriesContext(connection) as queries:
         assert list(Delivery.objects.filter(pk__any=[])) == []
+        assert list(Delivery.objects.filter(pk__any=[None])) == []  # (None is dropped, as `in` drops it)
         assert Delivery.objects.filter(pk__any=[]).update(last_error="x") == 0
     assert len(queries) == 0
 

@@ -4361,10 +4361,10 @@ GUARDS = [
         "tests/test_lookups.py",
     ),
     Guard(
-        "pk__any: other values go through the field's own preparation",
+        "pk__any: only ids of the field's own type skip the preparation (an int for a UUID field is converted)",
         "odal/lookups.py",
-        "        return f\"{lhs} = ANY(%s::{cast}[])\", (*lhs_params, list(values))\n",
-        "        return f\"{lhs} = ANY(%s::{cast}[])\", (*lhs_params, list(self.rhs))\n",
+        "all(type(v) is kind for v in values)",
+        "all(isinstance(v, uuid.UUID | int) for v in values)",
         "tests/test_lookups.py",
     ),
     Guard(

@@ -1,5 +1,6 @@
 import os
 import sys
+import threading
 from collections import Counter
 
 import pytest
@@ -119,6 +120,24 @@ def _broker_not_resting():
     from odal.work import wake as kick
 
     kick._rest_until = float("-inf")
+
+
+@pytest.fixture(autouse=True)
+def _python_runner_leaves_no_connection():
+    """The Python runner thread is the process's, kept from one test to the next as it is from one
+    pass to the next, and a consumer that used the database leaves that thread's connection open:
+    closed after each test, so no test counts another's connection (tests/test_reconnect.py counts
+    them) and the test database can be dropped at the end."""
+    yield
+    from django.db import connections
+
+    from outbox import python_consumers
+
+    runner = python_consumers.RUNNER
+    if runner is not None and runner.thread.is_alive():
+        closed = threading.Event()
+        runner.jobs.put(lambda: (connections.close_all(), closed.set()))
+        closed.wait(5)
 
 
 @pytest.fixture(autouse=True)

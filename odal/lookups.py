@@ -19,9 +19,9 @@ class Any(In):
         """Whether the values are ids of the field's own type (a claim's UUIDs, for a UUID field;
         integers, for an integer one): they need none of `in`'s preparation, value by value, and
         go as the array's text. Anything else (text, None, an int for a UUID field) gets it."""
-        kind = uuid.UUID if isinstance(self.lhs.output_field, UUIDField) else int
         if not isinstance(self.lhs.output_field, UUIDField | IntegerField):
             return False
+        kind = uuid.UUID if isinstance(self.lhs.output_field, UUIDField) else int
         values = self.rhs
         return (
             isinstance(values, list | tuple | set) and bool(values) and all(type(v) is kind for v in values)

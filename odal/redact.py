@@ -67,13 +67,15 @@ def redacted_urls_within(value):
 SHORTEST_SECRET = 6
 
 
-def secrets_of(url: str) -> list[str]:
+@functools.lru_cache(maxsize=1024)
+def secrets_of(url: str) -> tuple[str, ...]:
     """The parts of `url` that redacted_url hides (the password, each query value, the fragment),
-    raw and percent-decoded, longest first: what must not be quoted back in free text either."""
+    raw and percent-decoded, longest first: what must not be quoted back in free text either.
+    Kept per URL: a sweep asks for every attempt of the same few consumers."""
     try:
         parts = urlsplit(url)
     except ValueError:
-        return []
+        return ()
     found = []
     userinfo, at, _host = parts.netloc.rpartition("@")
     if at and ":" in userinfo:
@@ -81,13 +83,7 @@ def secrets_of(url: str) -> list[str]:
     found += [item.partition("=")[2] or item.partition("=")[0] for item in parts.query.split("&")]
     found.append(parts.fragment)
     found += [unquote_plus(value) for value in found]
-    return sorted({v for v in found if len(v) >= SHORTEST_SECRET}, key=len, reverse=True)
-
-
-@functools.lru_cache(maxsize=1024)
-def _secrets_of(url: str) -> tuple[str, ...]:
-    """secrets_of, kept per URL: a sweep asks it for every attempt of the same few consumers."""
-    return tuple(secrets_of(url))
+    return tuple(sorted({v for v in found if len(v) >= SHORTEST_SECRET}, key=len, reverse=True))
 
 
 def without_secrets_of(url: str, text: str) -> str:
@@ -95,7 +91,7 @@ def without_secrets_of(url: str, text: str) -> str:
     answer echoing the request) shown as ***."""
     if not text:
         return text
-    for secret in _secrets_of(url):
+    for secret in secrets_of(url):
         text = text.replace(secret, HIDDEN)
     return text
 

@@ -118,8 +118,11 @@ RUNNER: PythonRunner | None = None
 
 
 def python_runner(*, replace: PythonRunner | None = None) -> PythonRunner:
-    """This process's runner; with `replace` (one whose attempt overran), a new one."""
+    """This process's runner; with `replace` (one the watcher gave up on), a new one, and
+    `replace` is stopped: it ends once the job it is in returns."""
     global RUNNER
+    if replace is not None:
+        replace.stop()
     with RUNNER_LOCK:
         if RUNNER is None or RUNNER is replace:
             RUNNER = PythonRunner()
@@ -231,7 +234,6 @@ class Batch:
                     continue
                 log.error("the Python runner took none of its %s attempts in %ss; a new runner takes them",
                           len(items) - taken, shortest)  # fmt: skip
-                runner.stop()
                 python_runner(replace=runner)
                 return taken
             consumer, row, future = items[current]
@@ -243,8 +245,7 @@ class Batch:
                 blocked = OVERRUNS.add(consumer, runner.thread)
             started_at = datetime.now(UTC) - timedelta(seconds=time.monotonic() - since)
             future.set_result(self.jobs.timed_out(consumer, row, started_at))
-            runner.stop()  # once its attempt returns; the rest of the list gets a new runner
-            python_runner(replace=runner)
+            python_runner(replace=runner)  # (it ends once that attempt returns; the rest get a new one)
             count_overrun(consumer, blocked)
             return current + 1
 

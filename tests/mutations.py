@@ -4240,9 +4240,8 @@ GUARDS = [
     Guard(
         "python runner: a runner whose attempt overran is replaced (the next attempt does not queue behind it)",
         "outbox/python_consumers.py",
-        "            runner.stop()  # once its attempt returns; the rest of the list gets a new runner\n"
-        "            python_runner(replace=runner)\n",
-        "            runner.stop()  # once its attempt returns; the rest of the list gets a new runner\n",
+        "            python_runner(replace=runner)  # (it ends once that attempt returns; the rest get a new one)\n",
+        "            runner.stop()\n",
         "tests/test_sweep_python.py::test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consumers_rows",
     ),
     # -- issue 25: every consumer state change on ConsumerQuerySet, one selection for replay and resend

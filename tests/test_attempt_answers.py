@@ -195,3 +195,22 @@ def test_a_failing_python_consumer_has_no_answer():
     sweep_once()
     line = Delivery.objects.get().attempt_log.get()
     assert (line.outcome, line.error, line.answer) == ("failed", "ValueError: boom", "")
+
+
+def raises_hostile(event, delivery_id):
+    raise ValueError("bad\x00text\ud800" + "y" * 100_000)
+
+
+def test_a_python_consumer_raising_hostile_text_fails_its_attempt_storably(settings):
+    """The attempt log is one COPY of a flush's lines and the failures one UPDATE of them: an
+    error with NUL, a lone surrogate and 100,000 characters is made storable before either."""
+    settings.ODAL_PYTHON_CONSUMERS = (*settings.ODAL_PYTHON_CONSUMERS, f"{__name__}.raises_hostile")
+    ConsumerFactory(target=f"{__name__}.raises_hostile")
+    emit("passport.published", {})
+    report = sweep_once()
+    assert (report.failed, report.write_errors) == (1, 0)
+    delivery = Delivery.objects.get()
+    line = delivery.attempt_log.get()
+    assert line.outcome == "failed" and line.error.startswith("ValueError: bad\ufffdtext\ufffdyyy")
+    assert delivery.status == "pending" and delivery.last_error.startswith("ValueError: bad\ufffdtext\ufffd")
+    assert_storable(line.error, MAX_STORED)

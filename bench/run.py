@@ -486,7 +486,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, to try the benchmark itself")
     parser.add_argument(
         "--only",
-        choices=["counts", "drain", "retention", "bounds", "pipeline"],
+        choices=["counts", "drain", "retention", "bounds", "pipeline", "claim", "latency"],
         help="run only this part (to work on it; the report then has only it)",
     )
     parser.add_argument(
@@ -567,6 +567,15 @@ def main() -> int:
                 psql_url, env, consumer=consumer, fill_backlog=fill_backlog, sweep_rate=sweep_rate, base=base,
                 backlog=args.pipeline_backlog, repeats=args.pipeline_repeats,
             )  # fmt: skip
+        if args.only == "claim":  # (in a whole run, measure_issue_7 measures it)
+            print(f"measuring claim time and RSS over 10,000 and {args.big:,} rows…", flush=True)
+            r["scaling"] = claim_scaling(env, [10_000, args.big], consumer("python").pk)
+        if args.only == "latency":
+            print(f"measuring latency at {args.rate:g} events/s for {args.latency_seconds:g} s (odal qcluster)…",
+                  flush=True)  # fmt: skip
+            r["latency"] = latency(
+                env, base, consumer("webhook", f"{base}/hooks").pk, args.rate, args.latency_seconds
+            )
         if args.only in (None, "retention"):
             # A scheduled run's 50 s; --quick runs of 1 s over its small table, to try the measurement.
             from outbox.retention import SCHEDULED_SECONDS
@@ -654,10 +663,17 @@ def report(args, processes: list[int], r: dict, server: str, fsync: str) -> int:
         retention_doc = pipeline_doc + retention_doc
     if "scaling" in r:  # (issue 26, item 5: the claim flat, measured with issue 7's rows)
         small, big = r["scaling"][10_000], r["scaling"][args.big]
+        if "ceiling_1" not in r:  # (--only claim: issue 7's rows of it)
+            rows += claim_rows(args, r["scaling"])
         targets_26.append(
             (f"claim of 500 at {args.big:,} rows within {pipeline.CLAIM_FLAT}× of 10,000",
              big["claim_ms_median"] <= pipeline.CLAIM_FLAT * small["claim_ms_median"])
         )  # fmt: skip
+    if "latency" in r:  # (issue 26, item 7)
+        lat = r["latency"]
+        if "ceiling_1" not in r:
+            rows += latency_rows(args, lat)
+        targets_26.append((f"latency at {args.rate:g}/s: p99 ≤ 2× p50", lat["p99"] <= 2 * lat["p50"]))
     if "retention" in r:
         more, more_23, doc = retention.report(r["retention"])
         rows += more
@@ -820,6 +836,33 @@ def counts_report(args, c: dict) -> tuple[list, list, str]:
     return rows, targets, doc
 
 
+def latency_rows(args, lat: dict) -> list[tuple[str, str]]:
+    return [
+        (f"commit → webhook latency at {args.rate:g}/s ({lat['events']:,} events), p50 / p95 / p99 / max",
+         f"{lat['p50']:.0f} / {lat['p95']:.0f} / {lat['p99']:.0f} / {lat['max']:.0f} ms"),
+        (f"retry attempted after its next_attempt_at ({lat['retries']} retries), p99 / max",
+         f"{lat['retry_p99']:.2f} / {lat['retry_max']:.2f} s"),
+    ]  # fmt: skip
+
+
+def claim_rows(args, scaling: dict) -> list[tuple[str, str]]:
+    small, big = scaling[10_000], scaling[args.big]
+    claim_ratio = big["claim_ms_median"] / small["claim_ms_median"]
+    rss_ratio = big["peak_rss_mb"] / small["peak_rss_mb"]
+    uses_index = "delivery_due_idx" in scaling["plan"]
+    return [
+        ("claim of 500 rows, median, 10,000-row table", f"{small['claim_ms_median']:.1f} ms"),
+        (f"claim of 500 rows, median, {args.big:,}-row table", f"{big['claim_ms_median']:.1f} ms ({claim_ratio:.2f}×)"),
+        ("the claim's share of a no-op pass of 500 (10 passes), 10,000-row table",
+         f"{small['claim_share']:.0%}"),
+        (f"the claim's share of a no-op pass of 500 (10 passes), {args.big:,}-row table",
+         f"{big['claim_share']:.0%}"),
+        ("sweep process peak RSS, 10,000-row table", f"{small['peak_rss_mb']:.0f} MB"),
+        (f"sweep process peak RSS, {args.big:,}-row table", f"{big['peak_rss_mb']:.0f} MB ({rss_ratio:.2f}×)"),
+        ("claim query plan uses delivery_due_idx (partial index)", "yes" if uses_index else "NO"),
+    ]  # fmt: skip
+
+
 def issue_7_report(args, processes: list[int], r: dict) -> tuple[list, list, str, str]:
     two = r.get("noop_2", r[f"noop_{processes[0]}"])
     hook_two = r.get("hook_2", r[f"hook_{processes[0]}"])
@@ -842,22 +885,12 @@ def issue_7_report(args, processes: list[int], r: dict) -> tuple[list, list, str
         ("odal / one-commit-per-row ceiling, 2 clients (no-op, 2 sweeps)", f"{two / r['ceiling_2']:.2f}×"),
         ("registry drain, simulator, 1 process (register + check)", f"{r['drain_1']:,.0f} registrations/s"),
         ("registry drain, simulator, 2 processes", f"{r['drain_2']:,.0f} registrations/s"),
-        (f"commit → webhook latency at {args.rate:g}/s ({lat['events']:,} events), p50 / p95 / p99 / max",
-         f"{lat['p50']:.0f} / {lat['p95']:.0f} / {lat['p99']:.0f} / {lat['max']:.0f} ms"),
-        (f"retry attempted after its next_attempt_at ({lat['retries']} retries), p99 / max",
-         f"{lat['retry_p99']:.2f} / {lat['retry_max']:.2f} s"),
-        ("claim of 500 rows, median, 10,000-row table", f"{small['claim_ms_median']:.1f} ms"),
-        (f"claim of 500 rows, median, {args.big:,}-row table", f"{big['claim_ms_median']:.1f} ms ({claim_ratio:.2f}×)"),
-        ("the claim's share of a no-op pass of 500 (10 passes), 10,000-row table",
-         f"{small['claim_share']:.0%}"),
-        (f"the claim's share of a no-op pass of 500 (10 passes), {args.big:,}-row table",
-         f"{big['claim_share']:.0%}"),
-        ("sweep process peak RSS, 10,000-row table", f"{small['peak_rss_mb']:.0f} MB"),
-        (f"sweep process peak RSS, {args.big:,}-row table", f"{big['peak_rss_mb']:.0f} MB ({rss_ratio:.2f}×)"),
-        ("claim query plan uses delivery_due_idx (partial index)", "yes" if uses_index else "NO"),
+    ]  # fmt: skip
+    rows += latency_rows(args, lat) + claim_rows(args, r["scaling"])
+    rows += [
         ("SQL statements per delivery (query counter, batch 500)", f"{r['statements']:.3f}"),
         ("committed transactions per delivery (pg_stat_database)", f"{r['transactions']:.4f}"),
-    ]  # fmt: skip
+    ]
     targets = [
         ("no-op: ≥ 5,000 deliveries/s with 2 sweeps", two >= 5000),
         ("no-op: ≥ 10× django-q2 with 2 sweeps", two >= 10 * r["django_q"]),

@@ -57,8 +57,8 @@ def _insert_chunk(cursor, *, first: int, last: int, consumers: str, at: str, ext
     deliveries of generate_series(first, last), with `extra` columns; then the events."""
     cursor.execute("DROP TABLE IF EXISTS bench_chunk")
     cursor.execute(
-        "CREATE TEMP TABLE bench_chunk AS SELECT g, gen_random_uuid() AS event_id, "
-        f"gen_random_uuid() AS delivery_id, ({consumers})[1 + g %% {CONSUMERS}] AS consumer_id, "
+        "CREATE TEMP TABLE bench_chunk AS SELECT g, odal_uuid7() AS event_id, "
+        f"odal_uuid7() AS delivery_id, ({consumers})[1 + g %% {CONSUMERS}] AS consumer_id, "
         f"{at} AS at{extra} FROM generate_series(%s, %s) g",
         [first, last],
     )
@@ -462,11 +462,11 @@ def warm_sweep_rate(consumer_id: int, backlog: int, sweep) -> float:
     tag = f"bench.beside.{uuid.uuid4().hex[:8]}"
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            "WITH ev AS (INSERT INTO outbox_event (id, type, payload, created_at) SELECT gen_random_uuid(), %s, "
+            "WITH ev AS (INSERT INTO outbox_event (id, type, payload, created_at) SELECT odal_uuid7(), %s, "
             "jsonb_build_object('n', g), now() FROM generate_series(1, %s) g RETURNING id) "
             "INSERT INTO outbox_delivery (id, event_id, consumer_id, status, attempts, max_attempts, "
             "next_attempt_at, claim_token, last_error, delivered_at, dead_at, created_at) "
-            "SELECT gen_random_uuid(), id, %s, 'pending', 0, 8, now(), NULL, '', NULL, NULL, now() FROM ev",
+            "SELECT odal_uuid7(), id, %s, 'pending', 0, 8, now(), NULL, '', NULL, NULL, now() FROM ev",
             [tag, backlog, consumer_id],
         )
         cursor.execute("SELECT pg_notify(%s, '')", [SWEEP.channel])

@@ -87,7 +87,7 @@ def queue_registrations(count: int) -> None:
         )
         cursor.execute(
             "INSERT INTO registry_registration (id, passport_id, status, operation, attempts, next_attempt_at, "
-            "correlation_id, handle, last_error, note, created_at, queued_at) SELECT gen_random_uuid(), id, "
+            "correlation_id, handle, last_error, note, created_at, queued_at) SELECT odal_uuid7(), id, "
             "'pending', 'register', 0, now(), '', '', '', '', now(), now() FROM odal_passport"
         )
         cursor.execute("SELECT pg_notify('odal_registry', '')")

@@ -61,8 +61,8 @@ def fill(n: int, kept: int) -> float:
             last = min(n, first + CHUNK - 1)
             cursor.execute("DROP TABLE IF EXISTS bench_chunk")
             cursor.execute(
-                "CREATE TEMP TABLE bench_chunk AS SELECT g, g <= %s AS kept, gen_random_uuid() AS event_id, "
-                "gen_random_uuid() AS delivery_id, now() - interval '1 minute' - (%s - g)::float8 / %s "
+                "CREATE TEMP TABLE bench_chunk AS SELECT g, g <= %s AS kept, odal_uuid7() AS event_id, "
+                "odal_uuid7() AS delivery_id, now() - interval '1 minute' - (%s - g)::float8 / %s "
                 f"* interval '{HISTORY_DAYS} days' AS at FROM generate_series(%s, %s) g",
                 [kept, n, n, first, last],
             )

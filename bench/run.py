@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import bounds, bulk, counts, drain, pipeline, retention  # noqa: E402
+from odal.ids import uuid7  # noqa: E402
 
 # The bench's no-op consumer is a Python consumer: the allow-list names it (else the sweep pauses it).
 PYTHON_CONSUMERS = "outbox.receiver.*,bench.noop.*"
@@ -152,19 +153,20 @@ def consumer(kind: str, url: str = ""):
 
 
 def fill_backlog(backlog: int, consumer_id: int, *, due_in_seconds: float = 0.0, attempts: int = 0) -> None:
-    """`backlog` events with one pending delivery each, due now (or later), by plain SQL."""
+    """`backlog` events with one pending delivery each, due now (or later), by plain SQL, keyed as odal keys
+    them (odal_uuid7(): rows made together sit together)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE outbox_deliveryattempt, outbox_delivery, outbox_event")
         cursor.execute(
-            "INSERT INTO outbox_event (id, type, payload, created_at) SELECT gen_random_uuid(), 'bench.noop', "
+            "INSERT INTO outbox_event (id, type, payload, created_at) SELECT odal_uuid7(), 'bench.noop', "
             "jsonb_build_object('n', g), now() FROM generate_series(1, %s) g",
             [backlog],
         )
         cursor.execute(
             "INSERT INTO outbox_delivery (id, event_id, consumer_id, status, attempts, max_attempts, next_attempt_at, "
-            "last_error, created_at) SELECT gen_random_uuid(), id, %s, 'pending', %s, 8, "
+            "last_error, created_at) SELECT odal_uuid7(), id, %s, 'pending', %s, 8, "
             "now() + make_interval(secs => %s), '', now() FROM outbox_event",
             [consumer_id, attempts, due_in_seconds],
         )
@@ -308,7 +310,7 @@ def latency(env: dict, base: str, consumer_id: int, rate: float, seconds: float)
         now = timezone.now()
         with connection.cursor() as cursor:
             for _ in range(200):
-                event_id, delivery_id = uuid.uuid4(), uuid.uuid4()
+                event_id, delivery_id = uuid7(), uuid7()
                 at = now + timedelta(seconds=2 + random.random() * 12)
                 cursor.execute(
                     "INSERT INTO outbox_event (id, type, payload, created_at) VALUES (%s, 'bench.retry', '{}', now())",
@@ -402,7 +404,7 @@ def drain_rate(env: dict, registrations: int, processes: int) -> float:
         )
         cursor.execute(
             "INSERT INTO registry_registration (id, passport_id, status, operation, attempts, next_attempt_at, "
-            "correlation_id, handle, last_error, note, created_at, queued_at) SELECT gen_random_uuid(), id, "
+            "correlation_id, handle, last_error, note, created_at, queued_at) SELECT odal_uuid7(), id, "
             "'pending', 'register', 0, now(), '', '', '', '', now(), now() FROM odal_passport"
         )
     time.sleep(1.5)  # the simulator starts

@@ -4,8 +4,8 @@ At a thousand rows, bulk_create spends most of its time in Python: a model insta
 then one SQL parameter per value, each prepared by its field and quoted by the driver. On
 PostgreSQL, insert_rows() sends the rows as one JSON document instead, which the server unpacks
 with `jsonb_to_recordset` into the table's column types; values every row shares are sent once,
-and a UUID primary key left to its default is made by the server (`gen_random_uuid()`). About a
-third of bulk_create's time here. Elsewhere (SQLite, `make run`'s default) it is bulk_create.
+and a UUID primary key left to its default is made by the server (`odal_uuid7()` or
+`gen_random_uuid()`, see SERVER_MADE). About a third of bulk_create's time here. Elsewhere (SQLite, `make run`'s default) it is bulk_create.
 """
 
 import json
@@ -13,6 +13,11 @@ import uuid
 from datetime import datetime
 
 from django.db import connection, models
+
+from odal.ids import uuid7
+
+# Keys the server makes in the INSERT, for a primary key left to one of these defaults.
+SERVER_MADE = {uuid.uuid4: "gen_random_uuid()", uuid7: "odal_uuid7()"}
 
 
 class _Encoder(json.JSONEncoder):
@@ -66,7 +71,7 @@ def insert_rows(
             model.objects.filter(pk__in=[row[pk.attname] for row in rows]).values_list("pk", flat=True)
         )
     fields = {f.attname: f for f in model._meta.concrete_fields}
-    server_made = [name for name, make in made.items() if make is uuid.uuid4]
+    server_made = {name: SERVER_MADE[make] for name, make in made.items() if make in SERVER_MADE}
     made = {name: make for name, make in made.items() if name not in server_made}
     if made:
         rows = [{**row, **{name: make() for name, make in made.items()}} for row in rows]
@@ -77,9 +82,7 @@ def insert_rows(
     qn = connection.ops.quote_name
     columns = [qn(fields[name].column) for name in [*given, *shared, *server_made]]
     values = [f"t.{qn(name)}" for name in given]
-    values += [f"%s::{fields[name].db_type(connection)}" for name in shared] + ["gen_random_uuid()"] * len(
-        server_made
-    )
+    values += [f"%s::{fields[name].db_type(connection)}" for name in shared] + [*server_made.values()]
     spec = ", ".join(f"{qn(name)} {fields[name].db_type(connection)}" for name in given)
     sql = (
         f"INSERT INTO {qn(model._meta.db_table)} ({', '.join(columns)}) "

@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from odal import rules
 from odal.errors import Refused
+from odal.ids import uuid7
 from odal.rows import insert_rows
 from odal.work.wake import SWEEP
 from outbox.models import Consumer, Delivery, Event
@@ -88,7 +89,7 @@ def emit_many(event_type: str, payloads: list[dict]) -> tuple[list[uuid.UUID], i
         return [], 0
     with transaction.atomic():
         now = timezone.now()
-        events = [{"id": uuid.uuid4(), "payload": p} for p in payloads]
+        events = [{"id": uuid7(), "payload": p} for p in payloads]
         insert_rows(Event, events, same={"type": event_type, "created_at": now})
         consumers = [c for c in Consumer.objects.all() if c.wants(event_type)]
         share_lock(consumers)

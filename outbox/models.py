@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from odal import rules
 from odal.errors import Refused
+from odal.ids import uuid7
 from odal.models import AuditEntry
 from odal.reasons import clean_reason
 from odal.text import storable
@@ -241,7 +242,7 @@ def paused_consumers():
 class Event(models.Model):
     """Created in the same transaction as the change it reports (see outbox.events.emit)."""
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     type = models.CharField(max_length=100, db_index=True)
     payload = models.JSONField(default=dict)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
@@ -602,7 +603,7 @@ class Delivery(models.Model):
         DEAD = "dead"
         PAUSED = "paused", "paused (its consumer is paused)"
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     # No index of their own: the unique (event, consumer) and the (consumer, status) indexes serve
     # them, and every index is one more entry to write each time the sweep updates a row.
     event = models.ForeignKey(Event, on_delete=models.CASCADE, related_name="deliveries", db_index=False)

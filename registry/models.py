@@ -1,7 +1,6 @@
 """The registry outbox: one Registration per passport, the work this node owes the EU DPP
 registry for it, and the log of every attempt at that work."""
 
-import uuid
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
@@ -10,6 +9,7 @@ from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
+from odal.ids import uuid7
 from odal.models import Passport
 from odal.text import storable
 from odal.work.claims import ClaimQuerySet
@@ -385,7 +385,7 @@ class Registration(models.Model):
         REGISTER = "register"
         DEACTIVATE = "deactivate"
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     passport = models.OneToOneField(Passport, on_delete=models.PROTECT, related_name="registration")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     operation = models.CharField(max_length=16, choices=Operation.choices, default=Operation.REGISTER)

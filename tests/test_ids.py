@@ -1,0 +1,77 @@
+"""Time-ordered keys (odal.ids): version 7, the milliseconds first, made alike in Python and by
+PostgreSQL, and used for the queue tables' rows however they are written."""
+
+import time
+import uuid
+
+import pytest
+from django.db import connection
+
+from odal.ids import uuid7
+from outbox.events import emit, emit_many
+from outbox.models import Delivery, Event
+from registry.models import Registration
+from tests.factories import ConsumerFactory, RegistrationFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def milliseconds(key: uuid.UUID) -> int:
+    return key.int >> 80
+
+
+# The 74 random bits: after the time and the version (bits 64–75), and after the variant (0–61).
+RANDOM_BITS = [*range(62), *range(64, 76)]
+
+
+def every_random_bit_varies(keys: list[uuid.UUID]) -> bool:
+    """Not one random bit is the same in every key (of 500: a chance of 74 / 2^499 of failing)."""
+    return all(len({(k.int >> bit) & 1 for k in keys}) == 2 for bit in RANDOM_BITS)
+
+
+def test_a_key_is_version_7_of_rfc_9562_and_starts_with_the_time():
+    before = time.time_ns() // 1_000_000
+    keys = [uuid7() for _ in range(1000)]
+    after = time.time_ns() // 1_000_000
+    assert {k.version for k in keys} == {7}
+    assert {k.variant for k in keys} == {uuid.RFC_4122}
+    assert all(before <= milliseconds(k) <= after for k in keys)
+    assert len(set(keys)) == 1000
+    assert every_random_bit_varies(keys)
+
+
+def test_keys_made_a_millisecond_apart_sort_in_the_order_they_were_made():
+    first = uuid7()
+    while time.time_ns() // 1_000_000 == milliseconds(first):
+        time.sleep(0.0005)
+    assert uuid7() > first
+    assert str(uuid7()) > str(first)  # as text too (the admin's and the API's order)
+
+
+def test_postgresql_makes_the_same_keys():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT odal_uuid7(), (extract(epoch FROM clock_timestamp()) * 1000)::bigint FROM generate_series(1, 500)"
+        )
+        rows = cursor.fetchall()
+    keys = [uuid.UUID(str(k)) for k, _ in rows]
+    assert {k.version for k in keys} == {7}
+    assert {k.variant for k in keys} == {uuid.RFC_4122}
+    assert all(abs(milliseconds(k) - at) <= 1 for k, (_, at) in zip(keys, rows, strict=True))
+    assert len(set(keys)) == 500
+    assert every_random_bit_varies(keys)
+
+
+def test_events_deliveries_and_registrations_are_keyed_by_time_however_written():
+    ConsumerFactory(event_types=[])
+    ConsumerFactory(event_types=[])
+    before = time.time_ns() // 1_000_000
+    emit("passport.published", {"n": 1})  # one event, its deliveries by bulk_create
+    emit_many("passport.published", [{"n": n} for n in range(5)])  # insert_rows: server-made keys
+    RegistrationFactory()
+    after = time.time_ns() // 1_000_000
+    keys = [*Event.objects.values_list("pk", flat=True), *Delivery.objects.values_list("pk", flat=True)]
+    keys += Registration.objects.values_list("pk", flat=True)
+    assert len(keys) == 6 + 12 + 1
+    assert {k.version for k in keys} == {7}
+    assert all(before - 1 <= milliseconds(k) <= after + 1 for k in keys)

@@ -303,6 +303,10 @@ def latency(env: dict, base: str, consumer_id: int, rate: float, seconds: float)
         if missing:
             raise SystemExit(f"benchmark broken: {len(missing)} of {total} webhooks never arrived")
         ms = [(arrivals[n] - committed[n]) * 1000 for n in committed]
+        first = committed[1]
+        slowest = sorted(((ms[n - 1], committed[n] - first) for n in committed), reverse=True)[
+            : max(1, total // 100)
+        ]
 
         # Retries: inserted by SQL (no NOTIFY), due 2–14 s from now, attempt 1 already made.
         from django.utils import timezone
@@ -344,6 +348,7 @@ def latency(env: dict, base: str, consumer_id: int, rate: float, seconds: float)
         "p99": percentile(ms, 99),
         "max": max(ms),
         "events": len(ms),
+        "slowest": slowest,  # the slowest 1%: (ms, seconds after the first commit)
         "retry_max": max(late),
         "retry_p99": percentile(late, 99),
         "retry_min": min(late),

@@ -7,7 +7,7 @@ import uuid
 import pytest
 from django.db import connection
 
-from odal.ids import uuid7
+from odal.ids import UUID7_SQL, uuid7
 from outbox.events import emit, emit_many
 from outbox.models import Delivery, Event
 from registry.models import Registration
@@ -48,8 +48,17 @@ def test_keys_made_a_millisecond_apart_sort_in_the_order_they_were_made():
     assert str(uuid7()) > str(first)  # as text too (the admin's and the API's order)
 
 
+def test_the_database_has_the_function_odal_ids_defines():
+    """A change to UUID7_SQL needs a migration that installs it: the function migrated is this one."""
+    body = UUID7_SQL.split("$$")[1]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT prosrc FROM pg_proc WHERE proname = 'odal_uuid7'")
+        assert cursor.fetchall() == [(body,)]
+
+
 def test_postgresql_makes_the_same_keys():
     with connection.cursor() as cursor:
+        cursor.execute(UUID7_SQL)  # (this text, in the test's transaction: the one above is migrated)
         cursor.execute(
             "SELECT odal_uuid7(), (extract(epoch FROM clock_timestamp()) * 1000)::bigint FROM generate_series(1, 500)"
         )

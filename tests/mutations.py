@@ -2621,13 +2621,55 @@ GUARDS = [
     Guard(
         "wake: a leader's last look comes after it unlocks (a commit that found the lock held is seen)",
         "odal/work/wake.py",
-        "        if relayed:\n            report.add(listening(listener, HANDOVER_SECONDS))\n"
+        "        relayed = turn.relayed\n"
         "    # The last look, after the unlock (with a successor on its way, its first pass is the look).\n"
         "    if settings.ODAL_KICK_SWEEP and not relayed and answered_yes(due):\n",
-        "        looked = answered_yes(due)\n        if relayed:\n            report.add(listening(listener, HANDOVER_SECONDS))\n"
+        "        looked = answered_yes(due)\n        relayed = turn.relayed\n"
         "    # The last look, after the unlock (with a successor on its way, its first pass is the look).\n"
         "    if settings.ODAL_KICK_SWEEP and not relayed and looked:\n",
         "tests/test_kicks.py::test_a_publish_committed_while_a_leading_drain_ends_its_turn_is_kicked",
+    ),
+    Guard(
+        "wake: a leader hands over only to a successor waiting for the lock",
+        "odal/work/wake.py",
+        "\"WHERE l.locktype = 'advisory' AND NOT l.granted AND l.classid = %s AND l.objid = %s \"",
+        "\"WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objid = %s \"",
+        "tests/test_outbox_wake.py::test_a_leader_hands_over_only_once_its_successor_waits_for_the_lock",
+    ),
+    Guard(
+        "wake: a leader's turn works on until its successor waits (not a fixed hand-over)",
+        "odal/work/wake.py",
+        "        return now >= self.handed_over_by or self.listener.hand_over()\n",
+        "        return now >= self.handed_over_by\n",
+        "tests/test_outbox_wake.py::test_a_leading_turn_works_on_until_its_successor_waits_then_hands_over",
+    ),
+    Guard(
+        "wake: a helper beside a leader stops at its first pass short of a batch",
+        "odal/work/loops.py",
+        "                if while_full and one.claimed < (batch or self.batch):\n                    return report\n",
+        "",
+        "tests/test_outbox_wake.py::test_a_helper_beside_a_leader_stops_at_its_first_pass_short_of_a_batch",
+    ),
+    Guard(
+        "wake: a task that cannot lead helps only while batches are full",
+        "odal/work/loops.py",
+        "            helping=lambda: self.until_idle(max_seconds=50, while_full=True),\n",
+        "            helping=lambda: self.until_idle(max_seconds=50),\n",
+        "tests/test_outbox_wake.py::test_a_sweep_task_that_cannot_lead_helps_only_while_batches_are_full",
+    ),
+    Guard(
+        "wake: a task that cannot lead calls its helping, not until_idle",
+        "odal/work/wake.py",
+        "            helped = (helping or until_idle)()\n",
+        "            helped = until_idle()\n",
+        "tests/test_outbox_wake.py::test_a_sweep_task_that_cannot_lead_helps_only_while_batches_are_full",
+    ),
+    Guard(
+        "wake: a relay successor sweeps once before it waits for the lock",
+        "odal/work/loops.py",
+        "                try:\n                    report.add(self.one_pass(batch=batch or self.batch, **tools))\n",
+        "                try:\n                    pass\n",
+        "tests/test_outbox_wake.py::test_a_relay_successor_sweeps_once_before_it_waits_for_the_lock",
     ),
     Guard(
         "drain wake: a leading drain relays while a registration falls due within the horizon",

@@ -207,7 +207,7 @@ def test_withdrawing_a_kick_takes_back_only_its_own_mark(db):
 def turn(wake_of):
     """run_kicked_task with work that only says it ran."""
     return wake.run_kicked_task(
-        wake_of, relay=False, listening=lambda *a: "listened", until_idle=lambda: "idle",
+        wake_of, relay=False, listening=lambda *a, **k: "listened", until_idle=lambda: "idle",
         owed=lambda: False, due=lambda: False,
     )  # fmt: skip
 

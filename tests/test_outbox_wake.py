@@ -144,3 +144,100 @@ def test_a_sweep_task_that_cannot_lead_sweeps_what_is_due_and_returns(db, monkey
         summary = tasks.sweep()
     assert summary.startswith("1 claimed, 1 delivered")
     assert Delivery.objects.get().status == "delivered"
+
+
+# -- the hand-over between turns (issue 26: no gap in which nobody sweeps) ----------------------
+
+
+def lock_is_held() -> bool:
+    key = SWEEP.lock
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND classid = %s AND objid = %s AND objsubid = 1)",
+            [(key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF],
+        )
+        return cursor.fetchone()[0]
+
+
+class Successor(threading.Thread):
+    """A relay successor: once the lock is held, it waits for it (as run_kicked_task's relay does)."""
+
+    def __init__(self, wait_seconds: float):
+        super().__init__(daemon=True)
+        self.wait_seconds, self.led = wait_seconds, None
+
+    def run(self):
+        try:
+            assert wait_for(lock_is_held, 30)
+            listener = Listener.open()
+            try:
+                self.led = listener.wait_to_lead(self.wait_seconds)
+            finally:
+                listener.close()
+        finally:
+            connections.close_all()
+
+
+def test_a_leader_hands_over_only_once_its_successor_waits_for_the_lock(db):
+    leader = Listener.open()
+    try:
+        assert leader.try_lead()
+        assert not leader.hand_over()  # nobody waits: it keeps the lock
+        assert leader.leading and lock_is_held()
+        successor = Successor(wait_seconds=30)
+        successor.start()
+        assert wait_for(leader.hand_over, 30)  # true once the successor waits, and the lock is given up
+        successor.join(30)
+        assert successor.led is True and not leader.leading
+    finally:
+        leader.close()
+
+
+def test_a_leading_turn_works_on_until_its_successor_waits_then_hands_over(db, settings, monkeypatch):
+    """Handing over after a fixed time, come the successor or not, left nobody sweeping until it
+    came: 100–250 ms of commits unswept at every turn at 50 events/s. The leader now keeps
+    sweeping until its successor waits for the lock (HANDOVER_SECONDS is only the longest)."""
+    settings.ODAL_KICK_SWEEP = True
+    monkeypatch.setattr(wake, "TURN_SECONDS", 0.1)
+    monkeypatch.setattr(wake, "HANDOVER_SECONDS", 120)
+    DeliveryFactory(consumer=ConsumerFactory(), next_attempt_at=timezone.now() + timedelta(hours=1))  # owed
+    successor = Successor(wait_seconds=120)
+    successor.start()
+    started = time.monotonic()
+    tasks.sweep()
+    successor.join(30)
+    assert successor.led is True
+    assert time.monotonic() - started < 60  # not the 120 s of a leader that waits out its hand-over
+    (queued,) = OrmQ.objects.all()
+    assert queued.task["kwargs"] == {"relay": True}
+
+
+def test_a_helper_beside_a_leader_stops_at_its_first_pass_short_of_a_batch(db):
+    """On a steady trickle there is always a row due: a helper that swept until idle kept its
+    django-q2 worker (50 s), and the leader's relay successor found no worker to start on."""
+    consumer = ConsumerFactory()
+    DeliveryFactory.create_batch(3, consumer=consumer)
+    report = Sweep().until_idle(batch=2, while_full=True)
+    assert (report.passes, report.claimed) == (2, 3)
+
+
+def test_a_sweep_task_that_cannot_lead_helps_only_while_batches_are_full(db, monkeypatch):
+    asked = []
+    monkeypatch.setattr(Sweep, "until_idle", lambda self, **kwargs: asked.append(kwargs) or Sweep.Report())
+    with Listener.open() as leader:
+        assert leader.try_lead()
+        tasks.sweep()
+    assert asked == [{"max_seconds": 50, "while_full": True}]
+
+
+def test_a_relay_successor_sweeps_once_before_it_waits_for_the_lock(db):
+    """Its first pass is a run's slowest (housekeeping, new connections): run beside the leader,
+    not in the moment after the leader lets go."""
+    ConsumerFactory()
+    emit("passport.published", {})
+    seen = []
+    report = Sweep().listening(
+        None, seconds=5, lead=lambda: seen.append(Delivery.objects.get().status) and False
+    )
+    assert seen == ["delivered"] and report.passes == 1

@@ -77,11 +77,19 @@ class Work(ABC):
         return self.rows.due().exists()
 
     def until_idle(
-        self, *, batch: int | None = None, max_seconds: float = 50.0, linger_seconds: float | None = None
+        self,
+        *,
+        batch: int | None = None,
+        max_seconds: float = 50.0,
+        linger_seconds: float | None = None,
+        while_full: bool = False,
     ) -> Report:
         """Passes until one claims nothing and nothing falls due within `linger_seconds` (nor
         does the kind ask to pause), or `max_seconds` have gone by. A database lost meanwhile is
-        waited for until then; past it, its error is raised."""
+        waited for until then; past it, its error is raised. `while_full`: a helper beside a
+        leader, which stops at the first pass that claims less than a full batch (no backlog:
+        the leader keeps up); on a steady trickle a helper that waited for idle would keep its
+        worker for max_seconds, and a leader's relay successor would find no worker to start on."""
         linger = self.linger_seconds if linger_seconds is None else linger_seconds
         report = self.Report()
         deadline = time.monotonic() + max_seconds
@@ -93,6 +101,8 @@ class Work(ABC):
                     continue
                 report.add(one)
                 if time.monotonic() >= deadline:
+                    return report
+                if while_full and one.claimed < (batch or self.batch):
                     return report
                 if one.claimed:
                     continue
@@ -120,19 +130,31 @@ class Work(ABC):
         seconds: float | None = None,
         poll_seconds: float = POLL_SECONDS,
         should_stop=lambda: False,
+        lead=None,
     ) -> Report:
         """Passes back to back while they claim something; when one claims nothing, wait for a
         NOTIFY (a commit created work) or `poll_seconds` (a retry may have fallen due), whichever
         comes first (without a listener, outside PostgreSQL, just sleep). Runs for `seconds`, or
         until `should_stop()`. A lost database (its own connection or the listener's) is waited
         for, the listener reopened, and the passes go on; if it does not answer within
-        `seconds`, this returns what it did."""
+        `seconds`, this returns what it did. `lead()`, if given (a relay successor waiting for
+        its predecessor's lock), is asked after the run's tools are made and one pass has run
+        beside the leader (claims take turns safely; the run's first pass is its slowest: its
+        housekeeping, its first requests' connections): if it says no, no more passes run."""
         report = self.Report()
-        deadline = None if seconds is None else time.monotonic() + seconds
-        outage = reconnect.Outage(
-            self.name, should_stop=should_stop, deadline=deadline, reopen=listener and listener.reopen
-        )
         with self.tools() as tools:
+            if lead is not None:
+                try:
+                    report.add(self.one_pass(batch=batch or self.batch, **tools))
+                except reconnect.ERRORS as exc:
+                    if not reconnect.is_lost(exc):
+                        raise
+                if not lead():
+                    return report
+            deadline = None if seconds is None else time.monotonic() + seconds
+            outage = reconnect.Outage(
+                self.name, should_stop=should_stop, deadline=deadline, reopen=listener and listener.reopen
+            )
             while not should_stop():
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -169,8 +191,11 @@ class Work(ABC):
         return run_kicked_task(
             self.wake,
             relay=relay,
-            listening=lambda listener, seconds: self.listening(listener, seconds=seconds),
+            listening=lambda listener, seconds, should_stop=lambda: False, lead=None: self.listening(
+                listener, seconds=seconds, should_stop=should_stop, lead=lead
+            ),
             until_idle=lambda: self.until_idle(max_seconds=50),
+            helping=lambda: self.until_idle(max_seconds=50, while_full=True),
             owed=self.owed,
             due=self.due,
         ).summary()

@@ -2672,6 +2672,13 @@ GUARDS = [
         "tests/test_outbox_wake.py::test_a_relay_successor_sweeps_once_before_it_waits_for_the_lock",
     ),
     Guard(
+        "wake: a turn that swept something relays even with nothing pending at its end",
+        "odal/work/loops.py",
+        "        return self.claimed or self.owed()\n",
+        "        return self.owed()\n",
+        "tests/test_outbox_wake.py::test_a_leading_turn_that_swept_relays_even_with_nothing_pending_at_its_end",
+    ),
+    Guard(
         "drain wake: a leading drain relays while a registration falls due within the horizon",
         "registry/drain.py",
         "        return Registration.objects.due(timezone.now() + RELAY_HORIZON).exists()\n",

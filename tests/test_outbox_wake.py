@@ -241,3 +241,15 @@ def test_a_relay_successor_sweeps_once_before_it_waits_for_the_lock(db):
         None, seconds=5, lead=lambda: seen.append(Delivery.objects.get().status) and False
     )
     assert seen == ["delivered"] and report.passes == 1
+
+
+def test_a_leading_turn_that_swept_relays_even_with_nothing_pending_at_its_end(db, settings, short_turns):
+    """On a steady trickle every row may be settled just when the turn asks: a turn that swept
+    something relays, or nobody would listen until the next commit's task started."""
+    settings.ODAL_KICK_SWEEP = True
+    ConsumerFactory()
+    emit("passport.published", {})
+    tasks.sweep()
+    assert Delivery.objects.get().status == "delivered"
+    (queued,) = OrmQ.objects.all()
+    assert queued.task["kwargs"] == {"relay": True}

@@ -54,6 +54,7 @@ class Work(ABC):
     rows = None  # the claimed model's manager (a ClaimQuerySet)
     batch: int  # rows a pass claims
     linger_seconds: float = 0.0  # until_idle waits for rows falling due this soon
+    claimed: bool = False  # whether a pass of the current (or last) `listening` run claimed anything
 
     @contextmanager
     def tools(self):
@@ -71,6 +72,13 @@ class Work(ABC):
     @abstractmethod
     def owed(self) -> bool:
         """Whether a leading task hands over to a successor at the end of its turn."""
+
+    def relay_owed(self) -> bool:
+        """A leader's question at the end of its turn: relay if its passes claimed anything this
+        turn, or if work is `owed()`. On a steady trickle every row may be settled at
+        the moment of asking; a leader that did not relay then left nobody listening until the
+        next commit's task started (200 ms of commits unswept at 50 events/s)."""
+        return self.claimed or self.owed()
 
     def due(self) -> bool:
         """Whether anything is due now: a leader's last look."""
@@ -142,6 +150,7 @@ class Work(ABC):
         beside the leader (claims take turns safely; the run's first pass is its slowest: its
         housekeeping, its first requests' connections): if it says no, no more passes run."""
         report = self.Report()
+        self.claimed = False
         with self.tools() as tools:
             if lead is not None:
                 try:
@@ -164,6 +173,7 @@ class Work(ABC):
                         close_old_connections()  # a long-lived loop drops a connection past its age or broken
                     one = self.one_pass(batch=batch or self.batch, **tools)
                     report.add(one)
+                    self.claimed = self.claimed or one.claimed > 0
                     if one.claimed == 0 and not should_stop():
                         pause = poll_seconds if remaining is None else min(poll_seconds, remaining)
                         if listener is not None:
@@ -196,6 +206,6 @@ class Work(ABC):
             ),
             until_idle=lambda: self.until_idle(max_seconds=50),
             helping=lambda: self.until_idle(max_seconds=50, while_full=True),
-            owed=self.owed,
+            owed=self.relay_owed,
             due=self.due,
         ).summary()

@@ -343,8 +343,9 @@ def run_kicked_task(wake: Wake, *, relay: bool, listening, until_idle, owed, due
             if report is not None:
                 helped.add(report)
             return helped
-        relayed = turn.relayed
-    # The last look, after the unlock (with a successor on its way, its first pass is the look).
+        relayed = turn.relayed and not listener.leading  # given to a successor that waited for it
+    # The last look, after the unlock (with a successor holding the lock, its next pass is the look;
+    # a hand-over that timed out, its successor not waiting yet or given up, looks itself).
     if settings.ODAL_KICK_SWEEP and not relayed and answered_yes(due):
         wake_up(wake)
     return report

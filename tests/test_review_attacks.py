@@ -194,3 +194,20 @@ def test_a_successor_that_times_out_inside_the_leaders_long_pass_leaves_nobody_a
     assert successor.led is False  # it gave up inside the leader's pass
     assert lock_holders() == 0  # and nobody leads now
     assert woken, "a row is due, nobody leads, and the leader skipped its last look"
+
+
+@pytest.mark.xfail(strict=True, reason="review finding: a non-leader relays (pre-existing, low)")
+def test_a_turn_whose_listener_no_longer_leads_still_enqueues_a_relay(db, settings, monkeypatch):
+    """A leader whose listener was lost and reopened while another task took the lock goes on as a
+    non-leader until its turn ends, then still relays: a successor that waits SUCCESSOR_WAIT_SECONDS
+    for the other leader's lock (a worker held ~5 s for nothing). Pre-existing; low."""
+    settings.ODAL_KICK_SWEEP = True
+    monkeypatch.setattr(wake, "TURN_SECONDS", 0)
+    kicks = []
+    monkeypatch.setattr(wake, "kick", lambda func, name, **kw: kicks.append(kw) or True)
+    with Listener.open() as other, Listener.open() as reopened:
+        assert other.try_lead() and not reopened.try_lead()
+        turn = wake.Turn(SWEEP, reopened, owed=lambda: True)
+        turn()
+        assert turn() is True
+    assert kicks == [], f"a non-leader relayed: {kicks}"

@@ -2679,6 +2679,21 @@ GUARDS = [
         "tests/test_outbox_wake.py::test_a_leading_turn_that_swept_relays_even_with_nothing_pending_at_its_end",
     ),
     Guard(
+        "wake: a leader whose hand-over timed out takes its last look",
+        "odal/work/wake.py",
+        "        relayed = turn.relayed and not listener.leading",
+        "        relayed = turn.relayed",
+        "tests/test_turn_and_count_attacks.py::test_a_leader_whose_successor_gave_up_inside_its_long_pass_takes_its_last_look",
+    ),
+    Guard(
+        "wake: only a leader relays",
+        "odal/work/wake.py",
+        "                self.listener.leading  # (a listener reopened after a loss may find another leading)\n"
+        "                and settings.ODAL_KICK_SWEEP\n",
+        "                settings.ODAL_KICK_SWEEP\n",
+        "tests/test_turn_and_count_attacks.py::test_a_turn_whose_listener_no_longer_leads_enqueues_no_relay",
+    ),
+    Guard(
         "drain wake: a leading drain relays while a registration falls due within the horizon",
         "registry/drain.py",
         "        return Registration.objects.due(timezone.now() + RELAY_HORIZON).exists()\n",

@@ -370,7 +370,8 @@ class Turn:
             return False
         if self.handed_over_by is None:
             self.relayed = (
-                settings.ODAL_KICK_SWEEP
+                self.listener.leading  # (a listener reopened after a loss may find another leading)
+                and settings.ODAL_KICK_SWEEP
                 and answered_yes(self.owed)
                 and kick(self.wake.task, f"{self.wake.name} (relay)", relay=True)
             )

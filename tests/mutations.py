@@ -2621,11 +2621,9 @@ GUARDS = [
     Guard(
         "wake: a leader's last look comes after it unlocks (a commit that found the lock held is seen)",
         "odal/work/wake.py",
-        "        relayed = turn.relayed\n"
-        "    # The last look, after the unlock (with a successor on its way, its first pass is the look).\n"
+        "        relayed = turn.relayed and not listener.leading  # given to a successor that waited for it\n    # The last look, after the unlock (with a successor holding the lock, its next pass is the look;\n    # a hand-over that timed out, its successor not waiting yet or given up, looks itself).\n"
         "    if settings.ODAL_KICK_SWEEP and not relayed and answered_yes(due):\n",
-        "        looked = answered_yes(due)\n        relayed = turn.relayed\n"
-        "    # The last look, after the unlock (with a successor on its way, its first pass is the look).\n"
+        "        looked = answered_yes(due)\n        relayed = turn.relayed and not listener.leading  # given to a successor that waited for it\n    # The last look, after the unlock (with a successor holding the lock, its next pass is the look;\n    # a hand-over that timed out, its successor not waiting yet or given up, looks itself).\n"
         "    if settings.ODAL_KICK_SWEEP and not relayed and looked:\n",
         "tests/test_kicks.py::test_a_publish_committed_while_a_leading_drain_ends_its_turn_is_kicked",
     ),

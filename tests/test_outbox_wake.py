@@ -22,7 +22,7 @@ from outbox.events import emit
 from outbox.models import Delivery
 from outbox.sweep import Sweep, sweep_listening
 from tests.factories import ConsumerFactory, DeliveryFactory
-from tests.waiting import wait_for
+from tests.waiting import advisory_lock_holders, wait_for
 
 
 class ListeningSweep(threading.Thread):
@@ -150,14 +150,7 @@ def test_a_sweep_task_that_cannot_lead_sweeps_what_is_due_and_returns(db, monkey
 
 
 def lock_is_held() -> bool:
-    key = SWEEP.lock
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND granted "
-            "AND classid = %s AND objid = %s AND objsubid = 1)",
-            [(key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF],
-        )
-        return cursor.fetchone()[0]
+    return advisory_lock_holders(SWEEP.lock) > 0
 
 
 class Successor(threading.Thread):

@@ -1,14 +1,20 @@
 """Attacks on issue 26's changes from their review: the tally's counts under mixed one-statement
 updates, version 7 keys through every API path, and hand-overs that go wrong."""
 
+import threading
+import time
+
 import pytest
-from django.db import connection
+from django.db import connections
 from django.db.models import Case, Count, Value, When
 
 from odal import tally
+from odal.work import wake
+from odal.work.wake import SWEEP, Listener
 from outbox.models import Delivery
 from registry.models import Registration
 from tests.factories import ConsumerFactory, DeliveryFactory, RegistrationFactory
+from tests.waiting import advisory_lock_holders
 
 pytestmark = pytest.mark.django_db
 
@@ -103,24 +109,9 @@ def test_every_creation_path_through_the_api_keys_version_7(api_as):
 
 # -- the hand-over ----------------------------------------------------------------------------------
 
-import threading  # noqa: E402
-import time  # noqa: E402
-
-from django.db import connections  # noqa: E402
-
-from odal.work import wake  # noqa: E402
-from odal.work.wake import SWEEP, Listener  # noqa: E402
-
 
 def lock_holders() -> int:
-    key = SWEEP.lock
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-            "AND classid = %s AND objid = %s AND objsubid = 1",
-            [(key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF],
-        )
-        return cursor.fetchone()[0]
+    return advisory_lock_holders(SWEEP.lock)
 
 
 class RelaySuccessor(threading.Thread):

@@ -13,3 +13,16 @@ def wait_for(condition, seconds: float) -> bool:
             return True
         time.sleep(0.02)
     return condition()
+
+
+def advisory_lock_holders(key: int) -> int:
+    """How many sessions hold the advisory lock `key` (pg_advisory_lock's bigint form) now."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND classid = %s AND objid = %s AND objsubid = 1",
+            [(key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF],
+        )
+        return cursor.fetchone()[0]

@@ -5,7 +5,8 @@ then one SQL parameter per value, each prepared by its field and quoted by the d
 PostgreSQL, insert_rows() sends the rows as one JSON document instead, which the server unpacks
 with `jsonb_to_recordset` into the table's column types; values every row shares are sent once,
 and a UUID primary key left to its default is made by the server (`odal_uuid7()` or
-`gen_random_uuid()`, see SERVER_MADE). About a third of bulk_create's time here. Elsewhere (SQLite, `make run`'s default) it is bulk_create.
+`gen_random_uuid()`, see SERVER_MADE). About a third of bulk_create's time here. Elsewhere
+(SQLite, `make run`'s default) it is bulk_create.
 """
 
 import json

@@ -32,6 +32,7 @@ PENDING = 300  # the small sets: the same few hundred at any table size
 DEAD = 300
 CHUNK = 1_000_000  # rows per INSERT: the statement-level triggers' transition tables stay bounded
 TAG = "bench.history"
+RARE_TAG = "bench.history.rare"  # 1 % of the events (the reads filter by it: bench/reads.py)
 # The purge beside the sweep runs after the timed purge (30 days): it takes what that left, less a day.
 BESIDE_PURGE = ["--older-than", "1d", "--dead-older-than", "90d"]
 
@@ -63,9 +64,10 @@ def _insert_chunk(cursor, *, first: int, last: int, consumers: str, at: str, ext
         [first, last],
     )
     cursor.execute(
-        "INSERT INTO outbox_event (id, type, payload, created_at) SELECT event_id, %s, "
-        "jsonb_build_object('n', g, 'upi', 'https://id.example.eu/bench/' || g), at FROM bench_chunk",
-        [TAG],
+        "INSERT INTO outbox_event (id, type, payload, created_at) SELECT event_id, "
+        "CASE WHEN g %% 100 = 0 THEN %s ELSE %s END, jsonb_build_object('n', g, 'dppId', md5('e' || g)::uuid, "
+        "'upi', 'https://id.example.eu/bench/' || g), at FROM bench_chunk",
+        [RARE_TAG, TAG],
     )
 
 
@@ -634,9 +636,11 @@ def sweep_beside_purge(spawn, stop, env: dict, consumer_id: int, backlog: int, r
 
 
 def run(spawn, stop, env: dict, *, sizes: list[int], sessions_per_hour: int, backlog: int,
-        repeats: int, noop_consumer) -> dict:  # fmt: skip
-    """Everything of issue 13's part, in order: per size, fill and time the surfaces; on the
-    largest, the plans, the timed purge, then the sweep alone and beside a running purge."""
+        repeats: int, noop_consumer, reads=None, only_reads: bool = False) -> dict:  # fmt: skip
+    """Everything of issue 13's part, in order: per size, fill and time the surfaces (and
+    `reads(size)`, issue 26's reads over the same tables, under "reads"); on the largest, the
+    plans, the timed purge, then the sweep alone and beside a running purge. `only_reads`: the
+    fills and the reads, nothing else."""
     out: dict = {"sizes": sizes, "compaction": compaction_scheduled(), "sessions_per_hour": sessions_per_hour}
     ids = history_consumers()
     for size in sizes:
@@ -653,9 +657,14 @@ def run(spawn, stop, env: dict, *, sizes: list[int], sessions_per_hour: int, bac
         log(f"filled in {fill['fill_seconds']:.0f} s (with VACUUM ANALYZE, {fill['total_seconds']:.0f} s); "
             f"tally rows {fill['tally_rows_laid_out']:,}, {fill['tally_rows']:,} after compaction; database {fill['database_bytes'] / 2**30:.1f} GiB")  # fmt: skip
         load = os.getloadavg()[0]
-        timed = surfaces(size)
-        log(", ".join(f"{k} {v['median']:.1f} ms (p95 {v['p95']:.1f})" for k, v in timed.items()))
-        out[size] = {"fill": fill, "surfaces": timed, "load": load}
+        out[size] = {"fill": fill, "load": load}
+        if not only_reads:
+            timed = out[size]["surfaces"] = surfaces(size)
+            log(", ".join(f"{k} {v['median']:.1f} ms (p95 {v['p95']:.1f})" for k, v in timed.items()))
+        if reads is not None:
+            out[size]["reads"] = reads(size)
+    if only_reads:
+        return out
     big = sizes[-1]
     out["plans"] = count_plans()
     for what, plan in out["plans"].items():

@@ -16,6 +16,9 @@ docs/performance.md (and docs/performance.svg).
 - issue 13 (bench/counts.py): the admin dashboard, /metrics, GET outbox and `odal outbox status`
   over a table of 10,000 and of 10,000,000 delivered rows, the plans of the pending and dead
   counts, retention's purge throughput, and the no-op sweep's throughput while a purge runs;
+- issue 26 (bench/reads.py): the reads of a large node (GET outbox/deliveries and GET dpp filtered and
+  paged, the deliveries and audit trail admin lists with their filters, search and drill-down)
+  over the counts' tables, with the plan of each;
 - issue 16 (bench/bulk.py): bulk intake, `odal passport import --publish`, published passports/s;
 - issue 16 (bench/drain.py): the concurrent drain at 50 ms latency (1 and 2 processes, and with one
   request in flight), the rate the simulator sees under ODAL_REGISTRY_RATE_PER_SECOND, 429s
@@ -26,7 +29,7 @@ docs/performance.md (and docs/performance.svg).
   statement bounds on (ODAL_DB_STATEMENT_SECONDS unset) over off (=0), interleaved runs.
 
 Usage: python bench/run.py [--backlog 100000] [--processes 1,2,4] [--big-counts 10000000] [--quick]
-[--only counts|drain|retention|bounds]
+[--only counts|reads|drain|retention|bounds|pipeline|claim|latency]
 (DATABASE_URL must name a PostgreSQL server; `make bench` finds one.) Exits 1 when a target is
 missed.
 """
@@ -47,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import bounds, bulk, counts, drain, pipeline, retention  # noqa: E402
+from bench import bounds, bulk, counts, drain, pipeline, reads, retention  # noqa: E402
 from odal.ids import uuid7  # noqa: E402
 
 # The bench's no-op consumer is a Python consumer: the allow-list names it (else the sweep pauses it).
@@ -487,6 +490,9 @@ def main() -> int:
         "--tally-sessions", type=int, default=120,
         help="database sessions writing the tally per hour of the 60 days the big table models",
     )  # fmt: skip
+    parser.add_argument(
+        "--big-passports", type=int, default=1_000_000, help="passports of the reads' large table (GET dpp)"
+    )
     parser.add_argument("--drain-registrations", type=int, default=3000, help="per concurrent drain row")
     parser.add_argument("--publishes", type=int, default=10_000, help="of the kicks row")
     parser.add_argument("--bulk-passports", type=int, default=20_000, help="passports of the bulk import")
@@ -509,7 +515,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, to try the benchmark itself")
     parser.add_argument(
         "--only",
-        choices=["counts", "drain", "retention", "bounds", "pipeline", "claim", "latency"],
+        choices=["counts", "reads", "drain", "retention", "bounds", "pipeline", "claim", "latency"],
         help="run only this part (to work on it; the report then has only it)",
     )
     parser.add_argument(
@@ -521,7 +527,7 @@ def main() -> int:
     if args.quick:
         args.backlog, args.tasks, args.seconds, args.latency_seconds = 5000, 300, 1, 5
         args.registrations, args.big = 300, 50_000
-        args.big_counts, args.beside_backlog = 200_000, 5000
+        args.big_counts, args.beside_backlog, args.big_passports = 200_000, 5000, 50_000
         args.bulk_passports = 2000
         args.drain_registrations, args.publishes = 600, 1000
         args.retention_rows, args.retention_kept = 100_000, 10_000
@@ -560,14 +566,18 @@ def main() -> int:
             )
             consumer("python")
             r["bulk"] = bulk.run(env, passports=args.bulk_passports)
-        if args.only in (None, "counts"):
+        if args.only in (None, "counts", "reads"):
             print(
-                f"measuring the counts over 10,000 and {args.big_counts:,} delivered rows, and retention…",
+                f"measuring the counts over 10,000 and {args.big_counts:,} delivered rows, and retention…"
+                if args.only != "reads" else f"measuring the reads over 10,000 and {args.big_counts:,} rows…",
                 flush=True,
-            )
+            )  # fmt: skip
+            passports = {10_000: 10_000, args.big_counts: args.big_passports}
             r["counts"] = counts.run(
                 spawn, stop, env, sizes=[10_000, args.big_counts], sessions_per_hour=args.tally_sessions,
                 backlog=args.beside_backlog, repeats=args.beside_repeats, noop_consumer=lambda: consumer("python").pk,
+                reads=None if args.only == "counts" else lambda size: reads.run_at(size, passports[size]),
+                only_reads=args.only == "reads",
             )  # fmt: skip
         if args.only in (None, "drain"):
             consumer("python")  # (registered passports emit events; a no-op consumer takes them)
@@ -664,9 +674,14 @@ def report(args, processes: list[int], r: dict, server: str, fsync: str) -> int:
     counts_doc = drain_doc = retention_doc = ""
     if "ceiling_1" in r:
         rows, targets, svg, how = issue_7_report(args, processes, r)
-    if "counts" in r:
+    if "counts" in r and args.only != "reads":
         more, targets_13, counts_doc = counts_report(args, r["counts"])
         rows += more
+    if "counts" in r and "reads" in r["counts"][10_000]:  # (issue 26, item 6)
+        more, more_26, reads_doc = reads.report(r["counts"])
+        rows += more
+        targets_26 += more_26
+        counts_doc += reads_doc
     if "bulk" in r:
         more, targets_16, bulk_doc = bulk.report(r["bulk"])
         rows += more
@@ -681,8 +696,9 @@ def report(args, processes: list[int], r: dict, server: str, fsync: str) -> int:
         targets_23 += more_23
         retention_doc += bounds_doc
     if "pipeline" in r:
-        more, targets_26, pipeline_doc = pipeline.report(r["pipeline"])
+        more, more_26, pipeline_doc = pipeline.report(r["pipeline"])
         rows += more
+        targets_26 += more_26
         retention_doc = pipeline_doc + retention_doc
     if "scaling" in r:  # (issue 26, item 5: the claim flat, measured with issue 7's rows)
         small, big = r["scaling"][10_000], r["scaling"][args.big]

@@ -5,7 +5,7 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.db.models import ProtectedError
 from django.http import HttpResponseRedirect
 from django.urls import reverse
@@ -41,11 +41,44 @@ class CappedPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        found = self.object_list[: self.CAP + 1].count()  # SELECT count(*) FROM (... LIMIT CAP + 1)
+        # SELECT count(*) FROM (... LIMIT CAP + 1), in no order: any CAP + 1 rows count the same as
+        # the first CAP + 1, and without the list's ORDER BY the count of a filter that its order's
+        # index does not serve (an event type) need not read and sort every row it matches.
+        found = self.object_list.order_by()[: self.CAP + 1].count()
         self.capped = found > self.CAP
         return min(found, self.CAP)
 
     capped = False
+
+
+def distinct_values(model, column: str) -> list:
+    """The distinct values of `column` (a NOT NULL column that leads an index of `model`'s table),
+    in order, found by hopping through that index (a recursive query: one index probe per
+    value), not by reading every row as SELECT DISTINCT does: the same cost over ten million rows
+    as over ten thousand."""
+    table, col = connection.ops.quote_name(model._meta.db_table), connection.ops.quote_name(column)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH RECURSIVE hops(v) AS (
+                SELECT (SELECT {col} FROM {table} ORDER BY {col} LIMIT 1)
+                UNION ALL
+                SELECT (SELECT {col} FROM {table} WHERE {col} > hops.v ORDER BY {col} LIMIT 1)
+                FROM hops WHERE hops.v IS NOT NULL
+            )
+            SELECT v FROM hops WHERE v IS NOT NULL
+            """
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+class DistinctValuesFilter(admin.AllValuesFieldListFilter):
+    """Django's filter by each value a column holds, its values found by distinct_values (Django's
+    own reads the whole table, SELECT DISTINCT, on every view of the list)."""
+
+    def __init__(self, field, request, params, model, model_admin, field_path):
+        super().__init__(field, request, params, model, model_admin, field_path)
+        self.lookup_choices = distinct_values(model, field.column)
 
 
 class OdalAdmin(admin.ModelAdmin):
@@ -398,7 +431,10 @@ class PassportAdmin(OdalAdmin):
 @admin.register(AuditEntry)
 class AuditEntryAdmin(ReadOnlyAdmin):
     list_display = ["at", "actor", "action", "object_link", "reason"]
-    list_filter = ["action", "actor"]
+    # The actions and actors listed by hopping through audit_action_idx and audit_actor_idx; the
+    # date drill-down by AuditEntryQuerySet.datetimes: the list opens as fast over ten million
+    # entries as over ten thousand.
+    list_filter = [("action", DistinctValuesFilter), ("actor", DistinctValuesFilter)]
     search_fields = ["=object_id", "actor", "reason"]
     date_hierarchy = "at"
 

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.core.exceptions import EmptyResultSet
 from django.db import connection, models, transaction
 from django.db.models import Case, Exists, F, OuterRef, Value, When
+from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce, Concat, Least
 from django.utils import timezone
 
@@ -250,6 +251,9 @@ class Event(models.Model):
     class Meta:
         ordering = ["-created_at"]
         permissions = [("post_event", "Can post events through the API")]
+        # The events of a passport (its id in the payload, as every passport event carries it):
+        # the deliveries admin's search by passport id or UPI (issue 26).
+        indexes = [models.Index(KT("payload__dppId"), name="event_dpp_idx")]
 
     def __str__(self) -> str:
         return f"{self.type} {self.id}"

@@ -60,14 +60,13 @@ def _insert_chunk(cursor, *, first: int, last: int, consumers: str, at: str, ext
     cursor.execute(
         "CREATE TEMP TABLE bench_chunk AS SELECT g, odal_uuid7() AS event_id, "
         f"odal_uuid7() AS delivery_id, ({consumers})[1 + g %% {CONSUMERS}] AS consumer_id, "
-        f"{at} AS at{extra} FROM generate_series(%s, %s) g",
-        [first, last],
+        f"{at} AS at, CASE WHEN g %% 100 = 0 THEN %s ELSE %s END AS type{extra} FROM generate_series(%s, %s) g",
+        [RARE_TAG, TAG, first, last],
     )
     cursor.execute(
-        "INSERT INTO outbox_event (id, type, payload, created_at) SELECT event_id, "
-        "CASE WHEN g %% 100 = 0 THEN %s ELSE %s END, jsonb_build_object('n', g, 'dppId', md5('e' || g)::uuid, "
-        "'upi', 'https://id.example.eu/bench/' || g), at FROM bench_chunk",
-        [RARE_TAG, TAG],
+        "INSERT INTO outbox_event (id, type, payload, created_at) SELECT event_id, type, "
+        "jsonb_build_object('n', g, 'dppId', md5('e' || g)::uuid, 'upi', 'https://id.example.eu/bench/' || g), at "
+        "FROM bench_chunk"
     )
 
 
@@ -91,9 +90,9 @@ def fill_history(n: int, consumer_ids: list[int], *, sessions_per_hour: int, chu
                 at=f"now() - interval '1 minute' - ({n} - g)::float8 / {n} * interval '{HISTORY_DAYS} days'",
             )  # fmt: skip
             cursor.execute(
-                "INSERT INTO outbox_delivery (id, event_id, consumer_id, status, attempts, max_attempts, "
+                "INSERT INTO outbox_delivery (id, event_id, event_type, consumer_id, status, attempts, max_attempts, "
                 "next_attempt_at, claim_token, last_error, delivered_at, dead_at, created_at) "
-                "SELECT delivery_id, event_id, consumer_id, 'delivered', 1, 8, at, NULL, '', "
+                "SELECT delivery_id, event_id, type, consumer_id, 'delivered', 1, 8, at, NULL, '', "
                 "at + interval '0.2 s', NULL, at FROM bench_chunk"
             )
             cursor.execute(
@@ -109,9 +108,9 @@ def fill_history(n: int, consumer_ids: list[int], *, sessions_per_hour: int, chu
             at="now() - interval '10 minutes' - random() * interval '2 hours'", extra=", 1 + g %% 3 AS tries",
         )  # fmt: skip
         cursor.execute(
-            "INSERT INTO outbox_delivery (id, event_id, consumer_id, status, attempts, max_attempts, "
+            "INSERT INTO outbox_delivery (id, event_id, event_type, consumer_id, status, attempts, max_attempts, "
             "next_attempt_at, claim_token, last_error, delivered_at, dead_at, created_at) "
-            "SELECT delivery_id, event_id, consumer_id, 'pending', tries, 8, "
+            "SELECT delivery_id, event_id, type, consumer_id, 'pending', tries, 8, "
             "now() + interval '1 hour' + random() * interval '5 hours', NULL, 'HTTP 503: Service Unavailable', "
             "NULL, NULL, at FROM bench_chunk"
         )
@@ -127,9 +126,9 @@ def fill_history(n: int, consumer_ids: list[int], *, sessions_per_hour: int, chu
             at="now() - interval '2 days' - random() * interval '120 days'",
         )  # fmt: skip
         cursor.execute(
-            "INSERT INTO outbox_delivery (id, event_id, consumer_id, status, attempts, max_attempts, "
+            "INSERT INTO outbox_delivery (id, event_id, event_type, consumer_id, status, attempts, max_attempts, "
             "next_attempt_at, claim_token, last_error, delivered_at, dead_at, created_at) "
-            "SELECT delivery_id, event_id, consumer_id, 'dead', 8, 8, at + interval '1 day', NULL, "
+            "SELECT delivery_id, event_id, type, consumer_id, 'dead', 8, 8, at + interval '1 day', NULL, "
             "'HTTP 500: Internal Server Error', NULL, at + interval '1 day', at FROM bench_chunk"
         )
         cursor.execute(
@@ -466,10 +465,10 @@ def warm_sweep_rate(consumer_id: int, backlog: int, sweep) -> float:
         cursor.execute(
             "WITH ev AS (INSERT INTO outbox_event (id, type, payload, created_at) SELECT odal_uuid7(), %s, "
             "jsonb_build_object('n', g), now() FROM generate_series(1, %s) g RETURNING id) "
-            "INSERT INTO outbox_delivery (id, event_id, consumer_id, status, attempts, max_attempts, "
+            "INSERT INTO outbox_delivery (id, event_id, event_type, consumer_id, status, attempts, max_attempts, "
             "next_attempt_at, claim_token, last_error, delivered_at, dead_at, created_at) "
-            "SELECT odal_uuid7(), id, %s, 'pending', 0, 8, now(), NULL, '', NULL, NULL, now() FROM ev",
-            [tag, backlog, consumer_id],
+            "SELECT odal_uuid7(), id, %s, %s, 'pending', 0, 8, now(), NULL, '', NULL, NULL, now() FROM ev",
+            [tag, backlog, tag, consumer_id],
         )
         cursor.execute("SELECT pg_notify(%s, '')", [SWEEP.channel])
     started = time.monotonic()

@@ -71,9 +71,9 @@ def fill(n: int, kept: int) -> float:
                 "jsonb_build_object('n', g), at FROM bench_chunk"
             )
             cursor.execute(
-                "INSERT INTO outbox_delivery (id, event_id, consumer_id, status, attempts, max_attempts, "
-                "next_attempt_at, claim_token, last_error, delivered_at, dead_at, created_at) "
-                "SELECT delivery_id, event_id, CASE WHEN kept THEN %s ELSE %s END, "
+                "INSERT INTO outbox_delivery (id, event_id, event_type, consumer_id, status, attempts, "
+                "max_attempts, next_attempt_at, claim_token, last_error, delivered_at, dead_at, created_at) "
+                "SELECT delivery_id, event_id, 'bench.retention', CASE WHEN kept THEN %s ELSE %s END, "
                 "CASE WHEN kept THEN 'paused' ELSE 'delivered' END, CASE WHEN kept THEN 0 ELSE 1 END, 8, at, "
                 "NULL, '', CASE WHEN kept THEN NULL ELSE at + interval '0.2 s' END, NULL, at FROM bench_chunk",
                 [parked, history],

@@ -169,8 +169,8 @@ def fill_backlog(backlog: int, consumer_id: int, *, due_in_seconds: float = 0.0,
             [backlog],
         )
         cursor.execute(
-            "INSERT INTO outbox_delivery (id, event_id, consumer_id, status, attempts, max_attempts, next_attempt_at, "
-            "last_error, created_at) SELECT odal_uuid7(), id, %s, 'pending', %s, 8, "
+            "INSERT INTO outbox_delivery (id, event_id, event_type, consumer_id, status, attempts, max_attempts, "
+            "next_attempt_at, last_error, created_at) SELECT odal_uuid7(), id, type, %s, 'pending', %s, 8, "
             "now() + make_interval(secs => %s), '', now() FROM outbox_event",
             [consumer_id, attempts, due_in_seconds],
         )
@@ -325,8 +325,9 @@ def latency(env: dict, base: str, consumer_id: int, rate: float, seconds: float)
                     [event_id],
                 )
                 cursor.execute(
-                    "INSERT INTO outbox_delivery (id, event_id, consumer_id, status, attempts, max_attempts, "
-                    "next_attempt_at, last_error, created_at) VALUES (%s, %s, %s, 'pending', 1, 8, %s, "
+                    "INSERT INTO outbox_delivery (id, event_id, event_type, consumer_id, status, attempts, "
+                    "max_attempts, next_attempt_at, last_error, created_at) VALUES (%s, %s, 'bench.retry', %s, "
+                    "'pending', 1, 8, %s, "
                     "'HTTP 500: (benchmark)', now())",
                     [delivery_id, event_id, consumer_id, at],
                 )

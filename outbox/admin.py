@@ -361,7 +361,7 @@ def delivery_search(term: str) -> Q:
         found |= Q(consumer_id__in=consumers)
     types = [t for t in event_types() if term.casefold() in t.casefold()]
     if types:
-        found |= Q(event__type__in=types)
+        found |= Q(event_type__in=types)
     upis = {term}
     try:
         upis.add(canonical_upi(term))
@@ -384,7 +384,7 @@ class EventTypeFilter(admin.SimpleListFilter):
 
     title = "event type"
     parameter_name = "event_type"
-    field = "event__type"
+    field = "event_type"  # (the delivery's copy: delivery_type_idx)
 
     def lookups(self, request, model_admin):
         return [(t, t) for t in event_types()]
@@ -451,10 +451,6 @@ class DeliveryAdmin(ReadOnlyAdmin):
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
         return (queryset.filter(delivery_search(term)) if term else queryset), False
-
-    @admin.display(description="event type", ordering="event__type")
-    def event_type(self, delivery):
-        return delivery.event.type
 
     @admin.display(description="status", ordering="status")
     def status_shown(self, delivery):

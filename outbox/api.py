@@ -207,7 +207,7 @@ def list_deliveries(
     if consumer:
         rows = rows.filter(consumer__name=consumer)
     if eventType:
-        rows = rows.filter(event__type=eventType)
+        rows = rows.filter(event_type=eventType)  # delivery_type_idx
     if eventId:
         rows = rows.filter(event_id=eventId)
     if cursor:

@@ -67,6 +67,7 @@ def emit(event_type: str, payload: dict, *, only=None, exclude=None) -> tuple[Ev
         Delivery.objects.bulk_create(
             Delivery(
                 event=event,
+                event_type=event.type,
                 consumer=c,
                 max_attempts=c.max_attempts,
                 next_attempt_at=event.created_at,
@@ -105,7 +106,7 @@ def emit_many(event_type: str, payloads: list[dict]) -> tuple[list[uuid.UUID], i
                 for event in events
                 for c in consumers
             ],
-            same={"next_attempt_at": now, "created_at": now},
+            same={"next_attempt_at": now, "created_at": now, "event_type": event_type},
         )
         if any(not c.paused for c in consumers):
             SWEEP.on_commit()

@@ -480,7 +480,7 @@ class DeliveryQuerySet(ClaimQuerySet):
                 )
             rows = rows.filter(consumer__name=consumer)
         if event_type:
-            rows = rows.filter(event__type=event_type)
+            rows = rows.filter(event_type=event_type)
         if dead_since:
             rows = rows.filter(dead_at__gte=dead_since)
         if since:
@@ -614,6 +614,9 @@ class Delivery(models.Model):
     consumer = models.ForeignKey(
         Consumer, on_delete=models.PROTECT, related_name="deliveries", db_index=False
     )
+    # Its event's type, copied when the delivery is made (an event never changes): the lists
+    # filtered by type walk delivery_type_idx, newest first, instead of joining every event.
+    event_type = models.CharField(max_length=100, editable=False, db_default="")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveIntegerField(default=0, help_text="Counted when an attempt is claimed.")
     max_attempts = models.PositiveIntegerField(default=default_max_attempts)
@@ -661,6 +664,7 @@ class Delivery(models.Model):
             ),
             models.Index(fields=["consumer", "status"], name="delivery_consumer_status_idx"),
             models.Index(fields=["-created_at", "-id"], name="delivery_listing_idx"),
+            models.Index(fields=["event_type", "-created_at", "-id"], name="delivery_type_idx"),
         ]
         permissions = [("replay_delivery", "Can replay dead deliveries")]
 

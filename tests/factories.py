@@ -74,6 +74,7 @@ class DeliveryFactory(factory.django.DjangoModelFactory):
         model = "outbox.Delivery"
 
     event = factory.SubFactory(EventFactory)
+    event_type = factory.LazyAttribute(lambda o: o.event.type)  # (as emit copies it)
     consumer = factory.SubFactory(ConsumerFactory)
     max_attempts = factory.LazyAttribute(lambda o: o.consumer.max_attempts)
 

@@ -224,3 +224,16 @@ def test_the_audit_date_drill_down_reads_no_entry_twice(admin_client):
         assert all(link in text for link in links), (query, links)
         grouped = [q["sql"] for q in queries.captured_queries if re.search(r"DISTINCT|TRUNC", q["sql"], re.I)]
         assert not grouped, grouped
+
+
+def test_the_event_type_filter_and_search_read_the_deliverys_own_copy(admin_client, searchable):
+    # delivery_type_idx (the delivery's event_type) serves them; filtering on the joined event's
+    # type reads every delivery of a rare type's list, or the whole table.
+    changelist = reverse("admin:outbox_delivery_changelist")
+    for query in ({"event_type": "order.shipped"}, {"q": "order.ship"}):
+        with CaptureQueriesContext(connection) as queries:
+            page = admin_client.get(changelist, query)
+        assert {d.event.type for d in page.context["cl"].result_list} == {"order.shipped"}, query
+        listed = [q["sql"] for q in queries.captured_queries if "outbox_delivery" in q["sql"]]
+        assert any('"outbox_delivery"."event_type"' in sql for sql in listed), query
+        assert not [sql for sql in listed if re.search(r'"outbox_event"\."type" (=|IN)', sql)], query

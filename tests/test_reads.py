@@ -240,3 +240,71 @@ def test_a_bad_event_id_filter_is_422_with_a_sentence(api_as, event_id):
     body = response.json()
     assert body["code"] == "invalid_request" and "eventId" in body["detail"]
     assert body["detail"].endswith(".")
+
+
+# -- GET outbox/deliveries?eventType=: the delivery's own copy of its event's type (issue 26) ---------
+
+
+def test_every_delivery_carries_its_events_type_however_it_was_made(api_as):
+    from outbox.events import emit_many
+    from outbox.models import Delivery
+
+    ConsumerFactory(name="billing")
+    ConsumerFactory(name="archive", paused=True)
+    emit("passport.published", {"n": 1})
+    emit_many("passport.imported", [{"n": 2}, {"n": 3}])
+    rows = list(Delivery.objects.select_related("event"))
+    assert len(rows) == 6
+    assert all(d.event_type == d.event.type for d in rows), [(d.event_type, d.event.type) for d in rows]
+
+
+def test_deliveries_filter_by_event_type_across_pages(api_as):
+    ConsumerFactory(name="billing")
+    ConsumerFactory(name="archive")
+    for n in range(4):
+        emit("passport.published" if n % 2 else "order.shipped", {"n": n})
+    items = read_all(api_as("read"), "outbox/deliveries", eventType="order.shipped", limit=3)
+    assert len(items) == 4 and {i["eventType"] for i in items} == {"order.shipped"}
+
+
+def test_the_event_type_filter_is_served_by_its_index(api_as):
+    # The page as GET outbox/deliveries?eventType= reads it: a walk of delivery_type_idx, newest
+    # first, no event joined to filter and no sort (a rare type read the whole table).
+    DeliveryFactory(event__type="order.shipped")
+    client = api_as("read")
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get("outbox/deliveries", eventType="order.shipped").status_code == 200
+    (page,) = [
+        q["sql"] for q in queries.captured_queries if "LIMIT" in q["sql"] and "outbox_delivery" in q["sql"]
+    ]
+    with connection.cursor() as cursor:
+        # (a plan for the big table, whatever the few rows here: bitmaps and sorts win at 1 row)
+        cursor.execute(
+            "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_sort = off"
+        )
+        cursor.execute(f"EXPLAIN {page}")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "delivery_type_idx" in plan and "Sort" not in plan, plan
+
+
+def test_the_migration_copies_each_older_deliverys_event_type():
+    # Deliveries made before 0016 carry '' (its column default): it fills them in batches.
+    import importlib
+
+    from outbox.models import Delivery
+
+    migration = importlib.import_module("outbox.migrations.0016_delivery_event_type")
+    for n in range(5):
+        DeliveryFactory(event__type=f"passport.t{n}")
+    Delivery.objects.update(event_type="")
+    assert Delivery.objects.filter(event_type="").count() == 5
+    original = migration.BATCH
+    migration.BATCH = 2  # (three batches and an empty one)
+    try:
+        with connection.schema_editor() as editor:
+            migration.copy_event_types(None, editor)
+    finally:
+        migration.BATCH = original
+    assert sorted(Delivery.objects.values_list("event_type", flat=True)) == [
+        f"passport.t{n}" for n in range(5)
+    ]

@@ -1516,6 +1516,13 @@ GUARDS = [
         "tests/test_admin_lists.py::test_a_list_longer_than_the_cap_says_more_than_and_counts_no_further",
     ),
     Guard(
+        "timestamps: read with psycopg's loader (its C one), not Django's in Python",
+        "odal/database/base.py",
+        '            params["context"].register_loader("timestamptz", TimestamptzLoader)\n',
+        "            pass\n",
+        "tests/test_timestamps.py::test_the_connection_reads_timestamps_with_psycopgs_loader",
+    ),
+    Guard(
         "admin lists: the capped count asks for no order",
         "odal/admin.py",
         "        found = self.object_list.order_by()[: self.CAP + 1].count()\n",

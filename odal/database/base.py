@@ -1,9 +1,13 @@
-"""Django's PostgreSQL backend with odal's statement bounds (see odal.database)."""
+"""Django's PostgreSQL backend with odal's statement bounds (see odal.database), reading
+timestamps with psycopg's own loader."""
 
 import contextlib
+import datetime
 
 import psycopg
+from django.conf import settings
 from django.db.backends.postgresql import base
+from psycopg.types.datetime import TimestamptzLoader
 
 from odal import database
 
@@ -41,8 +45,21 @@ class BoundedConnection(psycopg.Connection):
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
+    # Whether the connection reads timestamptz with psycopg's own loader (see get_connection_params).
+    psycopg_timestamps = False
+
     def get_connection_params(self):
         params = super().get_connection_params()
+        # Django registers a loader of its own for timestamptz, a subclass of psycopg's pure-Python
+        # one (to set the time zone after), which parses each value with a regular expression in
+        # Python: about 2.7 microseconds a value here against 0.4 for psycopg's C loader, paid by
+        # every row a sweep reads (its event's time) and every row of every list. On a connection
+        # whose TimeZone is UTC (Django sets it so when USE_TZ and the database's TIME_ZONE is
+        # unset, as odal runs) psycopg's loader answers what Django's does: the moment, with
+        # tzinfo datetime.timezone.utc. Registered as the Python class, psycopg takes its C one.
+        if settings.USE_TZ and self.timezone is datetime.UTC and self.timezone_name == "UTC":
+            params["context"].register_loader("timestamptz", TimestamptzLoader)
+            self.psycopg_timestamps = True
         seconds = database.statement_seconds()
         if seconds and self.settings_dict.get("SERVER_BOUNDS"):
             params["options"] = f"{params.get('options', '')} {database.server_options(seconds)}".strip()
@@ -54,6 +71,19 @@ class DatabaseWrapper(base.DatabaseWrapper):
         connection.__class__ = BoundedConnection
         connection.bound = database.statement_seconds()
         return connection
+
+    def create_cursor(self, name=None):
+        if not self.psycopg_timestamps:
+            return super().create_cursor(name)
+        # Django's, less its check of the loader's time zone (psycopg's loader has no `timezone`;
+        # it answers in the connection's, UTC, which is Django's: see get_connection_params).
+        if not name:
+            return self.connection.cursor()
+        if self.settings_dict["OPTIONS"].get("server_side_binding") is not True:
+            return base.ServerSideCursor(
+                self.connection, name=name, scrollable=False, withhold=self.connection.autocommit
+            )
+        return self.connection.cursor(name, scrollable=False, withhold=self.connection.autocommit)
 
     def is_usable(self):
         # A reused connection's check: a server that takes longer than this to answer SELECT 1

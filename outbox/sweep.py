@@ -8,7 +8,7 @@ owns which row, and the terminal writes refuse whoever no longer owns it.
 import logging
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
@@ -21,7 +21,7 @@ from odal import reconnect, stopping, tally
 from odal.text import error_text, storable
 from odal.work.claims import backoff_delay
 from odal.work.loops import Report, Work
-from odal.work.passes import Pass, write_in_sets
+from odal.work.passes import AttemptFuture, Pass, write_in_sets
 from odal.work.wake import SWEEP
 from outbox import consumers, python_consumers, service
 from outbox.models import Consumer, Delivery, DeliveryAttempt, Event, Failure
@@ -331,7 +331,7 @@ class SweepPass(Pass):
             if self.consumers[d.consumer_id].kind == Consumer.Kind.WEBHOOK:
                 self.waiting.setdefault(d.consumer_id, deque()).append(d)
             else:
-                self.python_jobs.append((self.consumers[d.consumer_id], d, Future()))
+                self.python_jobs.append((self.consumers[d.consumer_id], d, AttemptFuture()))
         self.running = dict.fromkeys(self.waiting, 0)
 
     def refresh(self) -> None:

@@ -1523,6 +1523,27 @@ GUARDS = [
         "tests/test_timestamps.py::test_the_connection_reads_timestamps_with_psycopgs_loader",
     ),
     Guard(
+        "AttemptFuture: a cancelled attempt is not started by the runner",
+        "odal/work/passes.py",
+        '            if self._state == "CANCELLED":\n                return False\n            if self._state != "PENDING":',
+        '            if self._state != "PENDING" and self._state != "CANCELLED":',
+        "tests/test_attempt_future.py",
+    ),
+    Guard(
+        "AttemptFuture: a running or ended attempt cannot be cancelled",
+        "odal/work/passes.py",
+        '            if self._state in ("RUNNING", "FINISHED"):\n                return False\n',
+        "",
+        "tests/test_attempt_future.py",
+    ),
+    Guard(
+        "AttemptFuture: an ended attempt cannot end again",
+        "odal/work/passes.py",
+        '            if self._state in ("CANCELLED", "FINISHED"):\n                raise InvalidStateError(f"{self._state}: already ended")\n',
+        "",
+        "tests/test_attempt_future.py",
+    ),
+    Guard(
         "admin lists: the capped count asks for no order",
         "odal/admin.py",
         "        found = self.object_list.order_by()[: self.CAP + 1].count()\n",

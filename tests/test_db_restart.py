@@ -37,7 +37,8 @@ OUTAGES = ("pg_ctl restart", "pg_terminate_backend", f"pg_ctl stop, {DOWN_SECOND
 LEADERS = ("odal-sweep", "odal-qcluster")  # the application_name of the listener lock's holder
 LEADER_SQL = (
     "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
-    "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.classid = %s AND l.objid = %s"
+    "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.classid = %s AND l.objid = %s "
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
 )
 LEADER_PARAMS = [SWEEP.lock >> 32, SWEEP.lock & 0xFFFFFFFF]
 FIGURES: list[str] = []  # what the run measured, for the end of the test run's output

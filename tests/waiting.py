@@ -16,13 +16,16 @@ def wait_for(condition, seconds: float) -> bool:
 
 
 def advisory_lock_holders(key: int) -> int:
-    """How many sessions hold the advisory lock `key` (pg_advisory_lock's bigint form) now."""
+    """How many sessions hold the advisory lock `key` (pg_advisory_lock's bigint form) now, in
+    this database: the other test workers (pytest-xdist), each in a database of its own on the
+    same server, take the same keys."""
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-            "AND classid = %s AND objid = %s AND objsubid = 1",
+            "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s "
+            "AND l.objsubid = 1 AND d.datname = current_database()",
             [(key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF],
         )
         return cursor.fetchone()[0]

@@ -15,9 +15,10 @@ A kind (outbox.sweep, registry.drain) subclasses Pass and says how its rows star
 
 import logging
 import queue
+import threading
 import time
 from abc import ABC, abstractmethod
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future, InvalidStateError
 
 from django.conf import settings
 from django.db import transaction
@@ -53,6 +54,85 @@ def write_in_sets(items: list, write, refused) -> list:
             refused(item, exc)
             taken.append(None)
     return taken
+
+
+class AttemptFuture:
+    """What concurrent.futures.Future is to a pass, for an attempt its own runner starts (the
+    sweep's Python consumers: one future per claimed row), without a Condition made for each
+    (a lock and a Condition per Future were a tenth of a no-op pass of 500). The states, their
+    moves and their answers are Future's; one lock, shared, guards every move (a move is a few
+    instructions). Nothing waits on one: the pass learns that it ended from its callback
+    (Pass.track) and asks its result only then."""
+
+    __slots__ = ("_state", "_result", "_exception", "_callbacks")
+    _lock = threading.Lock()
+
+    def __init__(self):
+        self._state, self._result, self._exception, self._callbacks = "PENDING", None, None, []
+
+    def set_running_or_notify_cancel(self) -> bool:
+        with self._lock:
+            if self._state == "CANCELLED":
+                return False
+            if self._state != "PENDING":
+                raise RuntimeError(f"Future in unexpected state: {self._state}")  # (Future's error)
+            self._state = "RUNNING"
+            return True
+
+    def cancel(self) -> bool:
+        with self._lock:
+            if self._state in ("RUNNING", "FINISHED"):
+                return False
+            if self._state == "CANCELLED":
+                return True
+            self._state = "CANCELLED"
+        self._ended()
+        return True
+
+    def set_result(self, result) -> None:
+        self._finish(result, None)
+
+    def set_exception(self, exception: BaseException) -> None:
+        self._finish(None, exception)
+
+    def _finish(self, result, exception) -> None:
+        with self._lock:
+            if self._state in ("CANCELLED", "FINISHED"):
+                raise InvalidStateError(f"{self._state}: already ended")
+            self._state, self._result, self._exception = "FINISHED", result, exception
+        self._ended()
+
+    def _ended(self) -> None:
+        for callback in self._callbacks:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("a callback of an attempt's future raised")
+        self._callbacks = []
+
+    def add_done_callback(self, callback) -> None:
+        with self._lock:
+            if self._state not in ("CANCELLED", "FINISHED"):
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def done(self) -> bool:
+        return self._state in ("CANCELLED", "FINISHED")
+
+    def cancelled(self) -> bool:
+        return self._state == "CANCELLED"
+
+    def result(self):
+        """Its result (or its exception, raised), once it ended; asked before, it is an error
+        (nothing waits on one)."""
+        if self._state == "CANCELLED":
+            raise CancelledError()
+        if self._state != "FINISHED":
+            raise InvalidStateError("not ended: nothing waits on an attempt's future")
+        if self._exception is not None:
+            raise self._exception
+        return self._result
 
 
 class Pass(ABC):

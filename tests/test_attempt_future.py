@@ -1,0 +1,60 @@
+"""odal.work.passes.AttemptFuture answers as concurrent.futures.Future does, for every move a pass
+and the Python runner make (it is Future without a Condition per attempt)."""
+
+from concurrent.futures import CancelledError, Future, InvalidStateError
+
+import pytest
+
+from odal.work.passes import AttemptFuture
+
+MOVES = {
+    "start, result": ["start", ("set_result", 7)],
+    "start, exception": ["start", ("set_exception", KeyError("k"))],
+    "cancel, then the runner starts it": ["cancel", "start"],
+    "start, then the pass cancels it": ["start", "cancel"],
+    "cancel twice": ["cancel", "cancel"],
+    "result without start (skipped)": [("set_result", None)],
+    "result twice": ["start", ("set_result", 1), ("set_result", 2)],
+    "result after cancel": ["cancel", ("set_result", 1)],
+    "exception after result": ["start", ("set_result", 1), ("set_exception", KeyError("k"))],
+    "start twice": ["start", "start"],
+    "cancel after result": ["start", ("set_result", 1), "cancel"],
+}
+
+
+def play(future, moves) -> list:
+    """What each move answers or raises, what the callbacks saw, and the ended future's state."""
+    seen = []
+    future.add_done_callback(lambda f: seen.append("early"))
+    answers = []
+    for move in moves:
+        name, *args = move if isinstance(move, tuple) else (move,)
+        call = {"start": future.set_running_or_notify_cancel}.get(name) or getattr(future, name)
+        try:
+            answers.append(("=", call(*args)))
+        except (InvalidStateError, RuntimeError) as exc:
+            answers.append(("raised", type(exc).__name__))
+    if future.done():
+        future.add_done_callback(lambda f: seen.append("late"))  # (called at once)
+        try:
+            outcome = ("result", future.result())
+        except CancelledError:
+            outcome = ("cancelled",)
+        except KeyError as exc:
+            outcome = ("exception", str(exc))
+    else:
+        outcome = ("not done",)
+    return [answers, seen, outcome, future.done(), future.cancelled()]
+
+
+@pytest.mark.parametrize("moves", MOVES.values(), ids=MOVES.keys())
+def test_an_attempt_future_moves_as_a_future_does(moves):
+    assert play(AttemptFuture(), moves) == play(Future(), moves)
+
+
+def test_its_result_is_asked_only_once_it_ended():
+    # (Future's would block: nothing waits on an attempt's future, the pass asks it once ended)
+    future = AttemptFuture()
+    future.set_running_or_notify_cancel()
+    with pytest.raises(InvalidStateError):
+        future.result()

@@ -2,13 +2,39 @@
 
 `pk__in` of a claim's 500 ids sends 500 parameters: each quoted by the client and parsed by the
 server, a cost per row that the sweep paid four times a batch. One array is one parameter, and
-the same plan whatever the count. Elsewhere (SQLite) it is `IN`, as `__in` is.
+the same plan whatever the count. Elsewhere (SQLite) it is `IN`, as `__in` is. The values may
+be an Ids: spelled once, however many filters they go to.
 """
 
 import uuid
 
 from django.db.models import Field, IntegerField, UUIDField
 from django.db.models.lookups import In
+
+
+class Ids:
+    """Primary keys of one type (UUIDs or integers) for `field__any=`, checked and spelled once.
+    Django walks a list or a tuple given to a filter value by value (each might be an expression),
+    for every filter it is given to, and Any checked and spelled it again for each statement: a
+    claim's 500 ids go to three statements a pass, a few microseconds a row in all. An Ids is
+    not a list: a filter takes it whole. Iterating it gives the values, in order."""
+
+    __slots__ = ("values", "kind", "text")
+
+    def __init__(self, values):
+        self.values = list(values)
+        kinds = {type(v) for v in self.values}
+        self.kind = kinds.pop() if len(kinds) == 1 and kinds <= {uuid.UUID, int} else None
+        self.text = "{" + ",".join(map(str, self.values)) + "}" if self.kind else None
+
+    def __iter__(self):
+        return iter(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __repr__(self) -> str:
+        return f"Ids({self.values!r})"
 
 
 @Field.register_lookup
@@ -23,12 +49,16 @@ class Any(In):
             return False
         kind = uuid.UUID if isinstance(self.lhs.output_field, UUIDField) else int
         values = self.rhs
+        if isinstance(values, Ids):
+            return values.kind is kind and bool(values)
         return (
             isinstance(values, list | tuple | set) and bool(values) and all(type(v) is kind for v in values)
         )
 
     def get_prep_lookup(self):
-        return list(self.rhs) if self.ids() else super().get_prep_lookup()
+        if self.ids():
+            return self.rhs if isinstance(self.rhs, Ids) else list(self.rhs)
+        return super().get_prep_lookup()
 
     def as_postgresql(self, compiler, connection):
         if not self.rhs_is_direct_value():  # (a subquery: IN (SELECT …) as `in` does)
@@ -36,6 +66,7 @@ class Any(In):
         lhs, lhs_params = self.process_lhs(compiler, connection)
         cast = self.lhs.output_field.cast_db_type(connection)
         if self.ids():
-            return f"{lhs} = ANY(%s::{cast}[])", (*lhs_params, "{" + ",".join(map(str, self.rhs)) + "}")
+            text = self.rhs.text if isinstance(self.rhs, Ids) else "{" + ",".join(map(str, self.rhs)) + "}"
+            return f"{lhs} = ANY(%s::{cast}[])", (*lhs_params, text)
         _, values = self.process_rhs(compiler, connection)  # (EmptyResultSet for none, as `in`)
         return f"{lhs} = ANY(%s::{cast}[])", (*lhs_params, list(values))

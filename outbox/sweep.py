@@ -18,6 +18,7 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from odal import reconnect, stopping, tally
+from odal.lookups import Ids
 from odal.text import error_text, storable
 from odal.work.claims import backoff_delay
 from odal.work.loops import Report, Work
@@ -138,7 +139,7 @@ def _settle(token, finished: list[Finished]) -> set:
     now = timezone.now()
     delivered = [f.delivery.pk for f in finished if f.outcome.ok]
     taken = (
-        Delivery.objects.filter(pk__any=delivered).mark_delivered_each(token=token, at=now)
+        Delivery.objects.filter(pk__any=Ids(delivered)).mark_delivered_each(token=token, at=now)
         if delivered
         else set()
     )

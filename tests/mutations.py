@@ -4585,6 +4585,20 @@ GUARDS = [
         "tests/test_lookups.py",
     ),
     Guard(
+        "pk__any: Ids are taken whole, spelled once",
+        "odal/lookups.py",
+        "            return self.rhs if isinstance(self.rhs, Ids) else list(self.rhs)\n",
+        "            return list(self.rhs)\n",
+        "tests/test_lookups.py",
+    ),
+    Guard(
+        "pk__any: Ids of another kind than the field's are prepared",
+        "odal/lookups.py",
+        "            return values.kind is kind and bool(values)\n",
+        "            return bool(values)\n",
+        "tests/test_lookups.py",
+    ),
+    Guard(
         "pk__any: only ids of the field's own type skip the preparation (an int for a UUID field is converted)",
         "odal/lookups.py",
         "all(type(v) is kind for v in values)",

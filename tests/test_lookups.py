@@ -60,3 +60,32 @@ def test_any_of_a_subquery_is_in_of_the_subquery():
 
     assert list(found.values_list("pk", flat=True)) == [kept.pk]
     assert other.pk not in set(found.values_list("pk", flat=True))
+
+
+# -- Ids: a claim's ids, spelled once however many filters take them (issue 26) ----------------------
+
+
+@pytest.mark.django_db
+def test_ids_take_the_rows_a_list_takes_and_are_taken_whole():
+    from odal.lookups import Ids
+
+    rows = [DeliveryFactory() for _ in range(3)]
+    ids = Ids([rows[2].pk, rows[0].pk, uuid.uuid4()])
+    query = Delivery.objects.filter(pk__any=ids)
+    (lookup,) = query.query.where.children
+    assert lookup.rhs is ids  # (not walked into a list by the filter, nor by the lookup)
+    assert query.query.sql_with_params()[1] == (ids.text,)  # (one parameter, spelled once)
+    assert set(query.values_list("pk", flat=True)) == {rows[0].pk, rows[2].pk}
+    assert list(ids) == ids.values and len(ids) == 3
+
+
+@pytest.mark.django_db
+def test_ids_of_another_kind_are_prepared_and_none_match_nothing():
+    from odal.lookups import Ids
+
+    consumer = ConsumerFactory()
+    assert list(Consumer.objects.filter(pk__any=Ids([str(consumer.pk)]))) == [consumer]  # (text: converted)
+    mixed = Ids([DeliveryFactory().pk, str(uuid.uuid4())])
+    assert mixed.kind is None and Delivery.objects.filter(pk__any=mixed).count() == 1
+    assert not Ids([]) and Delivery.objects.filter(pk__any=Ids([])).count() == 0
+    assert Delivery.objects.filter(pk__any=Ids([])).update(status="dead") == 0

@@ -27,7 +27,7 @@ from django.db import connections, models, transaction
 from django.db.models import F, Q, sql
 from django.utils import timezone
 
-import odal.lookups  # noqa: F401  (pk__any: a claim's ids as one array)
+from odal.lookups import Ids  # (and pk__any: a claim's ids as one array)
 
 
 @dataclass
@@ -97,7 +97,7 @@ class ClaimQuerySet(models.QuerySet):
             # SKIP LOCKED) may take far more than n rows while others claim (PostgreSQL can run
             # the subquery more than once); tests/test_outbox_claims.py shows it.
             claimable = self.claimable(now) if skip is None else self.claimable(now).exclude(skip)
-            ids = list(
+            ids = Ids(  # (three statements take them: spelled once)
                 claimable.order_by("next_attempt_at")
                 .select_for_update(skip_locked=True)
                 .values_list("pk", flat=True)[:limit]

@@ -265,29 +265,37 @@ def surfaces(expected_delivered: int, *, warmups: int = 3, calls: int = 20) -> d
     with override_settings(DEBUG=False):
         for name, call in (("dashboard", dashboard), ("metrics", metrics), ("outbox", get_outbox),
                            ("status", status)):  # fmt: skip
-            for _ in range(warmups):
-                call()
-            ms = []
-            for _ in range(calls):
-                started = time.perf_counter()
-                call()
-                ms.append((time.perf_counter() - started) * 1000)
-            ordered = sorted(ms)
+            times = timed_calls(call, warmups=warmups, calls=calls)
             timer = StatementTimer()  # one more call, to see where its time goes
             with connection.execute_wrapper(timer):
                 started = time.perf_counter()
                 call()
                 wall = (time.perf_counter() - started) * 1000
             found[name] = {
-                "median": statistics.median(ms),
-                "p95": ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))],
-                "ms": ms,
+                **times,
                 "sql_ms": sum(t for t, _, _ in timer.slowest(top=1000)),
                 "statements": sum(n for _, n, _ in timer.slowest(top=1000)),
                 "wall_ms": wall,
                 "slowest": timer.slowest(top=3),
             }
     return found
+
+
+def timed_calls(call, *, warmups: int, calls: int) -> dict:
+    """`call()` `warmups` times, then `calls` times timed: {"median", "p95", "ms": [...]} (ms)."""
+    for _ in range(warmups):
+        call()
+    ms = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        call()
+        ms.append((time.perf_counter() - started) * 1000)
+    ordered = sorted(ms)
+    return {
+        "median": statistics.median(ms),
+        "p95": ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))],
+        "ms": ms,
+    }
 
 
 def queries_of(call) -> list[tuple[str, tuple]]:

@@ -17,11 +17,10 @@ again under EXPLAIN ANALYZE: a sequential scan of a large table in any of them i
 read that reads the table is not flat, however fast it is at the size measured).
 """
 
-import statistics
 import time
 import uuid
 
-from bench.counts import CONSUMERS, RARE_TAG, StatementTimer, log, queries_of
+from bench.counts import CONSUMERS, RARE_TAG, StatementTimer, log, queries_of, timed_calls
 
 # The tables that grow with the node: a plan reading one of these whole is not flat.
 LARGE = (
@@ -43,6 +42,12 @@ RARE_ACTION, RARE_ACTOR = "consumer_paused", "admin:alice"
 HISTORY_DAYS = 60
 
 
+def chunks(n: int, size: int = 1_000_000):
+    """(first, last) of each chunk of generate_series(1, n), `size` rows each (the last fewer)."""
+    for first in range(1, n + 1, size):
+        yield first, min(n, first + size - 1)
+
+
 def fill_audit(n: int) -> float:
     """n audit entries made evenly over the past HISTORY_DAYS, oldest first. The trail is
     append-only (a trigger refuses DELETE), so it is emptied by TRUNCATE."""
@@ -51,8 +56,7 @@ def fill_audit(n: int) -> float:
     started = time.monotonic()
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE odal_auditentry")
-        for first in range(1, n + 1, 1_000_000):
-            last = min(n, first + 999_999)
+        for first, last in chunks(n):
             cursor.execute(
                 "INSERT INTO odal_auditentry (at, actor, action, object_type, object_id, reason, details) "
                 f"SELECT now() - ({n} - g)::float8 / {n} * interval '{HISTORY_DAYS} days', {AUDIT_ACTORS}, "
@@ -74,8 +78,7 @@ def fill_passports(n: int) -> float:
     status = "CASE WHEN g %% 20 = 1 THEN 'draft' WHEN g %% 20 = 2 THEN 'suspended' ELSE 'published' END"
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE registry_registrationattempt, registry_registration, odal_passport CASCADE")
-        for first in range(1, n + 1, 1_000_000):
-            last = min(n, first + 999_999)
+        for first, last in chunks(n):
             cursor.execute(
                 "INSERT INTO odal_passport (id, upi, operator_id, facility_id, commodity_code, data, status, "
                 "created_at, updated_at, published_at, suspended_at) "
@@ -215,14 +218,7 @@ def measure(named: dict, *, warmups: int = 3, calls: int = 20) -> dict:
             call()
             first_ms = (time.perf_counter() - started) * 1000
             n_warm, n_calls = (warmups, calls) if first_ms < 1000 else (0, 3)  # (a slow read: a few calls)
-            for _ in range(n_warm):
-                call()
-            ms = []
-            for _ in range(n_calls):
-                started = time.perf_counter()
-                call()
-                ms.append((time.perf_counter() - started) * 1000)
-            ordered = sorted(ms)
+            times = timed_calls(call, warmups=n_warm, calls=n_calls)
             timer = StatementTimer()
             with connection.execute_wrapper(timer):
                 statements = queries_of(call)
@@ -235,8 +231,8 @@ def measure(named: dict, *, warmups: int = 3, calls: int = 20) -> dict:
             slowest = max(plans, key=lambda p: actual_ms(p[1]), default=("", ""))
             found[name] = {
                 "label": label,
-                "median": statistics.median(ms),
-                "p95": ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))],
+                "median": times["median"],
+                "p95": times["p95"],
                 "statements": len(statements),
                 "seq_scans": scans,
                 "plan": slowest[1],

@@ -89,6 +89,8 @@ class OdalAdmin(admin.ModelAdmin):
     form = StorableModelForm
     paginator = CappedPaginator
     show_full_result_count = False  # (another count of the whole table)
+    # No "Show counts": a count per filter choice of every row the list matches, uncapped.
+    show_facets = admin.ShowFacets.NEVER
     formfield_overrides = {
         # A URL typed without a scheme reads as https (Django 6's default, asked for now).
         models.URLField: {"assume_scheme": "https"},

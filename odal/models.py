@@ -125,6 +125,8 @@ class AuditEntryQuerySet(models.QuerySet):
                 break
             found.append(period_start(timezone.localtime(first, zone), kind))
             start = next_period(found[-1], kind)
+            if start is None:  # (the last period a datetime can start: year 9999's)
+                break
         return found if order == "ASC" else found[::-1]
 
 
@@ -135,12 +137,15 @@ def period_start(moment, kind: str):
 
 
 def next_period(start, kind: str):
-    """The start of the year, month or day after the one `start` begins."""
-    if kind == "year":
-        return start.replace(year=start.year + 1)
-    if kind == "month":
-        return start.replace(year=start.year + start.month // 12, month=start.month % 12 + 1)
-    return start + timedelta(days=1)  # (wall-clock arithmetic: midnight, on a day of a clock change too)
+    """The start of the year, month or day after the one `start` begins; None past year 9999."""
+    try:
+        if kind == "year":
+            return start.replace(year=start.year + 1)
+        if kind == "month":
+            return start.replace(year=start.year + start.month // 12, month=start.month % 12 + 1)
+        return start + timedelta(days=1)  # (wall-clock arithmetic: midnight, on a day of a clock change too)
+    except (ValueError, OverflowError):
+        return None
 
 
 class AuditEntry(models.Model):

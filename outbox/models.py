@@ -432,6 +432,23 @@ class DeliveryQuerySet(ClaimQuerySet):
         newer = models.Q(late_success_at__isnull=True) | models.Q(late_success_at__lt=at)
         return self.filter(newer).update(late_success_at=at) == 1
 
+    def copy_event_types(self, *, batch: int = 20_000, max_batches: int = 10) -> int:
+        """Deliveries whose event_type is still '' get their event's type, in batches by primary
+        key (at most `max_batches` a call): those a process of the release before migration
+        outbox.0016 made after it ran (a rolling deploy), which the type filters would miss. By
+        delivery_type_idx: nothing to do is one index probe. Returns how many it wrote."""
+        written, after = 0, None
+        for _ in range(max_batches):
+            rows = self.filter(event_type="") if after is None else self.filter(event_type="", pk__gt=after)
+            ids = list(rows.order_by("pk").values_list("pk", flat=True)[:batch])
+            if not ids:
+                break
+            written += self.filter(pk__any=ids, event_type="").update(
+                event_type=models.Subquery(Event.objects.filter(pk=OuterRef("event_id")).values("type")[:1])
+            )
+            after = ids[-1]
+        return written
+
     def dead_answered_late(self):
         """Dead rows whose consumer answered a late attempt 2xx (note_late_success): what every
         replay or resend preview warns about."""

@@ -456,6 +456,9 @@ def scheduled_purge() -> str:
         evidence_before=evidence_before,
         max_seconds=SCHEDULED_SECONDS,
     )
+    typed = Delivery.objects.copy_event_types()  # (a rolling deploy's stragglers: usually none)
+    if typed:
+        log.info("gave %d deliveries made without it their event's type", typed)
     folded = tally.compact(now=now)
     forgotten = tally.forget_idle_workers(older_than=IDLE_WORKERS, now=now)
     keys = IdempotencyRecord.objects.forget_expired(now=now)  # a small table: one DELETE

@@ -237,3 +237,28 @@ def test_the_event_type_filter_and_search_read_the_deliverys_own_copy(admin_clie
         listed = [q["sql"] for q in queries.captured_queries if "outbox_delivery" in q["sql"]]
         assert any('"outbox_delivery"."event_type"' in sql for sql in listed), query
         assert not [sql for sql in listed if re.search(r'"outbox_event"\."type" (=|IN)', sql)], query
+
+
+def test_the_audit_dates_reach_year_9999_as_djangos_do(admin_client):
+    # (the review's: the period after year 9999's cannot be made; the hops stop there)
+    from datetime import UTC, datetime
+
+    from django.db.models import QuerySet
+
+    from odal.models import AuditEntry
+
+    audit_at(datetime(9999, 12, 31, 12, tzinfo=UTC), datetime(2026, 1, 1, tzinfo=UTC))
+    rows = AuditEntry.objects.all()
+    for kind in ("year", "month", "day"):
+        assert rows.datetimes("at", kind) == list(QuerySet.datetimes(rows, "at", kind)), kind
+    assert admin_client.get(reverse("admin:odal_auditentry_changelist")).status_code == 200
+
+
+def test_no_list_counts_its_facets(admin_client):
+    # "Show counts" (?_facets=1) counts every row each filter choice matches, uncapped.
+    DeliveryFactory.create_batch(3, consumer=ConsumerFactory())
+    with CaptureQueriesContext(connection) as queries:
+        page = admin_client.get(reverse("admin:outbox_delivery_changelist"), {"_facets": "1"})
+    assert page.status_code == 200
+    counts = [q["sql"] for q in queries.captured_queries if re.search(r"COUNT\(", q["sql"], re.I)]
+    assert counts and all(re.search(r"LIMIT \d+", sql) for sql in counts), counts

@@ -58,3 +58,16 @@ def test_its_result_is_asked_only_once_it_ended():
     future.set_running_or_notify_cancel()
     with pytest.raises(InvalidStateError):
         future.result()
+
+
+def test_a_callback_that_raises_is_logged_as_futures_is(caplog):
+    # (the review's: added after the end, it ran outside the try)
+    def boom(f):
+        raise ValueError("callback")
+
+    for future in (Future(), AttemptFuture()):
+        future.add_done_callback(boom)  # (before the end)
+        future.set_running_or_notify_cancel()
+        future.set_result(1)
+        future.add_done_callback(boom)  # (after: called at once)
+        assert future.result() == 1

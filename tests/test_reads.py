@@ -308,3 +308,40 @@ def test_the_migration_copies_each_older_deliverys_event_type():
     assert sorted(Delivery.objects.values_list("event_type", flat=True)) == [
         f"passport.t{n}" for n in range(5)
     ]
+
+
+def test_the_migration_ends_when_an_events_type_is_empty():
+    # (the review's: '' written again each batch read as work done, for ever)
+    import importlib
+
+    from outbox.models import Delivery, Event
+
+    migration = importlib.import_module("outbox.migrations.0016_delivery_event_type")
+    odd = DeliveryFactory(event=Event.objects.create(type="", payload={}))
+    fine = [DeliveryFactory(event__type="passport.published") for _ in range(3)]
+    Delivery.objects.update(event_type="")
+    original = migration.BATCH
+    migration.BATCH = 1
+    try:
+        with connection.schema_editor() as editor:
+            migration.copy_event_types(None, editor)
+    finally:
+        migration.BATCH = original
+    assert Delivery.objects.get(pk=odd.pk).event_type == ""
+    assert {Delivery.objects.get(pk=d.pk).event_type for d in fine} == {"passport.published"}
+
+
+def test_deliveries_made_without_their_type_get_it_from_the_retention_task():
+    # A process of the release before 0016, still running after it (a rolling deploy), makes
+    # deliveries with the column's default: the retention task gives them their type.
+    from outbox import retention
+    from outbox.models import Delivery
+
+    made = [DeliveryFactory(event__type=f"passport.t{n}") for n in range(5)]
+    Delivery.objects.filter(pk__in=[d.pk for d in made[:4]]).update(event_type="")
+    assert Delivery.objects.copy_event_types(batch=2, max_batches=1) == 2  # (bounded per call)
+    retention.scheduled_purge()
+    assert sorted(Delivery.objects.values_list("event_type", flat=True)) == [
+        f"passport.t{n}" for n in range(5)
+    ]
+    assert Delivery.objects.copy_event_types() == 0

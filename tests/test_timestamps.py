@@ -47,3 +47,38 @@ def test_a_server_side_cursor_reads_them_alike():
         moments = [e.at for e in AuditEntry.objects.order_by("at").iterator(chunk_size=2)]
     assert [m.minute for m in moments] == list(range(5))
     assert all(m.tzinfo is datetime.UTC for m in moments)
+
+
+def test_under_use_tz_false_a_cursor_reads_them_naive_as_djangos_does(settings):
+    # (the review's: settings changed under an open connection, as tests do)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    settings.USE_TZ = False
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT '2026-01-01 12:00+00'::timestamptz")
+        (value,) = cursor.fetchone()
+    assert value == datetime.datetime(2026, 1, 1, 12, 0) and value.tzinfo is None
+
+
+def test_a_connection_made_again_under_other_settings_reads_as_they_say():
+    from django.db import connections
+    from django.test import override_settings
+
+    other = connections.create_connection("default")
+    try:
+        with override_settings(USE_TZ=False):
+            for cached in ("timezone", "timezone_name"):
+                other.__dict__.pop(cached, None)
+            other.ensure_connection()
+            assert not other.psycopg_timestamps
+        other.close()
+        for cached in ("timezone", "timezone_name"):
+            other.__dict__.pop(cached, None)
+        other.ensure_connection()
+        assert other.psycopg_timestamps
+        with other.cursor() as cursor:
+            cursor.execute("SELECT '2026-01-01 12:00+00'::timestamptz")
+            (value,) = cursor.fetchone()
+        assert value == datetime.datetime(2026, 1, 1, 12, tzinfo=datetime.UTC)
+    finally:
+        other.close()

@@ -50,6 +50,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
 
     def get_connection_params(self):
         params = super().get_connection_params()
+        self.psycopg_timestamps = False  # (a connection made again under other settings: tests)
         # Django registers a loader of its own for timestamptz, a subclass of psycopg's pure-Python
         # one (to set the time zone after), which parses each value with a regular expression in
         # Python: about 2.7 microseconds a value here against 0.4 for psycopg's C loader, paid by
@@ -75,15 +76,19 @@ class DatabaseWrapper(base.DatabaseWrapper):
     def create_cursor(self, name=None):
         if not self.psycopg_timestamps:
             return super().create_cursor(name)
-        # Django's, less its check of the loader's time zone (psycopg's loader has no `timezone`;
+        # Django's, but for its check of the loader's time zone (psycopg's loader has no `timezone`;
         # it answers in the connection's, UTC, which is Django's: see get_connection_params).
         if not name:
-            return self.connection.cursor()
-        if self.settings_dict["OPTIONS"].get("server_side_binding") is not True:
-            return base.ServerSideCursor(
+            cursor = self.connection.cursor()
+        elif self.settings_dict["OPTIONS"].get("server_side_binding") is not True:
+            cursor = base.ServerSideCursor(
                 self.connection, name=name, scrollable=False, withhold=self.connection.autocommit
             )
-        return self.connection.cursor(name, scrollable=False, withhold=self.connection.autocommit)
+        else:
+            cursor = self.connection.cursor(name, scrollable=False, withhold=self.connection.autocommit)
+        if not (settings.USE_TZ and self.timezone is datetime.UTC):  # (settings changed under it: tests)
+            base.register_tzloader(self.timezone, cursor)  # (Django's loader, for this cursor)
+        return cursor
 
     def is_usable(self):
         # A reused connection's check: a server that takes longer than this to answer SELECT 1

@@ -115,7 +115,10 @@ class AttemptFuture:
             if self._state not in ("CANCELLED", "FINISHED"):
                 self._callbacks.append(callback)
                 return
-        callback(self)
+        try:
+            callback(self)
+        except Exception:
+            log.exception("a callback of an attempt's future raised")
 
     def done(self) -> bool:
         return self._state in ("CANCELLED", "FINISHED")

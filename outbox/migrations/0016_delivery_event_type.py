@@ -5,7 +5,9 @@ table for a rare type.
 
 The deliveries made before it get their event's type in batches of BATCH rows, each committed on
 its own (the migration is not atomic): a sweep running beside it waits for at most one batch's
-row locks, and a migration stopped halfway resumes where it stopped."""
+row locks, and a migration stopped halfway resumes where it stopped. A delivery made by a
+process of the release before, still running after this (a rolling deploy), gets its type from
+the retention task (DeliveryQuerySet.copy_event_types, every 10 minutes)."""
 
 from django.db import migrations, models
 
@@ -13,16 +15,27 @@ BATCH = 20_000
 
 
 def copy_event_types(apps, schema_editor):
+    """In batches by primary key, each past the last: a delivery whose event's type is '' itself
+    (never a valid type, but no constraint forbids it) stays '' and is not taken again."""
     with schema_editor.connection.cursor() as cursor:
+        after = None
         while True:
+            cursor.execute(
+                "SELECT id FROM outbox_delivery WHERE event_type = ''"
+                + ("" if after is None else " AND id > %s")
+                + " ORDER BY id LIMIT %s",
+                [BATCH] if after is None else [after, BATCH],
+            )
+            ids = [row[0] for row in cursor.fetchall()]
+            if not ids:
+                return
             cursor.execute(
                 "UPDATE outbox_delivery SET event_type = "
                 "(SELECT type FROM outbox_event WHERE outbox_event.id = outbox_delivery.event_id) "
-                "WHERE id IN (SELECT id FROM outbox_delivery WHERE event_type = '' LIMIT %s)",
-                [BATCH],
+                "WHERE event_type = '' AND id <= %s" + ("" if after is None else " AND id > %s"),
+                [ids[-1]] if after is None else [ids[-1], after],
             )
-            if cursor.rowcount == 0:
-                return
+            after = ids[-1]
 
 
 class Migration(migrations.Migration):

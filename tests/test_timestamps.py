@@ -66,6 +66,9 @@ def test_a_connection_made_again_under_other_settings_reads_as_they_say():
 
     other = connections.create_connection("default")
     try:
+        other.ensure_connection()
+        assert other.psycopg_timestamps
+        other.close()
         with override_settings(USE_TZ=False):
             for cached in ("timezone", "timezone_name"):
                 other.__dict__.pop(cached, None)

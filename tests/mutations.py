@@ -1581,7 +1581,7 @@ GUARDS = [
     Guard(
         "AttemptFuture: a callback that raises is logged, not raised",
         "odal/work/passes.py",
-        "        try:\n            callback(self)\n        except Exception:\n            log.exception(\"a callback of an attempt's future raised\")\n",
+        '        try:\n            callback(self)\n        except Exception:\n            log.exception("a callback of an attempt\'s future raised")\n',
         "        callback(self)\n",
         "tests/test_attempt_future.py",
     ),

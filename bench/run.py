@@ -115,7 +115,8 @@ def ceiling(url: str, clients: int, seconds: float) -> float:
                 n, row = n + 1, row + clients
             done[i] = n
 
-    return sum(done) / pipeline.timed_threads(clients, client)
+    elapsed = pipeline.timed_threads(clients, client)  # (before the sum: its operands go left to right)
+    return sum(done) / elapsed
 
 
 def django_q_rate(env: dict, tasks: int) -> float:

@@ -34,3 +34,18 @@ def test_the_ceiling_procedure_claims_settles_and_logs_a_batch_as_the_sweep_does
     attempts = sorted(DeliveryAttempt.objects.values_list("delivery_id", "number", "outcome", "late"))
     assert attempts == sorted((d.pk, d.attempts + 1, "delivered", False) for d in due)
     assert all(rows[d.pk].attempts == d.attempts + 1 for d in due)
+
+
+@pytest.mark.django_db(transaction=True)  # (its own connections, its own table)
+def test_the_one_commit_per_row_ceiling_counts_its_commits():
+    # bench.run.ceiling summed its clients' counts before timing them (a division's left operand
+    # goes first): always 0, and make bench ended in a ZeroDivisionError at its report.
+    from bench import run
+
+    params = connection.get_connection_params()
+    url = f"postgresql://{params['user']}@{params['host']}:{params['port']}/{params['dbname']}"
+    try:
+        assert run.ceiling(url, 2, 0.3) > 0
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TABLE IF EXISTS bench_ceiling")

@@ -38,7 +38,7 @@ def main() -> None:
 
     DeliveryQuerySet.claim = timed_claim
     delivered, passes = 0, []
-    with sweeper() as shared:  # as a running sweep does: one client, pool and Python thread
+    with sweeper() as shared:  # as a running sweep does: one webhook client and Python thread
         for _ in range(args.passes):
             started = time.perf_counter()
             delivered += sweep_once(batch=args.batch, **shared).delivered

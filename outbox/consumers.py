@@ -3,20 +3,20 @@
 Either way the answer is an Outcome; nothing here touches the delivery row.
 """
 
+import asyncio
+import base64
 import functools
+import hmac
 import ipaddress
 import json
 import socket
 import ssl
 import threading
 import time
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import urlparse
 
-import httpcore
 import httpx
 from django.conf import settings
 from django.utils.module_loading import import_string
@@ -27,7 +27,7 @@ from odal.addresses import why_not_public
 from odal.errors import Refused
 from odal.redact import redacted_urls_in, without_secrets_of
 from odal.text import error_text, excerpt, storable
-from odal.work.http import DeadlineTransport, read_answer, redirect_text, within
+from outbox.webhook_client import IN_FLIGHT, Answer, HttpError, WebhookClient
 
 USER_AGENT = "odal-webhooks/1"
 ANSWER_CAP = 64 * 1024  # of a webhook's answer only an excerpt is kept: read no more than this
@@ -45,11 +45,12 @@ class Outcome:
     content_type: str = ""
 
 
+_BODY = json.JSONEncoder(separators=(",", ":"), sort_keys=True)  # (made once: json.dumps makes one a call)
+
+
 def webhook_body(event) -> str:
-    return json.dumps(
-        {"type": event.type, "timestamp": event.created_at.isoformat(), "data": event.payload},
-        separators=(",", ":"),
-        sort_keys=True,
+    return _BODY.encode(
+        {"type": event.type, "timestamp": event.created_at.isoformat(), "data": event.payload}
     )
 
 
@@ -64,22 +65,33 @@ def signing_secrets(consumer, *, now: datetime | None = None) -> list[str]:
     return found
 
 
-def webhook_headers(consumer, delivery_id, body: str, now: datetime | None = None) -> dict[str, str]:
+def webhook_headers(consumer, delivery_id, body: str | bytes, now: datetime | None = None) -> dict[str, str]:
     """Standard Webhooks headers: the delivery id (stable across retries and resends: the
     consumer's idempotency key), Unix seconds, and v1,<base64 HMAC-SHA256 of
     "{id}.{timestamp}.{body}"> for each signing secret, space-separated (during a rotation's
     grace, both the new and the old secret sign: a consumer checking either accepts it)."""
     now = now or datetime.now(UTC)
-    msg_id = str(delivery_id)
+    msg_id, timestamp = str(delivery_id), str(int(now.timestamp()))
+    signed = f"{msg_id}.{timestamp}.".encode() + (body.encode() if isinstance(body, str) else body)
     return {
         "content-type": "application/json",
         "user-agent": USER_AGENT,
         "webhook-id": msg_id,
-        "webhook-timestamp": str(int(now.timestamp())),
+        "webhook-timestamp": timestamp,
         "webhook-signature": " ".join(
-            Webhook(secret).sign(msg_id, now, body) for secret in signing_secrets(consumer, now=now)
+            "v1," + base64.b64encode(hmac.digest(_key(secret), signed, "sha256")).decode()
+            for secret in signing_secrets(consumer, now=now)
         ),
     }
+
+
+@functools.lru_cache(maxsize=256)
+def _key(secret: str) -> bytes:
+    """A secret's HMAC key, decoded once (not once a request) as Standard Webhooks decodes it:
+    base64 after the whsec_ prefix. (standardwebhooks' Webhook.sign cost a sweep a tenth of a
+    webhook's CPU: an object, the key decoded and the body encoded again, per request; the
+    tests check what this signs with its Webhook.verify.)"""
+    return Webhook(secret)._whsecret
 
 
 def answer_excerpt(body) -> str:
@@ -87,58 +99,93 @@ def answer_excerpt(body) -> str:
     return storable(body)
 
 
-def answer_content_type(response: httpx.Response | None) -> str:
+def answer_content_type(answer: Answer) -> str:
     """The answer's Content-Type, storable and bounded; "" before any answer arrived."""
-    if response is None:
-        return ""
-    return storable(response.headers.get("content-type", ""), MAX_CONTENT_TYPE)
+    return storable(answer.header("content-type"), MAX_CONTENT_TYPE)
 
 
-def call_webhook(consumer, delivery_id, event, client: httpx.Client) -> Outcome:
-    if not isinstance(client, _WebhookClient):
+def call_webhook(consumer, delivery_id, event, client: WebhookClient) -> Outcome:
+    """Send the webhook from this thread, and wait for its outcome (see send_webhook)."""
+    if not isinstance(client, WebhookClient):
         # Any other client would connect wherever its own lookup of the host says.
         raise TypeError("call_webhook needs a client made by webhook_client(): its connections are pinned")
+    return client.send(send_webhook(consumer, delivery_id, event, client))
+
+
+async def send_webhook(consumer, delivery_id, event, client: WebhookClient) -> Outcome:
+    """POST the event to the consumer, on `client`'s loop: connected to the address checked for
+    its host, the whole request held to the consumer's timeoutSeconds, no more than ANSWER_CAP
+    bytes of the answer read, no redirect followed."""
     # Checked again at delivery time, and connected to at the address checked: a name may
     # resolve inside now, or answer a second lookup otherwise than the first (DNS rebinding).
     try:
-        target = webhook_target(consumer.url, client.answers)
+        request = _request_of(consumer.url)
+        target = await _pinned_target(request.name, client.answers)
     except Refused as exc:
         return Outcome(False, storable(f"not called: {exc.detail}"))
-    body = webhook_body(event)
-    headers = {**webhook_headers(consumer, delivery_id, body), "accept-encoding": "identity"}
+    body = webhook_body(event).encode()
+    data = request.head + _headers_text(consumer, delivery_id, body) + body
     started = time.monotonic()
-    status = None  # once the status line has arrived: an error reading the body says so
-    response = None
-    answer = bytearray()  # what was read of the body, kept when a timeout or a reset cuts it short
+    answer = Answer()  # filled as it arrives: a timeout or a reset still leaves what was read
     try:
-        with within(started + consumer.timeout_seconds), pinned(target), client.stream(
-            "POST", consumer.url, content=body.encode(), headers=headers,
-            timeout=consumer.timeout_seconds, follow_redirects=False,
-        ) as response:  # fmt: skip
-            status = response.status_code
-            read_answer(response, ANSWER_CAP, started + consumer.timeout_seconds, into=answer)
-    except httpx.HTTPError as exc:
-        if isinstance(exc, httpx.TimeoutException):
-            error = f"timed out after {consumer.timeout_seconds}s"
-        else:
-            error = f"connection error: {error_text(exc)}"
-        return _answered(False, _reading(error, status), status, started, response, answer)
+        async with asyncio.timeout(consumer.timeout_seconds):
+            await client.request(
+                https=request.https, name=target.name, address=str(target.address), port=request.port,
+                data=data, answer=answer, cap=ANSWER_CAP,
+            )  # fmt: skip
+    except TimeoutError:
+        error = _reading(f"timed out after {consumer.timeout_seconds}s", answer.status)
+        return _answered(False, error, started, answer)
+    except HttpError as exc:
+        return _answered(
+            False, _reading(f"connection error: {error_text(exc)}", answer.status), started, answer
+        )
+    status = answer.status
     if 200 <= status < 300:
-        return _answered(True, "", status, started, response, answer)
-    error = (
-        redirect_text(response) if 300 <= status < 400 else f"HTTP {status}: {excerpt(answer)}".rstrip(": ")
-    )
-    return _answered(False, error, status, started, response, answer)
+        return _answered(True, "", started, answer)
+    if 300 <= status < 400:
+        location = answer.header("location")
+        where = f"to {storable(location, 300)}" if location else "without a Location"
+        error = f"HTTP {status} redirect {where} (not followed)"
+    else:
+        error = f"HTTP {status}: {excerpt(answer.body)}".rstrip(": ")
+    return _answered(False, error, started, answer)
 
 
-def _answered(ok: bool, error: str, status, started: float, response, answer: bytearray) -> Outcome:
+@dataclass(frozen=True)
+class _Request:
+    """What every request to one webhook URL shares: its host, port, and the start of its head."""
+
+    https: bool
+    name: str  # the host, as resolved (a non-ASCII name in its xn-- form)
+    port: int
+    head: bytes  # b"POST <path and query> HTTP/1.1\r\nhost: <netloc>\r\n"
+
+
+@functools.lru_cache(maxsize=1024)
+def _request_of(url: str) -> _Request:
+    """A webhook URL read once (a refused one is not kept: see _webhook_url)."""
+    parsed = _webhook_url(url)
+    https = parsed.scheme == "https"
+    head = b"POST " + parsed.raw_path + b" HTTP/1.1\r\nhost: " + parsed.netloc + b"\r\n"
+    return _Request(https, parsed.raw_host.decode("ascii"), parsed.port or (443 if https else 80), head)
+
+
+def _headers_text(consumer, delivery_id, body: bytes) -> bytes:
+    """The rest of the head: Standard Webhooks' headers, identity (nothing to inflate), the length."""
+    headers = webhook_headers(consumer, delivery_id, body)
+    lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+    return f"{lines}accept-encoding: identity\r\ncontent-length: {len(body)}\r\n\r\n".encode("ascii")
+
+
+def _answered(ok: bool, error: str, started: float, answer: Answer) -> Outcome:
     return Outcome(
         ok,
         error,
-        http_status=status,
+        http_status=answer.status,
         duration_ms=_since(started),
-        answer=answer_excerpt(answer),
-        content_type=answer_content_type(response),
+        answer=answer_excerpt(answer.body),
+        content_type=answer_content_type(answer),
     )
 
 
@@ -160,16 +207,25 @@ def call_python(consumer, delivery_id, event) -> Outcome:
     return Outcome(True, duration_ms=_since(started), answer=answer)
 
 
-def call(consumer, delivery_id, event, client: httpx.Client) -> Outcome:
-    """Call the consumer. The error it ends with goes to the attempt log, the delivery's lastError,
-    the process log and an automatic pause's reason, all read by people who may not see the
+def call(consumer, delivery_id, event, client: WebhookClient | None) -> Outcome:
+    """Call the consumer from this thread, and wait for its outcome (redacted)."""
+    if consumer.kind == "python":
+        return redacted(consumer, call_python(consumer, delivery_id, event))
+    return redacted(consumer, call_webhook(consumer, delivery_id, event, client))
+
+
+async def deliver_webhook(consumer, delivery_id, event, client: WebhookClient) -> Outcome:
+    """call() for a webhook consumer, on the client's loop (the sweep's attempts)."""
+    return redacted(consumer, await send_webhook(consumer, delivery_id, event, client))
+
+
+def redacted(consumer, outcome: Outcome) -> Outcome:
+    """The error an attempt ends with goes to the attempt log, the delivery's lastError, the
+    process log and an automatic pause's reason, all read by people who may not see the
     webhook's credentials: any URL in it (an HTTP library's message, a redirect's Location) and
     any credential of the webhook's URL that it or the answer quotes are redacted here, once for
     all of them."""
-    if consumer.kind == "python":
-        outcome = call_python(consumer, delivery_id, event)
-    else:
-        outcome = call_webhook(consumer, delivery_id, event, client)
+    if consumer.kind != "python":
         outcome.answer = without_secrets_of(consumer.url, outcome.answer)
     outcome.error = without_secrets_of(consumer.url, redacted_urls_in(outcome.error))
     return outcome
@@ -220,12 +276,18 @@ class Answers:
         self._kept: dict[str, tuple[float, list]] = {}  # host -> (until, addresses), oldest first
         self._lock = threading.Lock()
 
-    def addresses(self, host: str) -> list:
+    def kept(self, host: str) -> list | None:
+        """The addresses of `host` looked up less than `seconds` ago, or None."""
         now = self.clock()
         with self._lock:
             until, addresses = self._kept.get(host, (now, None))
-        if addresses is not None and now < until:
+        return addresses if addresses is not None and now < until else None
+
+    def addresses(self, host: str) -> list:
+        addresses = self.kept(host)
+        if addresses is not None:
             return addresses
+        now = self.clock()
         addresses = _addresses(host)
         with self._lock:
             self._kept.pop(host, None)
@@ -293,80 +355,28 @@ def _addresses(host: str) -> list:
     return list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in infos))
 
 
-# -- the client webhooks are sent with: every connection to the address checked for its host -------
-
-# The pin of the request this thread is sending, set by call_webhook around it. In sync httpcore
-# a connection is opened on the thread of the request it was made for (ConnectionPool.handle_request
-# calls HTTPConnection.handle_request, which connects, on the caller's thread), so that request's
-# pin is the one seen when connecting; and a pin serves its own host name only.
-_pin: ContextVar[Target | None] = ContextVar("odal_webhook_pin", default=None)
+# -- the client webhooks are sent with (outbox.webhook_client) --------------------------------------
 
 
-@contextmanager
-def pinned(target: Target):
-    """Connections opened on this thread inside the block go to `target.address`, and only
-    connections to `target.name`."""
-    token = _pin.set(target)
-    try:
-        yield
-    finally:
-        _pin.reset(token)
-
-
-class PinnedBackend(httpcore.NetworkBackend):
-    """The network under webhook connections: a connection to a host goes to the address pinned for
-    that host on this thread (see pinned), never to one looked up now; with no pin for the host, no
-    connection. A pooled connection is not opened again: it was checked when it was. `network`
-    makes the connections (httpcore's own by default; a test's fake)."""
-
-    def __init__(self, network: httpcore.NetworkBackend | None = None):
-        self.network = network or httpcore.SyncBackend()
-
-    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-        pin = _pin.get()
-        if pin is None or pin.name != host:
-            raise httpcore.ConnectError(f"no checked address for {host}: not connected")
-        return self.network.connect_tcp(
-            str(pin.address),
-            port,
-            timeout=timeout,
-            local_address=local_address,
-            socket_options=socket_options,
-        )
-
-    def connect_unix_socket(self, path, timeout=None, socket_options=None):
-        raise httpcore.ConnectError("webhooks connect over TCP only")
-
-    def sleep(self, seconds):
-        self.network.sleep(seconds)
-
-
-class _WebhookClient(httpx.Client):
-    def __init__(self, *, limits: httpx.Limits, verify, network: httpcore.NetworkBackend | None):
-        # A transport of its own: httpx then takes no proxy from the environment (a proxy would
-        # look the host up itself).
-        super().__init__(
-            transport=DeadlineTransport(verify=verify, limits=limits, network=PinnedBackend(network)),
-            follow_redirects=False,
-        )
-        self.answers = Answers()  # its hosts' lookups, for DNS_CACHE_SECONDS
-
-
-DEFAULT_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)  # httpx.Client's
+async def _pinned_target(name: str, answers: "Answers") -> Target:
+    """webhook_target on the client's loop: a lookup that is not kept is made on another thread
+    (the loop carries every request in flight), and what it answered is checked at every use."""
+    addresses = answers.kept(name)
+    if addresses is None:
+        addresses = await asyncio.get_running_loop().run_in_executor(None, answers.addresses, name)
+    return Target(name, _checked_addresses(name, lambda _: addresses)[0])
 
 
 def webhook_client(
-    *,
-    limits: httpx.Limits = DEFAULT_LIMITS,
-    verify: ssl.SSLContext | bool = True,
-    network: httpcore.NetworkBackend | None = None,
-) -> httpx.Client:
+    *, verify: ssl.SSLContext | bool = True, network=None, in_flight: int = IN_FLIGHT
+) -> WebhookClient:
     """The only client call_webhook sends with: it connects to a webhook's host only at the
-    address call_webhook checked for it, never through a proxy, and follows no redirect.
-    Connections are pooled by scheme, host name and port, as httpx does: a kept-alive connection
-    (https included) serves later requests to its own name only. `verify` as httpx's; `network`
-    for tests (see PinnedBackend)."""
-    return _WebhookClient(limits=limits, verify=verify, network=network)
+    address checked for it, never through a proxy, and follows no redirect. Connections are
+    pooled by scheme, host name, port and address (a kept-alive connection, https included,
+    serves later requests to its own name only). `verify` as ssl's (True: the system's
+    authorities; an SSLContext of a test's); `network` for tests (outbox.webhook_client.open_stream's
+    signature). Close it: it has a thread."""
+    return WebhookClient(verify=verify, network=network, in_flight=in_flight, answers=Answers())
 
 
 @functools.lru_cache(maxsize=1024)

@@ -5,6 +5,7 @@ Any number of sweeps may run at once, on any number of machines: the claim decid
 owns which row, and the terminal writes refuse whoever no longer owns it.
 """
 
+import asyncio
 import logging
 import time
 from collections import deque
@@ -12,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
-import httpx
 from django.conf import settings
 from django.db import connection, connections, transaction
 from django.utils import timezone
@@ -27,6 +27,7 @@ from odal.work.wake import SWEEP
 from outbox import consumers, python_consumers, service
 from outbox.models import Consumer, Delivery, DeliveryAttempt, Event, Failure
 from outbox.python_consumers import OVERRUNS
+from outbox.webhook_client import WebhookClient
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class SweepReport(Report):
 FLUSH_ROWS = 500  # outcomes written together, in one transaction (a claim of 500 that ends at once: one)
 FLUSH_SECONDS = 1.0  # ...or sooner (a quarter of the hold if that is less), so a slow consumer
 # does not hold finished outcomes back
-SWEEP_THREADS = 32  # webhook requests in flight per sweep process, all consumers together
+SWEEP_IN_FLIGHT = 64  # webhook requests in flight per sweep process, all consumers together
 REFRESH_SECONDS = 0.5  # a pass re-reads its consumers' pause and secrets at most this often
 HOUSEKEEPING_SECONDS = 1.0  # a run of passes parks and unparks paused consumers' rows this often
 
@@ -241,30 +242,83 @@ def record_write_error(token, f: Finished, exc: Exception) -> None:
         log.exception("delivery %s: not even the attempt-log line could be written", f.delivery.pk, extra=ids)
 
 
-def attempt(consumer, delivery: "Claimed", client: httpx.Client, claim) -> Finished | None:
+def attempt(consumer, delivery: "Claimed", client: WebhookClient, claim) -> Finished | None:
     """Call the consumer for one delivery, unless the claim's hold has run out by the time its
     turn comes: then the row is due again and may be another sweep's, and None says it was not
-    started (so it is when the process is stopping). Writes nothing, so it may run on a pool
-    thread."""
-    if not claim.holds() or stopping.requested():
+    started (so it is when the process is stopping). Writes nothing, so it may run on a thread
+    of its own (the Python consumers'); a webhook's is attempt_webhook."""
+    if not _may_start(claim):
         return None
     started_at = timezone.now()
-    ids = {"delivery": delivery.pk, "event": delivery.event_id, "consumer": consumer.name, "claim": claim.token,
-           "attempt": delivery.attempts}  # fmt: skip
     try:
         outcome = consumers.call(consumer, delivery.pk, delivery.event, client)
     except Exception as exc:  # a bug of ours must fail the attempt, not kill the sweep
-        log.exception("calling consumer %s failed", consumer.name, extra=ids)
-        outcome = consumers.Outcome(False, error_text(exc))
+        outcome = _our_bug(consumer, delivery, claim, exc)
+    return _finished(consumer, delivery, claim, outcome, started_at)
+
+
+async def run_webhooks(consumer, rows: deque, client: WebhookClient, claim) -> None:
+    """The attempts of one consumer's rows of a pass, `(row, future)` each, on the client's loop:
+    at most ODAL_WEBHOOK_CONCURRENCY at once (the next starts as one ends, without the pass's
+    thread), each when a slot of the client is free too (all consumers together)."""
+
+    async def one_at_a_time() -> None:
+        while rows:
+            delivery, future = rows.popleft()
+            async with client.slots:
+                await attempt_webhook(consumer, delivery, client, claim, future)
+
+    await asyncio.gather(*(one_at_a_time() for _ in range(min(settings.ODAL_WEBHOOK_CONCURRENCY, len(rows)))))
+
+
+async def attempt_webhook(consumer, delivery: "Claimed", client: WebhookClient, claim, future: AttemptFuture):
+    """attempt() for a webhook, on the client's loop: its future (the pass waits for it) gets
+    the Finished, or None if it never started. A future the pass cancelled meanwhile (its
+    consumer paused, or the process stopping: its row given back) starts nothing."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        if not _may_start(claim):
+            future.set_result(None)
+            return
+        started_at = timezone.now()
+        try:
+            outcome = await consumers.deliver_webhook(consumer, delivery.pk, delivery.event, client)
+        except Exception as exc:  # a bug of ours must fail the attempt, not kill the sweep
+            outcome = _our_bug(consumer, delivery, claim, exc)
+        future.set_result(_finished(consumer, delivery, claim, outcome, started_at))
+    except BaseException as exc:  # (cancelled: the client closed under a pass that ended early)
+        future.set_exception(exc)
+        raise
+
+
+def _may_start(claim) -> bool:
+    return claim.holds() and not stopping.requested()
+
+
+def _ids(consumer, delivery: "Claimed", claim) -> dict:
+    return {"delivery": delivery.pk, "event": delivery.event_id, "consumer": consumer.name, "claim": claim.token,
+            "attempt": delivery.attempts}  # fmt: skip
+
+
+def _our_bug(consumer, delivery: "Claimed", claim, exc: Exception) -> consumers.Outcome:
+    log.error(
+        "calling consumer %s failed", consumer.name, exc_info=exc, extra=_ids(consumer, delivery, claim)
+    )
+    return consumers.Outcome(False, error_text(exc))
+
+
+def _finished(consumer, delivery: "Claimed", claim, outcome: consumers.Outcome, started_at) -> Finished:
     if not outcome.ok:  # logged here, where the consumer is known; a late outcome gets a line of its own
         log.warning(
             "delivery %s attempt %s (claim %s) to consumer %s failed: %s",
-            delivery.pk, delivery.attempts, claim.token, consumer.name, storable(outcome.error, 200), extra=ids,
+            delivery.pk, delivery.attempts, claim.token, consumer.name, storable(outcome.error, 200),
+            extra=_ids(consumer, delivery, claim),
         )  # fmt: skip
     return Finished(delivery, outcome, started_at, timezone.now())
 
 
-def run_python_consumers(jobs: list, client: httpx.Client, claim, run=None) -> None:
+def run_python_consumers(jobs: list, client: WebhookClient, claim, run=None) -> None:
     """Python consumers of one claim, `(consumer, delivery, future)` each, one after another on
     the process's Python runner thread (they may use the database, through that thread's own
     connection), watched from the sweep's Python thread (outbox.python_consumers.run_each). Each
@@ -305,8 +359,8 @@ def run_python_consumers(jobs: list, client: httpx.Client, claim, run=None) -> N
 
 
 class SweepPass(Pass):
-    """The work of one claim. Webhooks run on the pool, at most ODAL_WEBHOOK_CONCURRENCY at once
-    per consumer; Python consumers one after another on a thread of their own. Only this thread
+    """The work of one claim. Webhooks run on the client's loop, at most ODAL_WEBHOOK_CONCURRENCY at
+    once per consumer; Python consumers one after another on a thread of their own. Only this thread
     writes (odal.work.passes), so no outcome waits behind a slow consumer of another kind. No
     attempt starts after the claim's hold has run out, nor one of a consumer paused meanwhile."""
 
@@ -317,23 +371,23 @@ class SweepPass(Pass):
         "or this process is stopping"
     )
 
-    def __init__(self, claim, report: SweepReport, client: httpx.Client, pool: ThreadPoolExecutor, python):
+    def __init__(self, claim, report: SweepReport, client: WebhookClient, python: ThreadPoolExecutor):
         super().__init__(claim, report)
         # While Python consumers run, the pass's thread reads pauses again (look) this often.
         self.look_seconds = min(self.flush_seconds, max(REFRESH_SECONDS, 0.05))
-        self.client, self.pool, self.python = client, pool, python
+        self.client, self.python = client, python
         self.consumers = Consumer.objects.in_bulk({d.consumer_id for d in claim.rows})
         self.refreshed = time.monotonic()  # (just read)
         self.paused: set = set()  # consumers paused during this pass (by a person or by odal)
         self.streaks_ended: set = set()  # consumers whose failure streak a success of this pass ended
-        self.waiting: dict[int, deque] = {}  # webhook rows by consumer, not started yet
+        self.webhooks: dict[int, list] = {}  # webhook rows by consumer, as (row, its future)
         self.python_jobs = []
         for d in claim.rows:
             if self.consumers[d.consumer_id].kind == Consumer.Kind.WEBHOOK:
-                self.waiting.setdefault(d.consumer_id, deque()).append(d)
+                self.webhooks.setdefault(d.consumer_id, []).append((d, AttemptFuture()))
             else:
                 self.python_jobs.append((self.consumers[d.consumer_id], d, AttemptFuture()))
-        self.running = dict.fromkeys(self.waiting, 0)
+        self.handed: dict[int, list] = {}  # those handed to the client's loop, not all ended
 
     def refresh(self) -> None:
         """Re-read what a person may change under a running pass, at most every REFRESH_SECONDS:
@@ -359,35 +413,28 @@ class SweepPass(Pass):
             for _, d, future in jobs:
                 self.track(future, d)
             self.python.submit(run_python_consumers, jobs, self.client, self.claim, self)
-        bound = settings.ODAL_WEBHOOK_CONCURRENCY
-        for consumer_id, rows in self.waiting.items():
-            if rows:
-                self.refresh()
-            if consumer_id in self.paused:  # no more attempts (a stop: Pass.run gave them back)
-                self.not_started.extend(d.pk for d in rows)
-                rows.clear()
-            while rows and self.running[consumer_id] < bound:
-                d = rows.popleft()
-                future = self.pool.submit(attempt, self.consumers[consumer_id], d, self.client, self.claim)
-                self.track(future, d, consumer_id)
-                self.running[consumer_id] += 1
+        if self.webhooks:  # (all of them, once: the loop starts each when one of its consumer's ends)
+            runs, self.handed, self.webhooks = [], self.webhooks, {}
+            for consumer_id, rows in self.handed.items():
+                for d, future in rows:
+                    self.track(future, d, quiet=True)
+                runs.append(run_webhooks(self.consumers[consumer_id], deque(rows), self.client, self.claim))
+            self.client.submit(runs)  # (one hand-over to the loop)
+        for consumer_id in self.paused.intersection(self.handed):
+            # No more attempts: those not started are given back (a stop: Pass.run gave them back).
+            for d, future in self.handed.pop(consumer_id):
+                if future.cancel():
+                    del self.in_flight[future]
+                    self.not_started.append(d.pk)
 
     def look(self) -> None:
         self.refresh()
 
-    def ended(self, delivery, consumer_id, finished: Finished | None) -> None:
-        if consumer_id is not None:  # (a webhook's)
-            self.running[consumer_id] -= 1
+    def ended(self, delivery, job, finished: Finished | None) -> None:
         if finished is None:
             self.not_started.append(delivery.pk)
         else:
             self.pending.append(finished)
-
-    def take_waiting(self) -> list:
-        waiting = [d.pk for rows in self.waiting.values() for d in rows]
-        for rows in self.waiting.values():
-            rows.clear()
-        return waiting
 
     def write(self, finished: list[Finished]) -> None:
         settled = finish_attempts(self.claim.token, finished)
@@ -456,8 +503,7 @@ class Every:
 def sweep_once(
     *,
     batch: int = 100,
-    client: httpx.Client | None = None,
-    pool: ThreadPoolExecutor | None = None,
+    client: WebhookClient | None = None,
     python: ThreadPoolExecutor | None = None,
     housekeeping: bool = True,
 ) -> SweepReport:
@@ -486,28 +532,23 @@ def sweep_once(
         tally.beat(tally.SWEEP)
         return report
     with ExitStack() as stack:
-        if client is None or pool is None or python is None:  # a pass on its own
+        if client is None or python is None:  # a pass on its own
             shared = stack.enter_context(sweeper())
-            client, pool, python = (
-                client or shared["client"],
-                pool or shared["pool"],
-                python or shared["python"],
-            )
-        SweepPass(claim, report, client, pool, python).run()
+            client, python = client or shared["client"], python or shared["python"]
+        SweepPass(claim, report, client, python).run()
     tally.beat(tally.SWEEP)
     return report
 
 
 @contextmanager
 def sweeper():
-    """The HTTP client, webhook thread pool and Python-consumer thread that a run of passes shares."""
+    """The webhook client (its loop thread) and the Python-consumer thread that a run of passes shares."""
     with (
-        consumers.webhook_client(limits=httpx.Limits(max_connections=SWEEP_THREADS)) as client,
-        ThreadPoolExecutor(SWEEP_THREADS, thread_name_prefix="odal-webhook") as pool,
+        consumers.webhook_client(in_flight=SWEEP_IN_FLIGHT) as client,
         ThreadPoolExecutor(1, thread_name_prefix="odal-python") as python,
     ):
         try:
-            yield {"client": client, "pool": pool, "python": python}
+            yield {"client": client, "python": python}
         finally:
             python.submit(connections.close_all).result()  # that thread's own connection, if any
 

@@ -1,11 +1,10 @@
 """The attempt log keeps what a consumer answered: a bounded, storable excerpt of the body and
 its Content-Type, for successes as well as failures, over real HTTP against PostgreSQL."""
 
-import httpx
 import pytest
 
 from odal.text import MAX_STORED
-from outbox import consumers
+from outbox import consumers, webhook_client
 from outbox.events import emit
 from outbox.models import Delivery
 from outbox.sweep import sweep_once
@@ -128,7 +127,7 @@ def test_a_hostile_content_type_is_kept_bounded_and_storable(sent, kept):
 
 
 def test_a_content_type_with_a_nul_byte_fails_the_attempt_and_the_delivery_settles():
-    """httpx refuses a header with NUL in it as a protocol error: the attempt fails like a
+    """The parser refuses a header with NUL in it as a protocol error: the attempt fails like a
     broken connection, with nothing kept of an answer it never accepted."""
     delivery, line = sweep_against(Answer(200, b"{}", [("content-type", "application/\x00json")]))
     assert delivery.status == "pending" and line.error.startswith("connection error")
@@ -138,8 +137,8 @@ def test_a_content_type_with_a_nul_byte_fails_the_attempt_and_the_delivery_settl
 def test_a_content_type_is_made_storable_where_it_is_read():
     """What another HTTP stack might let through (a NUL, invalid UTF-8, any length) comes out
     of answer_content_type storable and at most 200 characters long."""
-    response = httpx.Response(200, headers=[(b"content-type", b"text/\x00pl\xffain; x=" + b"y" * 10_000)])
-    kept = consumers.answer_content_type(response)
+    answer = webhook_client.Answer(200, {b"content-type": b"text/\x00pl\xffain; x=" + b"y" * 10_000})
+    kept = consumers.answer_content_type(answer)
     assert kept.startswith("text/\ufffdplÿain; x=yyy") and kept.endswith("…")
     assert_storable(kept, consumers.MAX_CONTENT_TYPE)
 
@@ -214,3 +213,15 @@ def test_a_python_consumer_raising_hostile_text_fails_its_attempt_storably(setti
     assert line.outcome == "failed" and line.error.startswith("ValueError: bad\ufffdtext\ufffdyyy")
     assert delivery.status == "pending" and delivery.last_error.startswith("ValueError: bad\ufffdtext\ufffd")
     assert_storable(line.error, MAX_STORED)
+
+
+def test_an_answer_past_the_cap_ends_its_connection():
+    """No more than ANSWER_CAP bytes of a body are read: the rest, left on the connection, would
+    be read as the next answer on it, so that connection is closed, not kept alive."""
+    big = Answer(200, b"x" * (consumers.ANSWER_CAP * 4))
+    with WebhookServer([big]) as server, consumers.webhook_client() as client:
+        consumer = WebhookConsumerFactory(url=server.url)
+        event, _ = emit("passport.published", {})
+        delivery = Delivery.objects.get()
+        outcomes = [consumers.call(consumer, delivery.pk, event, client) for _ in range(2)]
+    assert [(o.ok, o.http_status) for o in outcomes] == [(True, 200)] * 2, [o.error for o in outcomes]

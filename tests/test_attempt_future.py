@@ -5,7 +5,7 @@ from concurrent.futures import CancelledError, Future, InvalidStateError
 
 import pytest
 
-from odal.work.passes import AttemptFuture
+from odal.work.passes import AttemptFuture, Pass
 
 MOVES = {
     "start, result": ["start", ("set_result", 7)],
@@ -71,3 +71,52 @@ def test_a_callback_that_raises_is_logged_as_futures_is(caplog):
         future.set_result(1)
         future.add_done_callback(boom)  # (after: called at once)
         assert future.result() == 1
+
+
+class Quiet(Pass):
+    """A pass that only tracks futures (the bell's tests)."""
+
+    flush_rows, flush_seconds, look_seconds, not_started_line = 3, 60.0, 60.0, "%s"
+
+    def start_more(self):
+        pass
+
+    def ended(self, row, job, result):
+        pass
+
+    def write(self, items):
+        pass
+
+
+def end(future) -> None:
+    future.set_running_or_notify_cancel()
+    future.set_result(None)
+
+
+def test_quiet_attempts_wake_the_pass_once_all_have_ended_or_a_flush_is_due():
+    """Attempts a runner of their own starts (the webhooks' loop) ring the pass's bell only when
+    every one of them has ended or flush_rows have: not once per attempt."""
+    passing = Quiet(claim=None, report=None)
+    futures = [AttemptFuture() for _ in range(5)]
+    for row, future in enumerate(futures):
+        passing.track(future, row, quiet=True)
+    end(futures[0]), end(futures[1])
+    assert not passing.bell.is_set()  # 2 ended, 3 to go: nothing to write yet
+    end(futures[2])
+    assert passing.bell.is_set()  # flush_rows ended
+    assert passing.wait_ended(0) == futures[:3] and not passing.bell.is_set()
+    end(futures[3])
+    assert not passing.bell.is_set()
+    end(futures[4])
+    assert passing.bell.is_set()  # the last one
+    assert passing.wait_ended(0) == futures[3:]
+
+
+def test_an_attempt_tracked_aloud_wakes_the_pass_as_it_ends():
+    passing = Quiet(claim=None, report=None)
+    quiet, aloud = AttemptFuture(), AttemptFuture()
+    passing.track(quiet, 0, quiet=True)
+    passing.track(aloud, 1)
+    end(aloud)
+    assert passing.bell.is_set() and passing.wait_ended(0) == [aloud]
+    assert passing.wait_ended(0.01) == []  # (nothing rang: waited its time)

@@ -2,9 +2,9 @@
 it still names the consumer's host (Host header; for https the TLS server name and the name the
 certificate is verified against). A second lookup when connecting could answer otherwise: a
 rebinding DNS server answers the check with a public address and the connection with an
-internal one. The pin is made when connecting (the webhook client's network backend), not by
-sending the request to the address, so connections are pooled by name and kept alive, https
-included.
+internal one. The pin is made when connecting (the webhook client connects to the address and
+names the host), not by sending the request to the address, so connections are pooled by name
+(and address) and kept alive, https included.
 
 Network rule of these tests: no traffic leaves 127.0.0.0/8. Names are answered by a scripted
 resolver; public addresses appear only under a fake network that never connects (Wire)."""
@@ -19,12 +19,11 @@ import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import httpcore
 import httpx
 import pytest
 
 from odal.errors import Refused
-from outbox import consumers
+from outbox import consumers, webhook_client
 from outbox.events import emit
 from outbox.models import Delivery
 from outbox.sweep import sweep_once
@@ -122,9 +121,10 @@ class Peer:
     """A bare HTTP(S) server on one loopback address: answers 204 and records each request's
     connection, Host header and (TLS) server name, and counts TLS handshakes."""
 
-    def __init__(self, address="127.0.0.1", port=0, tls: ssl.SSLContext | None = None):
+    def __init__(self, address="127.0.0.1", port=0, tls: ssl.SSLContext | None = None, answer=(204, b"")):
         self.seen: list[Seen] = []
         self.handshakes = 0
+        self.close_connections = False
         peer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -135,9 +135,13 @@ class Peer:
                 self.rfile.read(int(self.headers.get("content-length") or 0))
                 name = getattr(self.connection, "server_name", None)
                 peer.seen.append(Seen(self.client_address[1], self.headers.get("host"), name))
-                self.send_response(204)
-                self.send_header("content-length", "0")
+                status, body = answer
+                self.send_response(status)
+                self.send_header("content-length", str(len(body)))
                 self.end_headers()
+                self.wfile.write(body)
+                if peer.close_connections:  # (after the answer, which says nothing of it)
+                    self.close_connection = True
 
             def log_message(self, *args):
                 pass
@@ -173,7 +177,7 @@ class Peer:
         return len({seen.client_port for seen in self.seen})
 
 
-def deliver(consumer, client: httpx.Client) -> consumers.Outcome:
+def deliver(consumer, client) -> consumers.Outcome:
     event, _ = emit("passport.published", {"dppId": "abc"})
     return consumers.call(consumer, Delivery.objects.get(event=event, consumer=consumer).pk, event, client)
 
@@ -238,6 +242,34 @@ def test_plain_http_connections_are_kept_alive_and_reused_per_name(resolver):
     assert ports[0] == ports[2] and ports[1] == ports[3] and ports[0] != ports[1]
     assert server.connections == 2
     assert dns.of("a.hooks.test") == ["a.hooks.test"]  # looked up once in DNS_CACHE_SECONDS
+
+
+@pytest.mark.parametrize("answer", [(500, b"failed"), (200, b'{"ok": true}')], ids=["500", "200"])
+def test_an_answer_with_a_body_leaves_its_connection_kept_alive(resolver, answer):
+    """Whether the peer keeps the connection is read when its answer ends: the parser, ready for
+    the next answer by then, would say no once there was a body (every failure answered with a
+    page, every 2xx with a body, would cost a new connection)."""
+    resolver({"a.hooks.test": [["127.0.0.1"]]})
+    with Peer(answer=answer) as server, consumers.webhook_client() as client:
+        consumer = WebhookConsumerFactory(url=f"http://a.hooks.test:{server.port}/hooks")
+        outcomes = [deliver(consumer, client) for _ in range(3)]
+    assert [(o.http_status, o.answer) for o in outcomes] == [(answer[0], answer[1].decode())] * 3
+    assert server.connections == 1
+
+
+def test_a_kept_connection_the_peer_closed_meanwhile_is_given_up_for_a_new_one(resolver, monkeypatch):
+    """A peer may close an idle kept-alive connection at any moment, and the client may take it
+    before it sees the close: the request then goes again on a new connection, once (nothing
+    of an answer came on the old one). Here every kept connection is taken as if still open."""
+    monkeypatch.setattr(webhook_client._Connection, "usable", lambda connection, now: True)
+    resolver({"a.hooks.test": [["127.0.0.1"]]})
+    with Peer() as server, consumers.webhook_client() as client:
+        consumer = WebhookConsumerFactory(url=f"http://a.hooks.test:{server.port}/hooks")
+        first = deliver(consumer, client)
+        server.close_connections = True  # the second answer ends its connection (the first's)
+        second, third = deliver(consumer, client), deliver(consumer, client)
+    assert (first.ok, second.ok, third.ok) == (True, True, True), (second.error, third.error)
+    assert server.connections == 2  # the third went on the first, found it closed, and again on a new one
 
 
 def test_concurrent_deliveries_on_the_sweeps_threads_each_connect_to_their_own_names_address(
@@ -325,8 +357,9 @@ def test_a_tls_connection_verified_for_one_name_does_not_carry_another_names_req
 # -- where connections go, under a network that never connects (Wire) -------------------------------
 
 
-class Line(httpcore.NetworkStream):
-    """A connection that is not: keeps what is written on it and answers 204 to each request."""
+class Line:
+    """A connection that is not (its reader and its writer): keeps what is written on it and
+    answers 204 to each request."""
 
     def __init__(self, address: str, port: int):
         self.address, self.port = address, port
@@ -334,18 +367,23 @@ class Line(httpcore.NetworkStream):
         self.ssl_context: ssl.SSLContext | None = None
         self.written = b""
 
-    def write(self, buffer, timeout=None):
+    def write(self, buffer):
         self.written += buffer
 
-    def read(self, max_bytes, timeout=None):
+    async def drain(self):
+        pass
+
+    async def read(self, max_bytes):
         return b"HTTP/1.1 204 No Content\r\n\r\n"
+
+    def at_eof(self):
+        return False
+
+    def is_closing(self):
+        return False
 
     def close(self):
         pass
-
-    def start_tls(self, ssl_context, server_hostname=None, timeout=None):
-        self.ssl_context, self.server_name = ssl_context, server_hostname
-        return self
 
     @property
     def requests(self) -> list[tuple[str, str]]:
@@ -357,16 +395,19 @@ class Line(httpcore.NetworkStream):
         ]
 
 
-class Wire(httpcore.NetworkBackend):
+class Wire:
     """The network under the webhook client where public addresses appear: connects nowhere,
-    records each connection it is asked for."""
+    records each connection it is asked for (outbox.webhook_client.open_stream's signature)."""
 
     def __init__(self):
         self.lines: list[Line] = []
 
-    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-        self.lines.append(Line(host, port))
-        return self.lines[-1]
+    async def __call__(self, address, port, ssl_context, server_hostname):
+        line = Line(address, port)
+        if ssl_context is not None:
+            line.ssl_context, line.server_name = ssl_context, server_hostname
+        self.lines.append(line)
+        return line, line
 
 
 def sent(consumer, deliveries=1) -> tuple[list[consumers.Outcome], Wire]:
@@ -527,19 +568,33 @@ def test_a_name_that_does_not_resolve_is_not_called(resolver):
 # -- no pin, no connection --------------------------------------------------------------------------
 
 
-def test_the_webhook_client_connects_nowhere_without_a_pin_for_the_host(resolver):
-    """Outside call_webhook (no pin), or pinned for another name, the client refuses to connect:
-    it never looks the host up itself."""
-    dns = resolver({"hooks.example.com": [["93.184.215.14"]], "other.example.com": [["93.184.215.15"]]})
+def test_a_kept_connection_carries_only_requests_to_its_own_name_and_address():
+    """Connections are kept by scheme, name, port and the address pinned: a request pinned to
+    another address (its name moved) or naming another host never goes on one made for another."""
     wire = Wire()
+
+    def post(client, name, address, https=True):
+        answer = webhook_client.Answer()
+        request = f"POST /hooks HTTP/1.1\r\nhost: {name}\r\ncontent-length: 0\r\n\r\n".encode()
+        client.send(
+            client.request(
+                https=https, name=name, address=address, port=443, data=request, answer=answer, cap=10
+            )
+        )
+        assert answer.status == 204
+
     with consumers.webhook_client(network=wire) as client:
-        with pytest.raises(httpx.ConnectError, match="no checked address for hooks.example.com"):
-            client.post("https://hooks.example.com/hooks")
-        other = consumers.webhook_target("https://other.example.com/hooks")
-        with consumers.pinned(other), pytest.raises(httpx.ConnectError, match="no checked address for hooks"):
-            client.post("https://hooks.example.com/hooks")
-    assert wire.lines == []
-    assert dns.lookups == ["other.example.com"]  # by webhook_target only
+        post(client, "a.example.com", "93.184.215.14")
+        post(client, "a.example.com", "93.184.215.14")  # kept alive
+        post(client, "b.example.com", "93.184.215.14")  # another name, the same address
+        post(client, "a.example.com", "93.184.215.15")  # a's name, pinned elsewhere
+        post(client, "a.example.com", "93.184.215.14", https=False)  # another scheme
+    assert [(line.address, line.server_name, line.requests) for line in wire.lines] == [
+        ("93.184.215.14", "a.example.com", [("/hooks", "a.example.com")] * 2),
+        ("93.184.215.14", "b.example.com", [("/hooks", "b.example.com")]),
+        ("93.184.215.15", "a.example.com", [("/hooks", "a.example.com")]),
+        ("93.184.215.14", None, [("/hooks", "a.example.com")]),
+    ]
 
 
 def test_call_webhook_sends_with_no_client_but_the_pinned_one(resolver):
@@ -552,7 +607,7 @@ def test_call_webhook_sends_with_no_client_but_the_pinned_one(resolver):
         requests.append(request)
         return httpx.Response(204, content=iter([b""]))  # a stream, as from a connection
 
-    client = httpx.Client(transport=httpx.MockTransport(answer))
+    client = httpx.Client(transport=httpx.MockTransport(answer))  # (any other client: httpx's, say)
     with client, pytest.raises(TypeError, match=r"client made by webhook_client\(\)"):
         deliver(consumer, client)
     assert requests == []

@@ -14,10 +14,10 @@ A kind (outbox.sweep, registry.drain) subclasses Pass and says how its rows star
 """
 
 import logging
-import queue
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections import deque
 from concurrent.futures import CancelledError, Future, InvalidStateError
 
 from django.conf import settings
@@ -151,7 +151,10 @@ class Pass(ABC):
     def __init__(self, claim, report):
         self.claim, self.report = claim, report
         self.in_flight: dict[Future, tuple] = {}  # future -> (row, what `ended` needs): see track
-        self.ends: queue.SimpleQueue = queue.SimpleQueue()  # futures of in_flight as they end
+        self.ends: deque = deque()  # futures of in_flight as they end (their callbacks append them)
+        self.bell = threading.Event()  # rung when the pass's thread should look at them (see track)
+        self.counting = threading.Lock()
+        self.quiet_left = 0  # quiet attempts tracked that have not ended
         self.not_started: list = []  # rows' primary keys, to give back
         self.pending: list = []  # ended attempts' outcomes, to write
         self.flushed_at = time.monotonic()
@@ -179,24 +182,45 @@ class Pass(ABC):
         """The rows not started yet, taken off the kind's queues (stopping: they are given back)."""
         return []
 
-    def track(self, future: Future, row, job=None) -> None:
-        """An attempt started (or queued) on a pool: the pass waits for its future to end."""
+    def track(self, future: Future, row, job=None, *, quiet: bool = False) -> None:
+        """An attempt started (or queued) on a pool: the pass waits for its future to end. A
+        `quiet` one wakes the pass's thread only once every quiet attempt tracked has ended, or
+        flush_rows have (or at its next look, within look_seconds): attempts that a runner of
+        their own starts one after another (the webhooks' loop) need the pass only to write
+        their outcomes, and waking it for each cost the process a thread switch per attempt."""
         self.in_flight[future] = (row, job)
-        future.add_done_callback(self.ends.put)
+        if quiet:
+            with self.counting:
+                self.quiet_left += 1
+        future.add_done_callback(self.ended_quietly if quiet else self.ended_aloud)
+
+    def ended_aloud(self, future) -> None:
+        self.ends.append(future)
+        self.bell.set()
+
+    def ended_quietly(self, future) -> None:
+        self.ends.append(future)
+        with self.counting:
+            self.quiet_left -= 1
+            ring = self.quiet_left == 0 or len(self.ends) >= self.flush_rows
+        if ring:
+            self.bell.set()
 
     def wait_ended(self, timeout: float) -> list[Future]:
-        """The futures of in_flight that ended, waiting up to `timeout` for the first. A queue their
-        callbacks fill, not concurrent.futures.wait: that one hooks every future in flight on each
-        call, and a pass that waits once per ending attempt of 500 would do it 500 times."""
-        try:
-            ended = [self.ends.get(timeout=timeout)]
-        except queue.Empty:
-            return []
-        try:
-            while True:
-                ended.append(self.ends.get_nowait())
-        except queue.Empty:
-            pass
+        """The futures of in_flight that ended, waiting up to `timeout` for the bell (see track).
+        A deque their callbacks fill, not concurrent.futures.wait: that one hooks every future in
+        flight on each call, and a pass that waits once per ending attempt of 500 would do it 500
+        times."""
+        deadline = time.monotonic() + timeout
+        while not self.ends:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.bell.wait(left):
+                break
+            self.bell.clear()  # (rung for futures already taken: wait again)
+        self.bell.clear()
+        ended = []
+        while self.ends:
+            ended.append(self.ends.popleft())
         return [future for future in ended if future in self.in_flight]  # (not one cancelled and given back)
 
     def run(self) -> None:

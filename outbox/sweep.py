@@ -411,7 +411,7 @@ class SweepPass(Pass):
         if self.python_jobs:  # (all of them at once, on the Python thread, which starts each in turn)
             jobs, self.python_jobs = self.python_jobs, []
             for _, d, future in jobs:
-                self.track(future, d)
+                self.track(future, d, quiet=True)
             self.python.submit(run_python_consumers, jobs, self.client, self.claim, self)
         if self.webhooks:  # (all of them, once: the loop starts each when one of its consumer's ends)
             runs, self.handed, self.webhooks = [], self.webhooks, {}

@@ -102,7 +102,8 @@ class _Parsing:
 
     def on_message_complete(self) -> None:
         # Asked now: once feed_data returns, the parser is ready for the next message, and what
-        # it says of keep-alive then is that blank message's (not kept, after a body).
+        # it says of keep-alive then is that blank message's (not kept, after a body). Never
+        # set for an answer read only to the cap: its connection has the rest on it.
         self.answer.complete, self.keep_alive = True, self.parser.should_keep_alive()
 
 
@@ -287,7 +288,7 @@ class WebhookClient:
                     raise RemoteProtocolError("the peer asked to switch protocols") from None
                 except httptools.HttpParserError as exc:
                     raise RemoteProtocolError(f"not an HTTP/1.1 answer ({exc})") from None
-            kept = answer.complete and not answer.over_cap and parsing.keep_alive
+            kept = parsing.keep_alive  # (only once the whole answer was read: see _Parsing)
         finally:
             if kept:
                 self._keep(key, connection)

@@ -334,6 +334,52 @@ def test_requests_started_after_a_leaked_secret_is_dropped_are_not_signed_with_i
             Webhook(old).verify(request.body, request.headers)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_no_webhook_request_starts_after_a_pause_the_pass_has_seen(settings, monkeypatch):
+    """The webhooks' loop starts a consumer's next request as one ends, without the pass's
+    thread: the rows it has not started when the pass sees a pause are taken back from it
+    (their futures cancelled), not sent once the running request ends."""
+    from outbox.sweep import SweepPass
+    from tests.factories import WebhookConsumerFactory
+    from tests.webhook_server import WebhookServer
+
+    settings.ODAL_WEBHOOK_CONCURRENCY = 1
+    settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = True
+    answer, seen = threading.Event(), threading.Event()
+    start_more = SweepPass.start_more
+
+    def watched(self):
+        start_more(self)
+        if self.paused:
+            seen.set()
+
+    monkeypatch.setattr(SweepPass, "start_more", watched)
+    with WebhookServer(script=[("stall", answer, 204), 204]) as server:
+        consumer = WebhookConsumerFactory(name="hook", url=server.url)
+        for _ in range(4):
+            DeliveryFactory(consumer=consumer)
+        box = {}
+
+        def sweep():
+            try:
+                box["report"] = sweep_once()
+            finally:
+                connections.close_all()
+
+        sweeper = threading.Thread(target=sweep)
+        sweeper.start()
+        deadline = time.monotonic() + 10
+        while not server.received and time.monotonic() < deadline:
+            time.sleep(0.01)
+        service.pause(Consumer.objects.get(pk=consumer.pk), actor="ops", reason="maintenance")
+        saw = seen.wait(10)  # (the pass re-reads its consumers every REFRESH_SECONDS)
+        answer.set()  # the first request ends: the loop would start the next one now
+        sweeper.join(20)
+    assert saw and not sweeper.is_alive()
+    assert len(server.received) == 1, f"{len(server.received) - 1} requests went out after the pause"
+    assert box["report"].delivered == 1 and box["report"].not_started == 3
+
+
 # -- counts: a consumer made (with a delivery) between outbox_counts' two reads ------------------
 
 

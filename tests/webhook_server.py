@@ -32,7 +32,7 @@ class Answer:
 
 class WebhookServer:
     """`script` is a list of behaviours, used in order (the last one repeats): an int status,
-    ("stall", seconds, status), or an Answer."""
+    ("stall", seconds, status) (seconds may be a threading.Event: until it is set), or an Answer."""
 
     def __init__(self, script=(204,)):
         self.script = list(script)
@@ -57,7 +57,10 @@ class WebhookServer:
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
                 if isinstance(behaviour, tuple):
                     _, seconds, behaviour = behaviour
-                    time.sleep(seconds)
+                    if isinstance(seconds, threading.Event):  # (held until the test sets it)
+                        seconds.wait(30)
+                    else:
+                        time.sleep(seconds)
                 with server.lock:
                     server.in_flight -= 1
                 if isinstance(behaviour, int):

@@ -186,8 +186,9 @@ class Pass(ABC):
         """An attempt started (or queued) on a pool: the pass waits for its future to end. A
         `quiet` one wakes the pass's thread only once every quiet attempt tracked has ended, or
         flush_rows have (or at its next look, within look_seconds): attempts that a runner of
-        their own starts one after another (the webhooks' loop) need the pass only to write
-        their outcomes, and waking it for each cost the process a thread switch per attempt."""
+        their own starts one after another (the webhooks' loop, the Python consumers' thread)
+        need the pass only to write their outcomes, and waking it for each cost the process two
+        thread switches per attempt, and the runner the GIL meanwhile."""
         self.in_flight[future] = (row, job)
         if quiet:
             with self.counting:

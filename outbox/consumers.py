@@ -164,10 +164,14 @@ class _Request:
 
 @functools.lru_cache(maxsize=1024)
 def _request_of(url: str) -> _Request:
-    """A webhook URL read once (a refused one is not kept: see _webhook_url)."""
+    """A webhook URL read once (a refused one is not kept: see _webhook_url). Credentials in its
+    userinfo are sent as HTTP Basic authorization, as httpx sent them (a consumer may check them)."""
     parsed = _webhook_url(url)
     https = parsed.scheme == "https"
     head = b"POST " + parsed.raw_path + b" HTTP/1.1\r\nhost: " + parsed.netloc + b"\r\n"
+    if parsed.userinfo:
+        credentials = f"{parsed.username}:{parsed.password}".encode()
+        head += b"authorization: Basic " + base64.b64encode(credentials) + b"\r\n"
     return _Request(https, parsed.raw_host.decode("ascii"), parsed.port or (443 if https else 80), head)
 
 

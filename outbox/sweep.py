@@ -484,6 +484,26 @@ class SweepPass(Pass):
                 log.exception("recording the health of consumer %s failed", consumer.name)
 
 
+def housekeep() -> int:
+    """Park and unpark rows of paused and resumed consumers, and dead-letter spent rows (returns
+    how many). A run of passes does it about once a second (Every): the first time before its
+    first claim, then after a pass, so that no commit's webhook waits for it (issue 26, item 7:
+    at 50 events/s the event after each second's turn waited its four statements)."""
+    now = timezone.now()
+    # Parking only keeps paused rows out of the due index (no claim or dead-lettering takes
+    # a paused consumer's row anyway); unparking is the net under a resume (see the models).
+    # A Python consumer whose target ODAL_PYTHON_CONSUMERS does not allow is paused before any
+    # of its rows can be claimed: on the first pass of every run, so at every start.
+    service.pause_python_consumers_outside_allow_list(now=now)
+    Delivery.objects.park_paused(now=now)  # (one statement; takes nothing while none is paused)
+    for consumer_id in Delivery.objects.resumed_consumers_with_parked_rows():  # (one statement)
+        Delivery.objects.unpark(consumer_id=consumer_id)
+    # A spent row is never claimed (the claim's filter), so dead-lettering it can wait for
+    # the run's housekeeping: one statement less in every other pass (issue 26, item 7: a
+    # pass of one webhook is mostly fixed cost, and at 50 events/s the next commit waits it).
+    return Delivery.objects.dead_letter_exhausted(now=now)
+
+
 class Every:
     """Whether `seconds` have gone by since it last said so (and the first time it is asked):
     how often a run of passes does its housekeeping (parking and unparking cost two statements;
@@ -507,24 +527,12 @@ def sweep_once(
     python: ThreadPoolExecutor | None = None,
     housekeeping: bool = True,
 ) -> SweepReport:
-    """One pass: park or unpark rows of paused or resumed consumers and dead-letter spent rows
-    (with `housekeeping`: a run of passes does it about once a second, see Every), claim up to
-    `batch` due deliveries, run them."""
+    """One pass: with `housekeeping`, first park or unpark rows of paused or resumed consumers
+    and dead-letter spent rows (housekeep: a run of passes does it about once a second, after
+    its passes but the first); then claim up to `batch` due deliveries, and run them."""
     report = SweepReport(passes=1)
-    now = timezone.now()
     if housekeeping:
-        # Parking only keeps paused rows out of the due index (no claim or dead-lettering takes
-        # a paused consumer's row anyway); unparking is the net under a resume (see the models).
-        # A Python consumer whose target ODAL_PYTHON_CONSUMERS does not allow is paused before any
-        # of its rows can be claimed: on the first pass of every run, so at every start.
-        service.pause_python_consumers_outside_allow_list(now=now)
-        Delivery.objects.park_paused(now=now)  # (one statement; takes nothing while none is paused)
-        for consumer_id in Delivery.objects.resumed_consumers_with_parked_rows():  # (one statement)
-            Delivery.objects.unpark(consumer_id=consumer_id)
-        # A spent row is never claimed (the claim's filter), so dead-lettering it can wait for
-        # the run's housekeeping: one statement less in every other pass (issue 26, item 7: a
-        # pass of one webhook is mostly fixed cost, and at 50 events/s the next commit waits it).
-        report.dead_lettered = Delivery.objects.dead_letter_exhausted(now=now)
+        report.dead_lettered = housekeep()
     # The hold runs from the claim's own clock reading, not from before the dead-lettering.
     claim = Delivery.objects.claim(limit=batch, read=read_claimed, skip=OVERRUNS.skip())
     report.claimed = len(claim.rows)
@@ -565,7 +573,14 @@ class Sweep(Work):
             yield {**shared, "chores": Every(HOUSEKEEPING_SECONDS)}
 
     def one_pass(self, *, batch: int, chores: Every, **shared) -> SweepReport:
-        return sweep_once(batch=batch, housekeeping=chores.elapsed(), **shared)
+        if chores.last == float("-inf"):  # until the run's first housekeeping is done: before the claim
+            report = sweep_once(batch=batch, housekeeping=True, **shared)
+            chores.elapsed()  # (not reached if the pass raised: the next one does it first again)
+            return report
+        report = sweep_once(batch=batch, housekeeping=False, **shared)
+        if chores.elapsed():
+            report.dead_lettered += housekeep()
+        return report
 
     def owed(self) -> bool:
         return Delivery.objects.filter(status=Delivery.Status.PENDING).exists()

@@ -80,19 +80,26 @@ class Answer:
 class _Parsing:
     """httptools' callbacks, into an Answer."""
 
-    __slots__ = ("answer", "parser", "cap", "keep_alive")
+    __slots__ = ("answer", "parser", "cap", "keep_alive", "until_close")
 
     def __init__(self):
         self.parser = httptools.HttpResponseParser(self)  # (one a connection: it reads answer after answer)
 
     def expect(self, answer: Answer, cap: int) -> None:
-        self.answer, self.cap, self.keep_alive = answer, cap, False
+        self.answer, self.cap, self.keep_alive, self.until_close = answer, cap, False, False
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.answer.headers[name.lower()] = value
 
     def on_headers_complete(self) -> None:
         self.answer.status = self.parser.get_status_code()
+        # A body with neither a length nor chunks runs to the end of the connection (HTTP/1.0's
+        # way, and HTTP/1.1's with "connection: close"): that end ends the answer (see _exchange).
+        headers = self.answer.headers
+        self.until_close = (
+            b"content-length" not in headers
+            and b"chunked" not in headers.get(b"transfer-encoding", b"").lower()
+        )
 
     def on_body(self, chunk: bytes) -> None:
         body = self.answer.body
@@ -101,6 +108,9 @@ class _Parsing:
             self.answer.over_cap = True
 
     def on_message_complete(self) -> None:
+        if 100 <= self.answer.status < 200:  # (an interim answer, 100 Continue: the answer follows)
+            self.answer.status, self.answer.headers = None, {}
+            return
         # Asked now: once feed_data returns, the parser is ready for the next message, and what
         # it says of keep-alive then is that blank message's (not kept, after a body). Never
         # set for an answer read only to the cap: its connection has the rest on it.
@@ -278,11 +288,11 @@ class WebhookClient:
                     raise ReadError(_reason(exc)) from exc
                 answer.received += len(chunk)
                 try:
-                    if not chunk:  # (the end of an answer whose body runs to the end of its connection?)
-                        parsing.parser.feed_data(b"")
-                        if not answer.complete:
-                            raise ReadError("the peer closed the connection before the answer was whole")
-                        break
+                    if not chunk:
+                        if answer.status is not None and parsing.until_close:
+                            answer.complete = True  # (not kept: keep_alive was never set)
+                            break
+                        raise ReadError("the peer closed the connection before the answer was whole")
                     parsing.parser.feed_data(chunk)
                 except httptools.HttpParserUpgrade:
                     raise RemoteProtocolError("the peer asked to switch protocols") from None

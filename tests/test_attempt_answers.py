@@ -1,6 +1,10 @@
 """The attempt log keeps what a consumer answered: a bounded, storable excerpt of the body and
 its Content-Type, for successes as well as failures, over real HTTP against PostgreSQL."""
 
+import re
+import socket
+import threading
+
 import pytest
 
 from odal.text import MAX_STORED
@@ -225,3 +229,79 @@ def test_an_answer_past_the_cap_ends_its_connection():
         delivery = Delivery.objects.get()
         outcomes = [consumers.call(consumer, delivery.pk, event, client) for _ in range(2)]
     assert [(o.ok, o.http_status) for o in outcomes] == [(True, 200)] * 2, [o.error for o in outcomes]
+
+
+class RawPeer:
+    """A TCP server answering every request on a connection with `answer`, bytes as they are
+    (what a hand-written or an old server sends), and closing the connection after it if
+    `close`. Counts its connections."""
+
+    def __init__(self, answer: bytes, close: bool):
+        self.answer, self.close, self.connections = answer, close, 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/hooks"
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self.talk, args=(conn,), daemon=True).start()
+
+    def talk(self, conn):
+        with conn:
+            buffer = b""
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buffer += data
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))
+                while len(buffer) < length:
+                    buffer += conn.recv(65536)
+                buffer = buffer[length:]
+                conn.sendall(self.answer)
+                if self.close:
+                    return
+
+
+RAW_ANSWERS = {
+    # name: (bytes, closed after, delivered?, status, answer kept, error)
+    "http_1_0_body_to_the_end": (b"HTTP/1.0 200 OK\r\n\r\nhello", True, True, 200, "hello", ""),
+    "close_delimited_body": (b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nhello", True, True, 200, "hello", ""),
+    "100_continue_first": (
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n", False, True, 204, "", "",
+    ),
+    "cut_short": (
+        b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello", True, False, 200, "hello",
+        "connection error: ReadError: the peer closed the connection before the answer was whole "
+        "while reading the body of an HTTP 200 answer",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("raw, close, delivered, status, kept, error", RAW_ANSWERS.values(), ids=RAW_ANSWERS)
+def test_answers_as_http_allows_them_are_read_whole(raw, close, delivered, status, kept, error):
+    """A body delimited by the end of the connection is whole at that end; an interim 100
+    Continue is not the answer (the one after it is, on a connection still kept); a body cut
+    short of its length is a broken connection."""
+    peer = RawPeer(raw, close)
+    consumer = WebhookConsumerFactory(url=peer.url)
+    event, _ = emit("passport.published", {})
+    delivery = Delivery.objects.get()
+    with consumers.webhook_client() as client:
+        outcomes = [consumers.call(consumer, delivery.pk, event, client) for _ in range(2)]
+    peer.sock.close()
+    for outcome in outcomes:
+        assert (outcome.ok, outcome.http_status, outcome.answer, outcome.error) == (
+            delivered,
+            status,
+            kept,
+            error,
+        )
+    assert peer.connections == (2 if close else 1)

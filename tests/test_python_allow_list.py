@@ -13,7 +13,7 @@ from odal.models import AuditEntry
 from outbox import consumers as consumer_calls
 from outbox.events import emit
 from outbox.models import Consumer, Delivery
-from outbox.sweep import sweep_once
+from outbox.sweep import sweep_once, sweep_until_idle
 from tests import consumers
 from tests.factories import ConsumerFactory, DeliveryFactory
 from tests.test_settings import read_settings, refusal
@@ -141,6 +141,23 @@ def test_the_sweep_pauses_a_consumer_outside_the_list_at_its_start_and_never_cal
     # once: the next pass finds nothing more to pause
     sweep_once()
     assert AuditEntry.objects.filter(action="consumer_paused").count() == 1
+
+
+@pytest.mark.django_db
+def test_a_run_of_passes_pauses_a_consumer_outside_the_list_before_its_first_claim(settings):
+    """A run of passes (odal outbox sweep, a kicked task) does its housekeeping after its passes,
+    so that no commit's webhook waits for it, but its first: that one comes before any claim, so
+    a consumer outside the list is paused before a row of it can be attempted."""
+    ConsumerFactory(name="erp", target="tests.consumers.accept")
+    outside = ConsumerFactory(name="old-erp", target="tests.consumers.slow")
+    emit("passport.published", {"n": 1})
+    settings.ODAL_PYTHON_CONSUMERS = ("outbox.receiver.*", "tests.consumers.accept")
+
+    report = sweep_until_idle(max_seconds=10, linger_seconds=0)
+
+    parked = Delivery.objects.get(consumer=outside)
+    assert (parked.status, parked.attempts) == ("paused", 0)  # waits, never attempted
+    assert report.failed == 0 and report.delivered == 2  # the event and consumer.paused, to erp
 
 
 @pytest.mark.django_db

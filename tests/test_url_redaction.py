@@ -2,6 +2,7 @@
 only to admin scope and to staff who may change consumers; everyone and everything else (read and
 write scope, Viewers and Operators, the audit trail, the logs, the attempt log) reads ***."""
 
+import base64
 import logging
 
 import pytest
@@ -184,6 +185,8 @@ def test_the_attempt_log_keeps_no_credential_a_redirect_or_an_answer_quotes(sett
         emit("passport.published", {"n": 1})
         assert sweep_once().failed == 1
         assert server.received  # the whole URL was called: its credentials were sent
+        basic = "Basic " + base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
+        assert server.received[0].headers["authorization"] == basic  # (as HTTP Basic, as httpx sent them)
     delivery = Delivery.objects.get()
     line = delivery.attempt_log.get()
     assert line.error == "HTTP 301 redirect to /hook/?token=***&v=2 (not followed)"

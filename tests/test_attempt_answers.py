@@ -4,6 +4,7 @@ its Content-Type, for successes as well as failures, over real HTTP against Post
 import re
 import socket
 import threading
+import time
 
 import pytest
 
@@ -233,8 +234,9 @@ def test_an_answer_past_the_cap_ends_its_connection():
 
 class RawPeer:
     """A TCP server answering every request on a connection with `answer`, bytes as they are
-    (what a hand-written or an old server sends), and closing the connection after it if
-    `close`. Counts its connections."""
+    (what a hand-written or an old server sends; a tuple: its parts 0.2 s apart, so that the
+    client reads them apart), and closing the connection after it if `close`. Counts its
+    connections."""
 
     def __init__(self, answer: bytes, close: bool):
         self.answer, self.close, self.connections = answer, close, 0
@@ -265,7 +267,10 @@ class RawPeer:
                 while len(buffer) < length:
                     buffer += conn.recv(65536)
                 buffer = buffer[length:]
-                conn.sendall(self.answer)
+                for n, part in enumerate(self.answer if isinstance(self.answer, tuple) else (self.answer,)):
+                    if n:
+                        time.sleep(0.2)
+                    conn.sendall(part)
                 if self.close:
                     return
 
@@ -275,7 +280,8 @@ RAW_ANSWERS = {
     "http_1_0_body_to_the_end": (b"HTTP/1.0 200 OK\r\n\r\nhello", True, True, 200, "hello", ""),
     "close_delimited_body": (b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nhello", True, True, 200, "hello", ""),
     "100_continue_first": (
-        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n", False, True, 204, "", "",
+        (b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n"),
+        False, True, 204, "", "",
     ),
     "cut_short": (
         b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello", True, False, 200, "hello",

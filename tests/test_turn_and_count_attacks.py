@@ -121,6 +121,7 @@ class RelaySuccessor(threading.Thread):
     def __init__(self, wait_seconds):
         super().__init__(daemon=True)
         self.wait_seconds, self.led, self.gave_up_at = wait_seconds, None, None
+        self.waited = threading.Event()  # its wait for the lock is over, led or not
 
     def run(self):
         try:
@@ -128,6 +129,7 @@ class RelaySuccessor(threading.Thread):
                 self.led = listener.wait_to_lead(self.wait_seconds)
                 self.gave_up_at = time.monotonic()
         finally:
+            self.waited.set()
             connections.close_all()
 
 
@@ -157,7 +159,11 @@ def test_a_leader_whose_successor_gave_up_inside_its_long_pass_takes_its_last_lo
         long_pass_done = False
         while not should_stop():
             if successors and not long_pass_done:
-                time.sleep(2.0)  # one pass of slow webhooks, longer than the successor's wait
+                # One pass of slow webhooks, longer than the successor's wait (to its end, however
+                # late a loaded machine starts it) and than HANDOVER_SECONDS.
+                ends_at = time.monotonic() + 2.0
+                successors[0].waited.wait(20)
+                time.sleep(max(0.0, ends_at - time.monotonic()))
                 long_pass_done = True
             else:
                 time.sleep(0.02)

@@ -7,9 +7,10 @@ password of its userinfo and every query value as ***: `http://alice:***@host/ho
 `redacted_url` is the one function that hides them; the sweep keeps calling the whole URL.
 """
 
+import base64
 import functools
 import re
-from urllib.parse import unquote_plus, urlsplit, urlunsplit
+from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
 
 HIDDEN = "***"
 # A URL inside free text (an error message, a log line): a scheme, ://, then up to the first
@@ -79,7 +80,10 @@ def secrets_of(url: str) -> tuple[str, ...]:
     found = []
     userinfo, at, _host = parts.netloc.rpartition("@")
     if at and ":" in userinfo:
-        found.append(userinfo.partition(":")[2])
+        user, _, password = userinfo.partition(":")
+        found.append(password)
+        # ...and as a request sends them, HTTP Basic (an answer may echo the request's headers)
+        found.append(base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode())
     found += [item.partition("=")[2] or item.partition("=")[0] for item in parts.query.split("&")]
     found.append(parts.fragment)
     found += [unquote_plus(value) for value in found]

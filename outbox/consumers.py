@@ -112,26 +112,32 @@ def call_webhook(consumer, delivery_id, event, client: WebhookClient) -> Outcome
     return client.send(send_webhook(consumer, delivery_id, event, client))
 
 
-async def send_webhook(consumer, delivery_id, event, client: WebhookClient) -> Outcome:
+async def send_webhook(consumer, delivery_id, event, client: WebhookClient, may_start=None) -> Outcome | None:
     """POST the event to the consumer, on `client`'s loop: connected to the address checked for
-    its host, the whole request held to the consumer's timeoutSeconds, no more than ANSWER_CAP
-    bytes of the answer read, no redirect followed."""
-    # Checked again at delivery time, and connected to at the address checked: a name may
-    # resolve inside now, or answer a second lookup otherwise than the first (DNS rebinding).
+    its host, the whole request (the lookup of its host too) held to the consumer's
+    timeoutSeconds, no more than ANSWER_CAP bytes of the answer read, no redirect followed.
+    None if `may_start()`, asked once the host is looked up, says no (not started)."""
     try:
         request = _request_of(consumer.url)
-        target = await _pinned_target(request.name, client.answers)
     except Refused as exc:
         return Outcome(False, storable(f"not called: {exc.detail}"))
-    body = webhook_body(event).encode()
-    data = request.head + _headers_text(consumer, delivery_id, body) + body
     started = time.monotonic()
     answer = Answer()  # filled as it arrives: a timeout or a reset still leaves what was read
     try:
         async with asyncio.timeout(consumer.timeout_seconds):
+            # Checked again at delivery time, and connected to at the address checked: a name may
+            # resolve inside now, or answer a second lookup otherwise than the first (DNS rebinding).
+            try:
+                target = await _pinned_target(request.name, client)
+            except Refused as exc:
+                return Outcome(False, storable(f"not called: {exc.detail}"))
+            if may_start is not None and not may_start():
+                return None  # (the claim's hold ran out, or a stop or a pause came, during the lookup)
+            body = webhook_body(event).encode()
             await client.request(
                 https=request.https, name=target.name, address=str(target.address), port=request.port,
-                data=data, answer=answer, cap=ANSWER_CAP,
+                data=request.head + _headers_text(consumer, delivery_id, body) + body, answer=answer,
+                cap=ANSWER_CAP,
             )  # fmt: skip
     except TimeoutError:
         error = _reading(f"timed out after {consumer.timeout_seconds}s", answer.status)
@@ -218,9 +224,13 @@ def call(consumer, delivery_id, event, client: WebhookClient | None) -> Outcome:
     return redacted(consumer, call_webhook(consumer, delivery_id, event, client))
 
 
-async def deliver_webhook(consumer, delivery_id, event, client: WebhookClient) -> Outcome:
-    """call() for a webhook consumer, on the client's loop (the sweep's attempts)."""
-    return redacted(consumer, await send_webhook(consumer, delivery_id, event, client))
+async def deliver_webhook(
+    consumer, delivery_id, event, client: WebhookClient, may_start=None
+) -> Outcome | None:
+    """call() for a webhook consumer, on the client's loop (the sweep's attempts); None if
+    `may_start` said no once the host was looked up (see send_webhook)."""
+    outcome = await send_webhook(consumer, delivery_id, event, client, may_start)
+    return None if outcome is None else redacted(consumer, outcome)
 
 
 def redacted(consumer, outcome: Outcome) -> Outcome:
@@ -320,6 +330,12 @@ def _webhook_url(url: str) -> httpx.URL:
     if len(url) > 2000:
         raise Refused("A webhook URL must be at most 2000 characters.", code="invalid_url", status=422)
     try:
+        port = parsed.port
+    except ValueError:  # (httpx reads 70000 as 70000, and the connection would go to port 4464)
+        port = 0
+    if port == 0:
+        raise Refused("A webhook URL's port must be from 1 to 65535.", code="invalid_url", status=422)
+    try:
         # As httpx reads it: its host (a non-ASCII name in its xn-- form) is the one resolved.
         return httpx.URL(url)
     except httpx.InvalidURL as exc:
@@ -362,12 +378,13 @@ def _addresses(host: str) -> list:
 # -- the client webhooks are sent with (outbox.webhook_client) --------------------------------------
 
 
-async def _pinned_target(name: str, answers: "Answers") -> Target:
-    """webhook_target on the client's loop: a lookup that is not kept is made on another thread
-    (the loop carries every request in flight), and what it answered is checked at every use."""
-    addresses = answers.kept(name)
+async def _pinned_target(name: str, client: WebhookClient) -> Target:
+    """webhook_target on the client's loop: a lookup that is not kept is made on a thread of its
+    own (client.lookup: the loop carries every request in flight), and what it answered is
+    checked at every use."""
+    addresses = client.answers.kept(name)
     if addresses is None:
-        addresses = await asyncio.get_running_loop().run_in_executor(None, answers.addresses, name)
+        addresses = await client.lookup(name, client.answers.addresses)
     return Target(name, _checked_addresses(name, lambda _: addresses)[0])
 
 

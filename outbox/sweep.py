@@ -257,7 +257,7 @@ def attempt(consumer, delivery: "Claimed", client: WebhookClient, claim) -> Fini
     return _finished(consumer, delivery, claim, outcome, started_at)
 
 
-async def run_webhooks(consumer, rows: deque, client: WebhookClient, claim) -> None:
+async def run_webhooks(consumer, rows: deque, client: WebhookClient, claim, paused: set) -> None:
     """The attempts of one consumer's rows of a pass, `(row, future)` each, on the client's loop:
     at most ODAL_WEBHOOK_CONCURRENCY at once (the next starts as one ends, without the pass's
     thread), each when a slot of the client is free too (all consumers together)."""
@@ -266,12 +266,14 @@ async def run_webhooks(consumer, rows: deque, client: WebhookClient, claim) -> N
         while rows:
             delivery, future = rows.popleft()
             async with client.slots:
-                await attempt_webhook(consumer, delivery, client, claim, future)
+                await attempt_webhook(consumer, delivery, client, claim, future, paused)
 
     await asyncio.gather(*(one_at_a_time() for _ in range(min(settings.ODAL_WEBHOOK_CONCURRENCY, len(rows)))))
 
 
-async def attempt_webhook(consumer, delivery: "Claimed", client: WebhookClient, claim, future: AttemptFuture):
+async def attempt_webhook(
+    consumer, delivery: "Claimed", client: WebhookClient, claim, future: AttemptFuture, paused=frozenset()
+):
     """attempt() for a webhook, on the client's loop: its future (the pass waits for it) gets
     the Finished, or None if it never started. A future the pass cancelled meanwhile (its
     consumer paused, or the process stopping: its row given back) starts nothing."""
@@ -282,11 +284,19 @@ async def attempt_webhook(consumer, delivery: "Claimed", client: WebhookClient, 
             future.set_result(None)
             return
         started_at = timezone.now()
+
+        def may_start() -> bool:  # (asked again once its host is looked up: a lookup may take long)
+            return _may_start(claim) and consumer.pk not in paused
+
         try:
-            outcome = await consumers.deliver_webhook(consumer, delivery.pk, delivery.event, client)
+            outcome = await consumers.deliver_webhook(
+                consumer, delivery.pk, delivery.event, client, may_start
+            )
         except Exception as exc:  # a bug of ours must fail the attempt, not kill the sweep
             outcome = _our_bug(consumer, delivery, claim, exc)
-        future.set_result(_finished(consumer, delivery, claim, outcome, started_at))
+        future.set_result(
+            None if outcome is None else _finished(consumer, delivery, claim, outcome, started_at)
+        )
     except BaseException as exc:  # (cancelled: the client closed under a pass that ended early)
         future.set_exception(exc)
         raise
@@ -418,7 +428,11 @@ class SweepPass(Pass):
             for consumer_id, rows in self.handed.items():
                 for d, future in rows:
                     self.track(future, d, quiet=True)
-                runs.append(run_webhooks(self.consumers[consumer_id], deque(rows), self.client, self.claim))
+                runs.append(
+                    run_webhooks(
+                        self.consumers[consumer_id], deque(rows), self.client, self.claim, self.paused
+                    )
+                )
             self.client.submit(runs)  # (one hand-over to the loop)
         for consumer_id in self.paused.intersection(self.handed):
             # No more attempts: those not started are given back (a stop: Pass.run gave them back).

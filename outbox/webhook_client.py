@@ -38,6 +38,7 @@ KEEPALIVE_SECONDS = 5.0  # an idle connection is closed after this long (httpx's
 IDLE_PER_ORIGIN = 64  # idle connections kept per origin (scheme, name, port, address)
 IN_FLIGHT = 64  # requests in flight per client, all consumers together; the rest wait their turn
 READ_SIZE = 65536
+HEAD_CAP = 64 * 1024  # an answer's status line and headers: no more of them is read
 
 
 # The names httpx gave these, kept: they are in the errors people read ("connection error: ReadError: …").
@@ -78,20 +79,35 @@ class Answer:
 
 
 class _Parsing:
-    """httptools' callbacks, into an Answer."""
+    """httptools' callbacks, into an Answer: the first whole answer after the request, and
+    nothing after it (`extra`: bytes the peer sent past it, which also keep the connection from
+    being kept: they would be read as the next request's answer)."""
 
-    __slots__ = ("answer", "parser", "cap", "keep_alive", "until_close")
+    __slots__ = ("answer", "parser", "cap", "keep_alive", "until_close", "extra")
 
     def __init__(self):
         self.parser = httptools.HttpResponseParser(self)  # (one a connection: it reads answer after answer)
 
     def expect(self, answer: Answer, cap: int) -> None:
-        self.answer, self.cap, self.keep_alive, self.until_close = answer, cap, False, False
+        self.answer, self.cap, self.keep_alive, self.until_close, self.extra = (
+            answer,
+            cap,
+            False,
+            False,
+            False,
+        )
+
+    def on_message_begin(self) -> None:
+        if self.answer.complete:
+            self.extra = True
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.answer.headers[name.lower()] = value
+        if not self.answer.complete:
+            self.answer.headers[name.lower()] = value
 
     def on_headers_complete(self) -> None:
+        if self.answer.complete:
+            return
         self.answer.status = self.parser.get_status_code()
         # A body with neither a length nor chunks runs to the end of the connection (HTTP/1.0's
         # way, and HTTP/1.1's with "connection: close"): that end ends the answer (see _exchange).
@@ -102,12 +118,17 @@ class _Parsing:
         )
 
     def on_body(self, chunk: bytes) -> None:
+        if self.answer.complete:
+            self.extra = True
+            return
         body = self.answer.body
-        body += chunk
+        body += chunk[: self.cap + 1 - len(body)]  # (one byte past the cap says it was passed)
         if len(body) > self.cap:
             self.answer.over_cap = True
 
     def on_message_complete(self) -> None:
+        if self.answer.complete:
+            return
         if 100 <= self.answer.status < 200:  # (an interim answer, 100 Continue: the answer follows)
             self.answer.status, self.answer.headers = None, {}
             return
@@ -134,15 +155,28 @@ class _Connection:
     parsing: _Parsing = field(default_factory=_Parsing)
 
     def usable(self, now: float) -> bool:
+        """Kept no longer than KEEPALIVE_SECONDS, still open, and with nothing the peer sent
+        while it was idle (an answer to no request, a 408, the end: read as the next request's
+        answer, it would be taken for it)."""
         return (
             now - self.used_at < KEEPALIVE_SECONDS
             and not self.writer.is_closing()
             and not self.reader.at_eof()
+            and self.reader.exception() is None
+            # (asyncio's StreamReader keeps what arrived in _buffer; it says so nowhere public)
+            and not getattr(self.reader, "_buffer", b"")
         )
 
     def close(self) -> None:
+        """Closed now, whatever is still to be written: a plain close waits for the write buffer
+        to drain, so a request whose peer stopped reading would keep its socket (and payload)
+        after its attempt timed out, and could still arrive whole later."""
         try:
-            self.writer.close()
+            transport = getattr(self.writer, "transport", None)
+            if transport is not None:
+                transport.abort()
+            else:
+                self.writer.close()
         except Exception:  # (a transport already gone)
             pass
 
@@ -172,6 +206,7 @@ class WebhookClient:
         self.ssl_context = _verifying(verify)
         self.network = network or open_stream
         self.idle: dict[tuple, list[_Connection]] = {}
+        self.lookups: dict[str, asyncio.Future] = {}  # host -> its lookup under way
         self.tasks: set = set()
         self.loop = uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
         self.slots = asyncio.Semaphore(in_flight)
@@ -186,8 +221,9 @@ class WebhookClient:
     # -- from other threads -------------------------------------------------------------------------
 
     def send(self, coroutine):
-        """Run `coroutine` on the loop, within a slot, and wait for what it returns."""
-        return asyncio.run_coroutine_threadsafe(self._in_a_slot(coroutine), self.loop).result()
+        """Run `coroutine` on the loop, within a slot, and wait for what it returns (a close
+        meanwhile cancels it: CancelledError)."""
+        return asyncio.run_coroutine_threadsafe(self._tracked(self._in_a_slot(coroutine)), self.loop).result()
 
     def submit(self, coroutines: list) -> None:
         """Start `coroutines` on the loop (they take a slot per request: `slots`): one hand-over
@@ -211,11 +247,48 @@ class WebhookClient:
 
     # -- on the loop ----------------------------------------------------------------------------------
 
+    async def lookup(self, host: str, resolve):
+        """`resolve(host)` (a blocking lookup) on a thread of its own, one at a time per host
+        (callers of a host already being looked up wait for that one): a lookup that hangs holds
+        no other host's, nor the loop. The threads are daemons: one hung in the resolver does
+        not hold the process's exit, nor the client's close."""
+        pending = self.lookups.get(host)
+        if pending is None:
+            pending = self.lookups[host] = self.loop.create_future()
+            pending.add_done_callback(lambda done: done.cancelled() or done.exception())  # (retrieved)
+
+            def run() -> None:
+                try:
+                    result, error = resolve(host), None
+                except BaseException as exc:  # (Refused, or anything: the waiters get it)
+                    result, error = None, exc
+                try:
+                    self.loop.call_soon_threadsafe(self._looked_up, host, pending, result, error)
+                except RuntimeError:  # (the client closed meanwhile: nobody waits)
+                    pass
+
+            threading.Thread(target=run, name="odal-webhook-lookup", daemon=True).start()
+        return await asyncio.shield(pending)  # (a waiter's timeout does not end the others' wait)
+
+    def _looked_up(self, host: str, pending, result, error) -> None:
+        if self.lookups.get(host) is pending:
+            del self.lookups[host]
+        if not pending.done():
+            pending.set_exception(error) if error is not None else pending.set_result(result)
+
     def _start(self, coroutines: list) -> None:
         for coroutine in coroutines:
             task = self.loop.create_task(coroutine)
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+
+    async def _tracked(self, coroutine):
+        task = asyncio.current_task()
+        self.tasks.add(task)
+        try:
+            return await coroutine
+        finally:
+            self.tasks.discard(task)
 
     async def _in_a_slot(self, coroutine):
         async with self.slots:
@@ -287,6 +360,10 @@ class WebhookClient:
                 except OSError as exc:
                     raise ReadError(_reason(exc)) from exc
                 answer.received += len(chunk)
+                if answer.status is None and answer.received > HEAD_CAP:
+                    raise RemoteProtocolError(
+                        f"the answer's status line and headers ran past {HEAD_CAP} bytes"
+                    )
                 try:
                     if not chunk:
                         if answer.status is not None and parsing.until_close:
@@ -297,8 +374,10 @@ class WebhookClient:
                 except httptools.HttpParserUpgrade:
                     raise RemoteProtocolError("the peer asked to switch protocols") from None
                 except httptools.HttpParserError as exc:
-                    raise RemoteProtocolError(f"not an HTTP/1.1 answer ({exc})") from None
-            kept = parsing.keep_alive  # (only once the whole answer was read: see _Parsing)
+                    if not answer.complete:
+                        raise RemoteProtocolError(f"not an HTTP/1.1 answer ({exc})") from None
+                    parsing.extra = True  # (what came after a whole answer is not read: see _Parsing)
+            kept = parsing.keep_alive and not parsing.extra  # (only a whole answer, and nothing after it)
         finally:
             if kept:
                 self._keep(key, connection)

@@ -5,8 +5,11 @@ import re
 import socket
 import threading
 import time
+import uuid
+from types import SimpleNamespace
 
 import pytest
+from django.utils import timezone
 
 from odal.text import MAX_STORED
 from outbox import consumers, webhook_client
@@ -254,6 +257,12 @@ class RawPeer:
             threading.Thread(target=self.talk, args=(conn,), daemon=True).start()
 
     def talk(self, conn):
+        try:
+            self.answer_all(conn)
+        except OSError:  # (the client aborted the connection: a reset)
+            pass
+
+    def answer_all(self, conn):
         with conn:
             buffer = b""
             while True:
@@ -276,26 +285,40 @@ class RawPeer:
 
 
 RAW_ANSWERS = {
-    # name: (bytes, closed after, delivered?, status, answer kept, error)
-    "http_1_0_body_to_the_end": (b"HTTP/1.0 200 OK\r\n\r\nhello", True, True, 200, "hello", ""),
-    "close_delimited_body": (b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nhello", True, True, 200, "hello", ""),
+    # name: (bytes, closed after, delivered?, status, answer kept, error, connections for 2 requests)
+    "http_1_0_body_to_the_end": (b"HTTP/1.0 200 OK\r\n\r\nhello", True, True, 200, "hello", "", 2),
+    "close_delimited_body": (b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nhello", True, True, 200, "hello", "", 2),
     "100_continue_first": (
         (b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n"),
-        False, True, 204, "", "",
+        False, True, 204, "", "", 1,
     ),
     "cut_short": (
         b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello", True, False, 200, "hello",
         "connection error: ReadError: the peer closed the connection before the answer was whole "
-        "while reading the body of an HTTP 200 answer",
+        "while reading the body of an HTTP 200 answer", 2,
+    ),
+    # A length counted in characters, not bytes: the answer is whole at its length; the byte
+    # after it is no answer, and the connection is not kept (it would be read as the next one's).
+    "one_byte_past_its_length": (
+        b'HTTP/1.1 200 OK\r\ncontent-length: 14\r\n\r\n{"ok":"h\xc3\xa9llo"}', False, True, 200,
+        '{"ok":"héllo"', "", 2,
+    ),
+    "a_204_with_a_body": (b"HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\nhello", False, True, 204, "", "", 2),
+    "two_answers_at_once": (
+        b"HTTP/1.1 500 Oops\r\ncontent-length: 4\r\n\r\nfailHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        False, False, 500, "fail", "HTTP 500: fail", 2,
     ),
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("raw, close, delivered, status, kept, error", RAW_ANSWERS.values(), ids=RAW_ANSWERS)
-def test_answers_as_http_allows_them_are_read_whole(raw, close, delivered, status, kept, error):
+@pytest.mark.parametrize(
+    "raw, close, delivered, status, kept, error, connections", RAW_ANSWERS.values(), ids=RAW_ANSWERS
+)
+def test_answers_as_http_allows_them_are_read_whole(raw, close, delivered, status, kept, error, connections):
     """A body delimited by the end of the connection is whole at that end; an interim 100
     Continue is not the answer (the one after it is, on a connection still kept); a body cut
-    short of its length is a broken connection."""
+    short of its length is a broken connection; the first whole answer is the answer, and a
+    connection with bytes after it is not kept."""
     peer = RawPeer(raw, close)
     consumer = WebhookConsumerFactory(url=peer.url)
     event, _ = emit("passport.published", {})
@@ -310,4 +333,74 @@ def test_answers_as_http_allows_them_are_read_whole(raw, close, delivered, statu
             kept,
             error,
         )
-    assert peer.connections == (2 if close else 1)
+    assert peer.connections == connections
+
+
+def test_an_endless_head_fails_the_attempt_at_its_cap_not_at_the_timeout():
+    """The status line and headers are read up to HEAD_CAP bytes: a peer sending one endless
+    header (or headers without end) no longer fills the process's memory until the timeout."""
+    peer = RawPeer(b"HTTP/1.1 200 OK\r\nx: " + b"a" * (4 * webhook_client.HEAD_CAP), close=False)
+    consumer = WebhookConsumerFactory(url=peer.url, timeout_seconds=2)
+    event, _ = emit("passport.published", {})
+    with consumers.webhook_client() as client:
+        outcome = consumers.call(consumer, Delivery.objects.get().pk, event, client)
+    peer.sock.close()
+    assert outcome.error == (
+        "connection error: RemoteProtocolError: the answer's status line and headers ran past 65536 bytes"
+    )
+
+
+def test_a_request_timed_out_while_its_peer_would_not_read_is_not_delivered_later():
+    """A timed-out attempt's connection is aborted, not closed: a plain close waits for the
+    write buffer to drain, so the request would stay open (a socket and its payload per attempt)
+    and arrive whole once the peer read, after the attempt was logged as timed out."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(sock.accept()[0]), daemon=True).start()
+    consumer = WebhookConsumerFactory(
+        url=f"http://127.0.0.1:{sock.getsockname()[1]}/hooks", timeout_seconds=1
+    )
+    size = 16_000_000
+    big = SimpleNamespace(type="bench.noop", created_at=timezone.now(), payload={"b": "x" * size})
+    with consumers.webhook_client() as client:
+        outcome = consumers.call(consumer, uuid.uuid4(), big, client)
+        assert outcome.error == "timed out after 1s"
+        (conn,) = accepted
+        conn.settimeout(5)
+        got = 0
+        try:
+            while chunk := conn.recv(1 << 20):
+                got += len(chunk)
+        except (ConnectionResetError, TimeoutError):
+            pass
+    conn.close()
+    sock.close()
+    assert got < size  # what the kernel had buffered, not the rest of the request
+
+
+def test_a_kept_connection_the_peer_wrote_on_while_idle_is_not_reused():
+    """Bytes a peer sends on an idle kept connection (a 408, an answer to no request) would be
+    read as the next request's answer: that connection is not taken again."""
+    peer = RawPeer(
+        (b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n",
+         b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\n\r\n"),
+        close=False,
+    )  # fmt: skip
+    consumer = WebhookConsumerFactory(url=peer.url)
+    event, _ = emit("passport.published", {})
+    delivery = Delivery.objects.get()
+    with consumers.webhook_client() as client:
+        first = consumers.call(consumer, delivery.pk, event, client)
+
+        def buffered() -> bool:
+            kept = [c for connections in list(client.idle.values()) for c in connections]
+            return any(getattr(c.reader, "_buffer", b"") for c in kept)
+
+        deadline = time.monotonic() + 10
+        while not buffered() and time.monotonic() < deadline:  # (the 408 has reached the client)
+            time.sleep(0.01)
+        assert buffered()
+        second = consumers.call(consumer, delivery.pk, event, client)
+    peer.sock.close()
+    assert (first.http_status, second.http_status) == (204, 204), second.error
+    assert peer.connections == 2

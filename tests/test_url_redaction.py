@@ -11,7 +11,7 @@ from django.contrib.auth.models import Group, Permission
 from odal.groups import ensure_groups
 from odal.logs import JsonFormatter, RedactUrls
 from odal.models import AuditEntry
-from odal.redact import redacted_url, redacted_urls_in
+from odal.redact import redacted_url, redacted_urls_in, without_secrets_of
 from outbox.events import emit
 from outbox.models import Consumer, Delivery
 from outbox.schemas import consumer_json
@@ -241,3 +241,13 @@ def test_staff_who_may_add_but_not_change_consumers_can_still_type_a_url(client)
     staff(client, "view_consumer", "add_consumer")
     page = client.get("/admin/outbox/consumer/add/").content.decode()
     assert 'name="url"' in page
+
+
+def test_an_answer_echoing_the_requests_basic_authorization_has_it_hidden():
+    """The URL's userinfo goes out as HTTP Basic (base64 of user:password): an answer that
+    echoes the request's headers quotes it in that form, not as the password itself."""
+    basic = base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
+    assert (
+        without_secrets_of(URL, f"you sent authorization: Basic {basic}")
+        == "you sent authorization: Basic ***"
+    )

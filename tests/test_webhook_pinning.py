@@ -16,11 +16,15 @@ import socket
 import ssl
 import subprocess
 import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+from django.db import connections
 
 from odal.errors import Refused
 from outbox import consumers, webhook_client
@@ -132,6 +136,7 @@ class Peer:
             disable_nagle_algorithm = True
 
             def do_POST(self):
+                close = peer.close_connections  # (as it was when the request came, not after the answer)
                 self.rfile.read(int(self.headers.get("content-length") or 0))
                 name = getattr(self.connection, "server_name", None)
                 peer.seen.append(Seen(self.client_address[1], self.headers.get("host"), name))
@@ -140,7 +145,7 @@ class Peer:
                 self.send_header("content-length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
-                if peer.close_connections:  # (after the answer, which says nothing of it)
+                if close:  # (after the answer, which says nothing of it)
                     self.close_connection = True
 
             def log_message(self, *args):
@@ -379,6 +384,9 @@ class Line:
     def at_eof(self):
         return False
 
+    def exception(self):
+        return None
+
     def is_closing(self):
         return False
 
@@ -611,3 +619,101 @@ def test_call_webhook_sends_with_no_client_but_the_pinned_one(resolver):
     with client, pytest.raises(TypeError, match=r"client made by webhook_client\(\)"):
         deliver(consumer, client)
     assert requests == []
+
+
+# -- lookups that hang --------------------------------------------------------------------------------
+
+
+class HangingResolver:
+    """socket.getaddrinfo where names starting with "hung" wait for `release` (and then do not
+    resolve) and other *.hooks.test names answer 127.0.0.1 at once."""
+
+    def __init__(self):
+        self.release, self.asked, self.lock = threading.Event(), [], threading.Lock()
+
+    def __call__(self, host, port, *args, **kwargs):
+        if host.endswith(".hooks.test"):
+            with self.lock:
+                self.asked.append(host)
+            if host.startswith("hung"):
+                self.release.wait(30)
+                return []
+            return [Resolver.info("127.0.0.1", port or 0)]
+        return real_getaddrinfo(host, port, *args, **kwargs)
+
+    def waiting(self, count: int, seconds: float = 10) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with self.lock:
+                if sum(host.startswith("hung") for host in self.asked) >= count:
+                    return True
+            time.sleep(0.01)
+        return False
+
+
+def test_lookups_that_hang_hold_no_other_hosts_request_and_end_at_the_timeout(monkeypatch):
+    """Each host is looked up on a thread of its own (one at a time per host), inside the
+    request's timeout: eight hosts whose lookups hang (more than a shared pool's threads) hold
+    no other host's request, and each of their attempts ends at its own timeout."""
+    dns = HangingResolver()
+    monkeypatch.setattr(socket, "getaddrinfo", dns)
+    event, _ = emit("passport.published", {"dppId": "abc"})
+    with Peer() as server, consumers.webhook_client() as client, ThreadPoolExecutor(8) as callers:
+        hung = [
+            WebhookConsumerFactory(url=f"http://hung{n}.hooks.test:{server.port}/hooks", timeout_seconds=1)
+            for n in range(8)
+        ]
+        fast = WebhookConsumerFactory(url=f"http://fast.hooks.test:{server.port}/hooks", timeout_seconds=5)
+        waits = [callers.submit(consumers.call, c, uuid.uuid4(), event, client) for c in hung]
+        assert dns.waiting(8)
+        quick = consumers.call(fast, uuid.uuid4(), event, client)  # while the eight hang
+        ended = [wait.result(20) for wait in waits]
+        dns.release.set()
+    assert quick.ok, quick.error
+    assert [outcome.error for outcome in ended] == ["timed out after 1s"] * 8
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_request_starts_when_its_hosts_lookup_outlasted_the_claims_hold(settings, monkeypatch):
+    """The claim's hold is asked again once the host is looked up: a lookup that outlasted it
+    starts no request (the row may be another sweep's by then); the row is given back."""
+    settings.ODAL_CLAIM_HOLD_SECONDS = 1
+    settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = True
+    asked, release = threading.Event(), threading.Event()
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host == "slow.hooks.test":
+            asked.set()
+            release.wait(30)
+            return [Resolver.info("127.0.0.1", port or 0)]
+        return real_getaddrinfo(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    box = {}
+    with Peer() as server:
+        WebhookConsumerFactory(url=f"http://slow.hooks.test:{server.port}/hooks", timeout_seconds=10)
+        emit("passport.published", {"dppId": "abc"})
+
+        def sweep():
+            try:
+                box["report"] = sweep_once()
+            finally:
+                connections.close_all()
+
+        sweeper = threading.Thread(target=sweep)
+        sweeper.start()
+        assert asked.wait(10)
+        time.sleep(1.5)  # past the hold (1 s from the claim, made before the lookup was asked)
+        release.set()
+        sweeper.join(20)
+    assert server.seen == [], "a request started after the claim's hold ran out"
+    assert box["report"].not_started == 1 and box["report"].delivered == 0
+    assert Delivery.objects.get().attempts == 0  # given back, its attempt returned
+
+
+@pytest.mark.parametrize("port", [0, 65536, 70000])
+def test_a_port_out_of_range_is_refused_not_wrapped(port):
+    """httpx reads port 70000 as 70000 and the connection went to 70000 - 65536 (4464), while the
+    Host header named 70000: refused when stored and when sent."""
+    with pytest.raises(Refused, match="port must be from 1 to 65535"):
+        consumers.check_webhook_url(f"http://127.0.0.1:{port}/hooks")

@@ -19,6 +19,7 @@ from outbox.models import Consumer, Delivery, DeliveryAttempt
 from outbox.sweep import REFRESH_SECONDS, sweep_once
 from tests import consumers as recorder
 from tests.factories import ConsumerFactory, DeliveryFactory
+from tests.waiting import sweeping
 
 
 @pytest.fixture(autouse=True)
@@ -311,16 +312,7 @@ def test_requests_started_after_a_leaked_secret_is_dropped_are_not_signed_with_i
         old = consumer.secret
         for _ in range(3):
             DeliveryFactory(consumer=consumer)
-        box = {}
-
-        def sweep():
-            try:
-                box["report"] = sweep_once()
-            finally:
-                connections.close_all()
-
-        sweeper = threading.Thread(target=sweep)
-        sweeper.start()
+        sweeper, box = sweeping()
         deadline = timezone.now() + timedelta(seconds=5)
         while not server.received and timezone.now() < deadline:
             threading.Event().wait(0.02)
@@ -358,16 +350,7 @@ def test_no_webhook_request_starts_after_a_pause_the_pass_has_seen(settings, mon
         consumer = WebhookConsumerFactory(name="hook", url=server.url)
         for _ in range(4):
             DeliveryFactory(consumer=consumer)
-        box = {}
-
-        def sweep():
-            try:
-                box["report"] = sweep_once()
-            finally:
-                connections.close_all()
-
-        sweeper = threading.Thread(target=sweep)
-        sweeper.start()
+        sweeper, box = sweeping()
         deadline = time.monotonic() + 10
         while not server.received and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -24,7 +24,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from django.db import connections
 
 from odal.errors import Refused
 from outbox import consumers, webhook_client
@@ -32,6 +31,7 @@ from outbox.events import emit
 from outbox.models import Delivery
 from outbox.sweep import sweep_once
 from tests.factories import WebhookConsumerFactory
+from tests.waiting import sweeping
 from tests.webhook_server import WebhookServer
 
 pytestmark = pytest.mark.django_db
@@ -689,19 +689,10 @@ def test_no_request_starts_when_its_hosts_lookup_outlasted_the_claims_hold(setti
         return real_getaddrinfo(host, port, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    box = {}
     with Peer() as server:
         WebhookConsumerFactory(url=f"http://slow.hooks.test:{server.port}/hooks", timeout_seconds=10)
         emit("passport.published", {"dppId": "abc"})
-
-        def sweep():
-            try:
-                box["report"] = sweep_once()
-            finally:
-                connections.close_all()
-
-        sweeper = threading.Thread(target=sweep)
-        sweeper.start()
+        sweeper, box = sweeping()
         assert asked.wait(10)
         time.sleep(1.5)  # past the hold (1 s from the claim, made before the lookup was asked)
         release.set()

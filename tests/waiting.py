@@ -1,6 +1,7 @@
 """Waiting in tests for something another thread or process does: on its condition, not a fixed
 sleep, so a loaded machine only makes a test slower, never wrong."""
 
+import threading
 import time
 
 
@@ -13,6 +14,26 @@ def wait_for(condition, seconds: float) -> bool:
             return True
         time.sleep(0.02)
     return condition()
+
+
+def sweeping() -> tuple[threading.Thread, dict]:
+    """outbox.sweep.sweep_once on a thread of its own (its database connections closed after),
+    started: the thread, and a dict whose "report" it sets when the pass ends."""
+    from django.db import connections
+
+    from outbox.sweep import sweep_once
+
+    box = {}
+
+    def sweep():
+        try:
+            box["report"] = sweep_once()
+        finally:
+            connections.close_all()
+
+    sweeper = threading.Thread(target=sweep)
+    sweeper.start()
+    return sweeper, box
 
 
 def advisory_lock_holders(key: int) -> int:

@@ -27,6 +27,7 @@ from odal.addresses import why_not_public
 from odal.errors import Refused
 from odal.redact import redacted_urls_in, without_secrets_of
 from odal.text import error_text, excerpt, storable
+from odal.work.http import redirect_text
 from outbox.webhook_client import IN_FLIGHT, Answer, HttpError, WebhookClient
 
 USER_AGENT = "odal-webhooks/1"
@@ -150,9 +151,7 @@ async def send_webhook(consumer, delivery_id, event, client: WebhookClient, may_
     if 200 <= status < 300:
         return _answered(True, "", started, answer)
     if 300 <= status < 400:
-        location = answer.header("location")
-        where = f"to {storable(location, 300)}" if location else "without a Location"
-        error = f"HTTP {status} redirect {where} (not followed)"
+        error = redirect_text(status, answer.header("location"))
     else:
         error = f"HTTP {status}: {excerpt(answer.body)}".rstrip(": ")
     return _answered(False, error, started, answer)
@@ -263,16 +262,6 @@ class Target:
     address: ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
-def webhook_target(url: str, answers: "Answers | None" = None) -> Target:
-    """Resolve the webhook's host once (or take `answers`' lookup of it, at most DNS_CACHE_SECONDS
-    old), check every address it has (see check_webhook_url), and pin the first: the request
-    connects to exactly that address. Resolving again when connecting could answer otherwise (DNS
-    rebinding: a public address for the check, an internal one for the connection). Pinned
-    always, private targets allowed or not: one way of connecting."""
-    name = _webhook_url(url).raw_host.decode("ascii")
-    return Target(name, _checked_addresses(name, answers and answers.addresses)[0])
-
-
 # A webhook host's addresses are looked up again after this long: a sweep sending hundreds of
 # requests a second to one host resolves it about once in that time, not once per request, and a
 # name that moves (or starts to resolve inside, refused from then on) is followed within it.
@@ -379,9 +368,13 @@ def _addresses(host: str) -> list:
 
 
 async def _pinned_target(name: str, client: WebhookClient) -> Target:
-    """webhook_target on the client's loop: a lookup that is not kept is made on a thread of its
-    own (client.lookup: the loop carries every request in flight), and what it answered is
-    checked at every use."""
+    """Resolve the webhook's host once (or take the client's lookup of it, at most
+    DNS_CACHE_SECONDS old), check every address it has (see check_webhook_url), and pin the
+    first: the request connects to exactly that address. Resolving again when connecting could
+    answer otherwise (DNS rebinding: a public address for the check, an internal one for the
+    connection). Pinned always, private targets allowed or not: one way of connecting. A lookup
+    not kept is made on a thread of its own (client.lookup: the loop carries every request in
+    flight); what it answered is checked at every use."""
     addresses = client.answers.kept(name)
     if addresses is None:
         addresses = await client.lookup(name, client.answers.addresses)

@@ -255,7 +255,8 @@ class HttpRegistry:
                 retry_after,
             )
         if 300 <= status < 400:
-            raise Redirected(f"registry answered {redirect_text(response)}")
+            location = response.headers.get("location")
+            raise Redirected(f"registry answered {redirect_text(response.status_code, location)}")
         if status in UNKNOWN_STATUSES:
             raise OutcomeUnknown(
                 f"registry answered HTTP {status} (a gateway's answer: the request may have been passed "

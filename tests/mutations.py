@@ -140,7 +140,7 @@ GUARDS = [
         "webhook DNS answers: a delivery takes its client's kept lookup",
         "outbox/consumers.py",
         "                target = await _pinned_target(request.name, client)\n",
-        "                target = webhook_target(consumer.url)\n",
+        "                target = Target(request.name, _checked_addresses(request.name)[0])\n",
         "tests/test_webhook_pinning.py -k kept_alive_and_reused",
     ),
     Guard(

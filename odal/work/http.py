@@ -112,10 +112,10 @@ class DeadlineBackend(httpcore.NetworkBackend):
         self.network.sleep(seconds)
 
 
-def redirect_text(response: httpx.Response) -> str:
-    location = response.headers.get("location")
+def redirect_text(status: int, location: str | None) -> str:
+    """What an answer redirecting elsewhere says in an error (no client follows one)."""
     where = f"to {storable(location, 300)}" if location else "without a Location"
-    return f"HTTP {response.status_code} redirect {where} (not followed)"
+    return f"HTTP {status} redirect {where} (not followed)"
 
 
 class DeadlineTransport(httpx.HTTPTransport):

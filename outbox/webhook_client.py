@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 import httptools
+import httpx
 
 try:  # libuv's loop: a request costs a third of the CPU it costs on asyncio's own (issue 26)
     import uvloop
@@ -181,29 +182,19 @@ class _Connection:
             pass
 
 
-def _verifying(verify: ssl.SSLContext | bool) -> ssl.SSLContext:
-    if isinstance(verify, ssl.SSLContext):
-        return verify
-    context = ssl.create_default_context()
-    if not verify:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
-
-
 class WebhookClient:
     """An event loop on a thread of its own, and the connections it keeps. `send` is for a
     caller on another thread that waits (one request); `submit` hands the loop a set of
     coroutines that report through their own futures (a sweep's pass), which hold one of its
-    `slots` per request. `network` opens a
-    connection (open_stream by default; a test's fake). Close it (or use it as a context
-    manager): its thread and connections end."""
+    `slots` per request. `verify` as httpx's (True: its trust store; an SSLContext of a test's).
+    `network` opens a connection (open_stream by default; a test's fake). Close it (or use it as
+    a context manager): its thread and connections end."""
 
     def __init__(
         self, *, verify: ssl.SSLContext | bool = True, network=None, in_flight: int = IN_FLIGHT, answers=None
     ):
         self.answers = answers  # the lookups of its hosts (outbox.consumers.Answers)
-        self.ssl_context = _verifying(verify)
+        self.ssl_context = httpx.create_ssl_context(verify=verify)  # (httpx's trust store, as before)
         self.network = network or open_stream
         self.idle: dict[tuple, list[_Connection]] = {}
         self.lookups: dict[str, asyncio.Future] = {}  # host -> its lookup under way

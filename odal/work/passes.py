@@ -58,7 +58,7 @@ def write_in_sets(items: list, write, refused) -> list:
 
 class AttemptFuture:
     """What concurrent.futures.Future is to a pass, for an attempt its own runner starts (the
-    sweep's Python consumers: one future per claimed row), without a Condition made for each
+    sweep's Python consumers and webhooks: one future per claimed row), without a Condition made for each
     (a lock and a Condition per Future were a tenth of a no-op pass of 500). The states, their
     moves and their answers are Future's; one lock, shared, guards every move (a move is a few
     instructions). Nothing waits on one: the pass learns that it ended from its callback

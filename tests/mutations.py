@@ -235,10 +235,10 @@ GUARDS = [
         "tests/test_outbox_sweep.py -k concurrently",
     ),
     Guard(
-        "sweep: no webhook attempt starts after the claim's hold ran out",
+        "sweep: no webhook attempt starts after the claim's hold ran out (before its request, or once its host is looked up)",
         "outbox/sweep.py",
-        "        if not _may_start(claim):\n            future.set_result(None)\n",
-        "        if stopping.requested():\n            future.set_result(None)\n",
+        "    return claim.holds() and not stopping.requested()\n",
+        "    return not stopping.requested()\n",
         "tests/test_outbox_sweep.py -k hold_ran_out",
     ),
     Guard(

@@ -853,6 +853,20 @@ GUARDS = [
         "tests/test_webhook_pinning.py::test_a_tls_connection_verified_for_one_name_does_not_carry_another_names_request tests/test_webhook_pinning.py::test_in_production_the_request_goes_to_the_checked_address_in_the_name_of_the_host",
     ),
     Guard(
+        "registry: its certificate is verified (the token and passports go to the registry only)",
+        "odal/work/http.py",
+        "        ssl_context = httpx.create_ssl_context(verify=verify)\n",
+        "        ssl_context = httpx.create_ssl_context(verify=False)\n",
+        "tests/test_registry_tls.py",
+    ),
+    Guard(
+        "registry: its certificate must name the registry URL's host",
+        "odal/work/http.py",
+        "        ssl_context = httpx.create_ssl_context(verify=verify)\n",
+        "        ssl_context = httpx.create_ssl_context(verify=verify)\n        ssl_context.check_hostname = False\n",
+        "tests/test_registry_tls.py",
+    ),
+    Guard(
         "webhooks: the request is sent to the address checked, never to the name",
         "outbox/consumers.py",
         "name=target.name, address=str(target.address), port=request.port,",

@@ -1,8 +1,11 @@
 import json
+from datetime import datetime, timedelta
 
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db import connection, models, transaction
@@ -81,6 +84,48 @@ class DistinctValuesFilter(admin.AllValuesFieldListFilter):
         self.lookup_choices = distinct_values(model, field.column)
 
 
+class DrillDownChangeList(ChangeList):
+    """Django's list, with a date drill-down that answers every period it links to. Django bounds
+    the period it filters on by the start of the next one, and so fails (a 500) on year 9999's,
+    its December's and its last day's (the next starts past datetime.max), and on a year too
+    large for an integer of C. The last periods are filtered on by their year, month and day as
+    they stand (no bound to make); a year past 9999, however large, is a wrong lookup (the
+    list says so, as for 2026-13)."""
+
+    def get_filters(self, request):
+        if self.date_hierarchy is None or not self._period_runs_out():
+            return super().get_filters(request)
+        # Without the hierarchy, its __year, __month and __day filter as given.
+        hierarchy, self.date_hierarchy = self.date_hierarchy, None
+        try:
+            return super().get_filters(request)
+        finally:
+            self.date_hierarchy = hierarchy
+
+    def _period_runs_out(self) -> bool:
+        """Whether the drill-down's period ends past the last datetime there is (Django's
+        arithmetic, which cannot make that end). A date that cannot be is refused here, as
+        Django refuses it (its own refusal lets an OverflowError through)."""
+        params = self.get_filters_params()
+        year, month, day = (params.get(f"{self.date_hierarchy}__{part}") for part in ("year", "month", "day"))
+        if year is None:
+            return False
+        try:
+            start = datetime(int(year[-1]), int(month[-1]) if month else 1, int(day[-1]) if day else 1)
+        except (ValueError, OverflowError) as exc:
+            raise IncorrectLookupParameters(exc) from exc
+        try:
+            if day:
+                start + timedelta(days=1)
+            elif month:
+                (start + timedelta(days=32)).replace(day=1)
+            else:
+                start.replace(year=start.year + 1)
+        except (ValueError, OverflowError):
+            return True
+        return False
+
+
 class OdalAdmin(admin.ModelAdmin):
     """Every odal admin: forms that refuse what PostgreSQL cannot store, actions that refuse a
     selection naming no row instead of failing on it, and lists whose count stops at
@@ -96,6 +141,9 @@ class OdalAdmin(admin.ModelAdmin):
         models.URLField: {"assume_scheme": "https"},
         models.JSONField: {"form_class": StorableJSONField},
     }
+
+    def get_changelist(self, request, **kwargs):
+        return DrillDownChangeList
 
     def response_action(self, request, queryset):
         # Django filters on the posted ids as they are: one that is not a primary key at all

@@ -1613,6 +1613,27 @@ GUARDS = [
         "tests/test_admin_lists.py::test_the_audit_dates_reach_year_9999_as_djangos_do",
     ),
     Guard(
+        "admin: the drill-down into year 9999's last periods filters on them as given (Django's bound overflows)",
+        "odal/admin.py",
+        "        if self.date_hierarchy is None or not self._period_runs_out():\n",
+        "        if True:\n",
+        "tests/test_admin_lists.py -k last_periods",
+    ),
+    Guard(
+        "admin: a drill-down year too large for C is a wrong lookup, not a 500",
+        "odal/admin.py",
+        "        except (ValueError, OverflowError) as exc:\n            raise IncorrectLookupParameters(exc) from exc\n",
+        "        except ValueError as exc:\n            raise IncorrectLookupParameters(exc) from exc\n",
+        "tests/test_admin_lists.py -k wrong_lookup",
+    ),
+    Guard(
+        "admin: every list is the drill-down-safe one",
+        "odal/admin.py",
+        "    def get_changelist(self, request, **kwargs):\n        return DrillDownChangeList\n",
+        "    def get_changelist(self, request, **kwargs):\n        return super().get_changelist(request, **kwargs)\n",
+        "tests/test_admin_lists.py -k last_periods",
+    ),
+    Guard(
         "timestamps: a cursor under settings other than the connection's reads as Django's",
         "odal/database/base.py",
         "            base.register_tzloader(self.timezone, cursor)  # (Django's loader, for this cursor)\n",

@@ -254,6 +254,45 @@ def test_the_audit_dates_reach_year_9999_as_djangos_do(admin_client):
     assert admin_client.get(reverse("admin:odal_auditentry_changelist")).status_code == 200
 
 
+@pytest.mark.parametrize(
+    "period, listed",
+    [
+        ({"at__year": "9999"}, ["9999-01-01", "9999-12-30", "9999-12-31"]),
+        ({"at__year": "9999", "at__month": "12"}, ["9999-12-30", "9999-12-31"]),
+        ({"at__year": "9999", "at__month": "12", "at__day": "31"}, ["9999-12-31"]),
+        ({"at__year": "9998", "at__month": "12", "at__day": "31"}, ["9998-12-31"]),
+    ],
+)
+def test_the_audit_drill_down_opens_the_last_periods_there_are(admin_client, period, listed):
+    # Django bounds a period by the next one's start: year 9999's (its December, its last day)
+    # has none, and its list was a 500. The links the drill-down shows must all open.
+    from datetime import UTC, datetime
+
+    audit_at(
+        *(
+            datetime(*day, 12, tzinfo=UTC)
+            for day in ((9998, 12, 31), (9999, 1, 1), (9999, 12, 30), (9999, 12, 31))
+        )
+    )
+    page = admin_client.get(reverse("admin:odal_auditentry_changelist"), period)
+    assert page.status_code == 200
+    assert sorted(e.at.date().isoformat() for e in page.context["cl"].result_list) == listed
+
+
+@pytest.mark.parametrize(
+    "period",
+    [
+        {"at__year": "10000"},
+        {"at__year": "1" * 30},
+        {"at__year": "2026", "at__month": "1" * 30},
+        {"at__year": "2026", "at__month": "13"},
+    ],
+)
+def test_an_audit_period_that_cannot_be_is_a_wrong_lookup_not_a_500(admin_client, period):
+    page = admin_client.get(reverse("admin:odal_auditentry_changelist"), period)
+    assert page.status_code == 302 and page.url.endswith("?e=1")
+
+
 def test_no_list_counts_its_facets(admin_client):
     # "Show counts" (?_facets=1) counts every row each filter choice matches, uncapped.
     DeliveryFactory.create_batch(3, consumer=ConsumerFactory())

@@ -6,11 +6,13 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
-from django.core.exceptions import ValidationError
+from django.contrib.contenttypes import views as contenttype_views
+from django.core.exceptions import EmptyResultSet, ValidationError
 from django.core.paginator import Paginator
 from django.db import connection, models, transaction
 from django.db.models import ProtectedError
-from django.http import HttpResponseRedirect
+from django.db.models.constants import LOOKUP_SEP
+from django.http import Http404, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
@@ -84,13 +86,29 @@ class DistinctValuesFilter(admin.AllValuesFieldListFilter):
         self.lookup_choices = distinct_values(model, field.column)
 
 
-class DrillDownChangeList(ChangeList):
-    """Django's list, with a date drill-down that answers every period it links to. Django bounds
-    the period it filters on by the start of the next one, and so fails (a 500) on year 9999's,
-    its December's and its last day's (the next starts past datetime.max), and on a year too
-    large for an integer of C. The last periods are filtered on by their year, month and day as
-    they stand (no bound to make); a year past 9999, however large, is a wrong lookup (the
-    list says so, as for 2026-13)."""
+class CheckedChangeList(ChangeList):
+    """Django's list, answering every URL a person may type with a list or a wrong lookup (the
+    list redirects with ?e=1), never a 500:
+
+    - The date drill-down opens every period it links to. Django bounds the period it filters on
+      by the start of the next one, and so failed on year 9999's, its December's and its last
+      day's (the next starts past datetime.max), and on a year too large for an integer of C.
+      The last periods are filtered on by their year, month and day as they stand (no bound to
+      make); a year past 9999, however large, is a wrong lookup, as 2026-13 is.
+    - A lookup whose value the database's SQL cannot be made of (`created_at__year=-1`, a year
+      past 9999 on any date, `__year__gt=10**30`) is a wrong lookup: the list's query is made
+      before it runs, where Django only makes it as it runs (a ValueError or an OverflowError
+      from deep in the query, a 500)."""
+
+    def get_queryset(self, request, exclude_parameters=None):
+        queryset = super().get_queryset(request, exclude_parameters)
+        try:
+            queryset.query.get_compiler(queryset.db).as_sql()
+        except EmptyResultSet:
+            pass  # (a list of nothing: no SQL asks for it, and Django's list answers it as empty)
+        except (ValueError, OverflowError, TypeError, IndexError) as exc:
+            raise IncorrectLookupParameters(exc) from exc
+        return queryset
 
     def get_filters(self, request):
         if self.date_hierarchy is None or not self._period_runs_out():
@@ -126,10 +144,47 @@ class DrillDownChangeList(ChangeList):
         return False
 
 
-class OdalAdmin(admin.ModelAdmin):
+class CheckedLists:
+    """Mixed into every admin of the site (OdalAdmin, and the others' in odal.apps): lists that
+    answer a typed URL with a list or a wrong lookup (CheckedChangeList), and no lookup that no
+    list offers and that PostgreSQL may refuse or take minutes over: a regular expression
+    (`?upi__regex=(` is a DataError, `x{1000}{1000}` too complex), or a range (Django reads
+    `?pk__range=999` a character per bound). Refused lookups answer 400."""
+
+    REFUSED_LOOKUPS = frozenset({"regex", "iregex", "range"})
+
+    def lookup_allowed(self, lookup, value, request=None):
+        if lookup.rsplit(LOOKUP_SEP, 1)[-1] in self.REFUSED_LOOKUPS:
+            return False
+        return super().lookup_allowed(lookup, value, request)
+
+    def get_changelist(self, request, **kwargs):
+        return CheckedChangeList
+
+
+def check_every_list(site) -> None:
+    """Make every admin registered on `site` one with CheckedLists (Django's own and django-q2's:
+    a 500 from a typed URL is one wherever it is)."""
+    for model, model_admin in list(site._registry.items()):
+        if not isinstance(model_admin, CheckedLists):
+            site.unregister(model)
+            site.register(model, type(type(model_admin).__name__, (CheckedLists, type(model_admin)), {}))
+
+
+def view_on_site(request, content_type_id, object_id):
+    """The admin's "view on site" (admin/r/<type>/<id>/), Django's, with an id that cannot be a
+    key of its model ("abc" for a UUID) a 404 as an id that names no row is: Django's lets the
+    ValidationError through (a 500). Served in its place by odal.urls, behind the admin's login."""
+    try:
+        return contenttype_views.shortcut(request, content_type_id, object_id)
+    except ValidationError:
+        raise Http404(f"There is no object {object_id} of content type {content_type_id}.") from None
+
+
+class OdalAdmin(CheckedLists, admin.ModelAdmin):
     """Every odal admin: forms that refuse what PostgreSQL cannot store, actions that refuse a
-    selection naming no row instead of failing on it, and lists whose count stops at
-    CappedPaginator.CAP."""
+    selection naming no row instead of failing on it, lists whose count stops at
+    CappedPaginator.CAP and that answer a typed URL with a list or a wrong lookup (CheckedLists)."""
 
     form = StorableModelForm
     paginator = CappedPaginator
@@ -141,9 +196,6 @@ class OdalAdmin(admin.ModelAdmin):
         models.URLField: {"assume_scheme": "https"},
         models.JSONField: {"form_class": StorableJSONField},
     }
-
-    def get_changelist(self, request, **kwargs):
-        return DrillDownChangeList
 
     def response_action(self, request, queryset):
         # Django filters on the posted ids as they are: one that is not a primary key at all

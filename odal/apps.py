@@ -31,10 +31,14 @@ class OdalConfig(AppConfig):
 
     def ready(self):
         from django.conf import settings
+        from django.contrib import admin
 
+        from odal.admin import check_every_list
         from odal.checks import refuse_deploy_errors, register_checks
 
         register_checks()  # odal.W001, on every start and in `odal check`
+        # Every app's admin is registered by now (the admin app's ready came first, and ran autodiscover).
+        check_every_list(admin.site)
         if settings.PRODUCTION:
             refuse_deploy_errors()
         post_migrate.connect(reinstall_sqlite_tally_triggers, sender=self)

@@ -293,6 +293,99 @@ def test_an_audit_period_that_cannot_be_is_a_wrong_lookup_not_a_500(admin_client
     assert page.status_code == 302 and page.url.endswith("?e=1")
 
 
+# -- URLs a person types: a list or a wrong lookup, never a 500 ----------------------------------
+
+EVERY_LIST = [
+    "admin:odal_passport_changelist",
+    "admin:odal_auditentry_changelist",
+    "admin:outbox_delivery_changelist",
+    "admin:registry_registration_changelist",
+    "admin:auth_user_changelist",  # (Django's own admin, made a checked one: odal.apps)
+    "admin:django_q_schedule_changelist",  # (django-q2's)
+]
+
+
+@pytest.mark.parametrize("changelist", EVERY_LIST)
+@pytest.mark.parametrize("lookup", ["id__regex", "id__iregex", "pk__range", "id__range"])
+def test_no_list_takes_a_regular_expression_or_a_range(admin_client, changelist, lookup):
+    # `(` is a DataError of PostgreSQL's, x{1000}{1000} one too complex, and a range is read a
+    # character per bound ("999": three bounds): each a 500. No list offers them: a 400.
+    for value in ("(", "x{1000}{1000}", "999", ""):
+        assert admin_client.get(reverse(changelist), {lookup: value}).status_code == 400, value
+
+
+def test_no_action_runs_on_a_list_filtered_by_a_refused_lookup(admin_client):
+    delivery = DeliveryFactory(status="dead")
+    page = admin_client.post(
+        reverse("admin:outbox_delivery_changelist") + "?last_error__regex=(",
+        {
+            "action": "replay_selected",
+            "select_across": "1",
+            "index": "0",
+            "_selected_action": [str(delivery.pk)],
+        },
+    )
+    assert page.status_code == 400
+    delivery.refresh_from_db()
+    assert delivery.status == "dead"
+
+
+@pytest.mark.parametrize(
+    "changelist, query",
+    [
+        ("admin:odal_passport_changelist", {"created_at__year": "-1"}),
+        ("admin:odal_passport_changelist", {"created_at__year": "0"}),
+        ("admin:odal_passport_changelist", {"created_at__year": "10000"}),
+        ("admin:outbox_delivery_changelist", {"dead_at__year": str(10**23)}),
+        ("admin:outbox_delivery_changelist", {"next_attempt_at__year": "0"}),
+        ("admin:odal_auditentry_changelist", {"at__iso_year": "-1"}),
+        ("admin:odal_auditentry_changelist", {"at__year__gte": "0"}),
+        ("admin:odal_auditentry_changelist", {"at__year__gt": str(10**30)}),
+        # the drill-down's last period with a year that cannot be beside it
+        ("admin:odal_auditentry_changelist", {"at__year": ["-1", "9999"], "at__month": "12"}),
+        ("admin:odal_auditentry_changelist", {"at__year": [str(10**23), "9999"]}),
+        ("admin:auth_user_changelist", {"date_joined__year": "-1"}),
+    ],
+)
+def test_a_year_no_query_can_be_made_of_is_a_wrong_lookup(admin_client, changelist, query):
+    page = admin_client.get(reverse(changelist), query)
+    assert page.status_code == 302 and page.url.endswith("?e=1")
+
+
+def test_a_list_of_nothing_is_a_list(admin_client, monkeypatch):
+    # An admin that shows some people nothing (get_queryset: .none()): its query cannot be made
+    # (no SQL asks for nothing), which says the list is empty, not that the lookup is wrong.
+    from django.contrib import admin
+
+    from outbox.models import Delivery
+
+    DeliveryFactory()
+    model_admin = admin.site.get_model_admin(Delivery)
+    monkeypatch.setattr(model_admin, "get_queryset", lambda request: Delivery.objects.none())
+    page = admin_client.get(reverse("admin:outbox_delivery_changelist"))
+    assert page.status_code == 200 and list(page.context["cl"].result_list) == []
+
+
+@pytest.mark.parametrize("object_id", ["abc", "1" * 40, "00000000-0000-0000-0000-00000000000g"])
+def test_view_on_site_with_an_id_of_the_wrong_form_is_not_found(admin_client, object_id):
+    from django.contrib.contenttypes.models import ContentType
+
+    from outbox.models import Delivery
+
+    kind = ContentType.objects.get_for_model(Delivery)
+    assert admin_client.get(f"/admin/r/{kind.pk}/{object_id}/").status_code == 404
+
+
+def test_view_on_site_is_behind_the_admin_login(client):
+    from django.contrib.contenttypes.models import ContentType
+
+    from outbox.models import Delivery
+
+    kind = ContentType.objects.get_for_model(Delivery)
+    page = client.get(f"/admin/r/{kind.pk}/abc/")
+    assert page.status_code == 302 and "/admin/login/" in page.url
+
+
 def test_no_list_counts_its_facets(admin_client):
     # "Show counts" (?_facets=1) counts every row each filter choice matches, uncapped.
     DeliveryFactory.create_batch(3, consumer=ConsumerFactory())

@@ -27,10 +27,27 @@ def main() -> None:
             stop_the_cluster_in_time()
         execute_from_command_line(sys.argv)
     except reconnect.ERRORS as exc:  # a database that is down or went: its sentence, exit 4
-        if not reconnect.is_lost(exc):
-            raise
-        print(f"odal: {reconnect.unanswered(exc)}", file=sys.stderr)
-        sys.exit(DATABASE_UNANSWERED)
+        if reconnect.is_lost(exc):
+            print(f"odal: {reconnect.unanswered(exc)}", file=sys.stderr)
+            sys.exit(DATABASE_UNANSWERED)
+        if not_migrated(exc):
+            sys.exit(f"odal: the database has no table {not_migrated(exc)} yet: run `odal migrate` first.")
+        raise
+
+
+def not_migrated(exc: BaseException) -> str:
+    """The table a statement missed when the database has not been migrated (PostgreSQL's
+    undefined table, SQLite's "no such table"), or ""."""
+    import re
+
+    import psycopg
+
+    error = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+    if isinstance(error, psycopg.errors.UndefinedTable):
+        found = re.search(r'relation "([^"]+)" does not exist', str(error))
+        return found.group(1) if found else "(one of odal's)"
+    found = re.match(r"no such table: (\S+)", str(exc))
+    return found.group(1) if found else ""
 
 
 def starts_the_cluster(argv: list[str]) -> bool:

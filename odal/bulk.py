@@ -335,6 +335,13 @@ class PassportFile:
         """The file, or Refused (exit 1) saying why it cannot be read or what is wrong with its header."""
         path = Path(name)
         try:
+            # A file, not a device, a pipe or a socket: /dev/zero never ends (its one endless line
+            # was held whole, or skipped forever) and a pipe with no writer never answers.
+            if path.exists() and not path.is_dir() and not path.is_file():
+                raise Refused(
+                    f"{name} is not a regular file (a device, a pipe or a socket); odal imports files.",
+                    code="unreadable",
+                )
             with path.open("rb") as f:
                 start = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
         except OSError as exc:

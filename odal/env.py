@@ -128,7 +128,7 @@ def without_password(text: str) -> str:
 def check_url_ports(name: str, url: str) -> None:
     """Every port a URL names (a PostgreSQL URL may name several hosts, comma-separated) must be
     one from 1 to 65,535: `http://registry:99999` was taken and failed only when first used."""
-    netloc = urlparse(url).netloc.rpartition("@")[2]
+    netloc = parsed_url(name, url).netloc.rpartition("@")[2]
     for host in netloc.split(","):
         # [v6]:port or name:port; a bare IPv6 address in brackets has no port after its ]
         port = host.rpartition("]")[2].rpartition(":")[2] if ":" in host.rpartition("]")[2] else ""
@@ -138,9 +138,19 @@ def check_url_ports(name: str, url: str) -> None:
             )
 
 
+def parsed_url(name: str, url: str):
+    """`url` as urlparse reads it; one it cannot read (`http://[::1`) is refused by name."""
+    try:
+        return urlparse(url)
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            f"{name} must be a valid URL ({exc}), got {without_password(url)!r}"
+        ) from None
+
+
 def env_url(name: str, default: str, schemes: tuple[str, ...]) -> str:
     value = os.environ.get(name, default).strip() or default
-    parsed = urlparse(value)
+    parsed = parsed_url(name, value)
     if parsed.scheme not in schemes or not (parsed.netloc or parsed.path):
         raise ImproperlyConfigured(
             f"{name} must be a {' or '.join(schemes)} URL, got {without_password(value)!r}"
@@ -238,6 +248,8 @@ def database_from_env(default: str) -> dict:
         config = dj_database_url.parse(url, conn_max_age=max_age, conn_health_checks=True)
     except Exception as exc:  # dj-database-url raises several kinds
         raise ImproperlyConfigured(f"DATABASE_URL could not be read: {without_password(str(exc))}") from None
+    if not config.get("NAME"):  # (postgres:// alone: Django refused it only when first connecting)
+        raise ImproperlyConfigured(f"DATABASE_URL must name a database, got {without_password(url)!r}")
     if config["ENGINE"] == "django.db.backends.sqlite3":
         Path(config["NAME"]).parent.mkdir(parents=True, exist_ok=True)
         # The web server, the sweep and the drain write at once: WAL, a busy timeout and

@@ -122,6 +122,18 @@ def token_name(value) -> str:
     return text(value, max_length=TOKEN_NAME_LENGTH, required=True)
 
 
+TOKEN_PREFIX = re.compile(r"[0-9a-f]{8}")
+
+
+def token_prefix(value) -> str:
+    """A token's prefix, as `odal token list` shows it: the 8 hexadecimal characters after odal_."""
+    if not isinstance(value, str) or not TOKEN_PREFIX.fullmatch(value.strip()):
+        raise ValueError(
+            "is not a token's prefix (the 8 hexadecimal characters after odal_, as odal token list shows)"
+        )
+    return value.strip()
+
+
 def actor(value) -> str:
     """Who did it, as an operator names themself (`--actor`): kept in the audit trail."""
     return text(value, max_length=ACTOR_LENGTH, required=True)

@@ -311,8 +311,12 @@ def check_webhook_url(url: str) -> str:
 
 
 def _webhook_url(url: str) -> httpx.URL:
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+    try:
+        parsed = urlparse(url)
+        hostname = parsed.hostname
+    except ValueError as exc:  # ("http://[::1/": an unclosed bracket; a netloc NFKC makes another)
+        raise Refused(f"A webhook URL must be a valid URL: {exc}.", code="invalid_url", status=422) from None
+    if parsed.scheme not in ("http", "https") or not hostname:
         raise Refused(
             "A webhook URL must be an http:// or https:// URL with a host.", code="invalid_url", status=422
         )

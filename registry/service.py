@@ -15,6 +15,7 @@ from odal.errors import Refused
 from odal.models import AuditEntry, Passport
 from odal.reasons import clean_reason
 from odal.rows import insert_rows
+from odal.text import unstorable
 from odal.work.wake import DRAIN
 from outbox.events import emit
 from registry import adapters
@@ -339,8 +340,10 @@ def clean_handle(value) -> str:
             "A handle (the registry's registrationId) is required.", code="invalid_handle", status=422
         )
     handle = value.strip()
-    if len(handle) > MAX_HANDLE_LENGTH or any(
-        ord(ch) < 32 or ord(ch) == 127 or ch.isspace() for ch in handle
+    if (
+        len(handle) > MAX_HANDLE_LENGTH
+        or any(ord(ch) < 32 or ord(ch) == 127 or ch.isspace() for ch in handle)
+        or unstorable(handle)  # (a lone surrogate: a byte not UTF-8 on a command line)
     ):
         raise Refused(
             f"A handle is at most {MAX_HANDLE_LENGTH} printable characters without spaces.",

@@ -70,6 +70,29 @@ def test_a_url_with_an_impossible_port_stops_start_up_naming_the_variable(name, 
     assert said.startswith(f"{name} must name a port from 1 to 65,535"), said
 
 
+@pytest.mark.parametrize(
+    "name, url",
+    [
+        ("ODAL_REGISTRY_URL", "http://[::1"),
+        ("ODAL_PUBLIC_URL", "https://[dpp.example.eu]/"),
+        ("ODAL_BROKER_URL", "redis://[::1"),
+        ("DATABASE_URL", "postgres://odal@[::1/odal"),
+    ],
+)
+def test_a_url_no_parser_can_read_stops_start_up_naming_the_variable(name, url):
+    # (urlparse's ValueError was a traceback: "Invalid IPv6 URL")
+    said = refusal(**{name: url})
+    assert said.startswith(f"{name} must be a valid URL ("), said
+
+
+@pytest.mark.parametrize(
+    "url", ["postgres://", "postgresql://odal@db.internal:5432", "postgres://odal@db.internal/"]
+)
+def test_a_database_url_naming_no_database_stops_start_up(url):
+    # (Django refused it only when it first connected: a traceback from the first command)
+    assert refusal(DATABASE_URL=url).startswith("DATABASE_URL must name a database"), url
+
+
 def test_odal_exits_1_on_a_registry_url_with_an_impossible_port():
     result = odal("check", ODAL_REGISTRY_URL="http://127.0.0.1:99999")
     print(result.returncode, result.stderr)
@@ -89,3 +112,31 @@ def test_odal_exits_1_on_a_registry_url_with_an_impossible_port():
 )
 def test_urls_with_possible_ports_are_taken(name, url):
     read_settings(**{name: url})
+
+
+@pytest.fixture
+def empty_database():
+    """A PostgreSQL database with no table in it (odal never migrated there), dropped after."""
+    import uuid
+
+    import psycopg
+
+    server = os.environ["DATABASE_URL"].rsplit("/", 1)[0]
+    name = f"odal_unmigrated_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield f"{server}/{name}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_a_database_odal_never_migrated_is_a_sentence_saying_to_migrate(empty_database, tmp_path):
+    # (a ProgrammingError's traceback, "relation … does not exist"; SQLite's "no such table")
+    for url in (empty_database, f"sqlite:///{tmp_path / 'never-migrated.sqlite3'}"):
+        result = odal("outbox", "status", DATABASE_URL=url)
+        assert result.returncode == 1, (url, result.stderr[-2000:])
+        assert "Traceback" not in result.stderr, result.stderr[-2000:]
+        said = result.stderr.strip().splitlines()[-1]
+        assert said.startswith("odal: the database has no table ") and "run `odal migrate` first" in said, (
+            said
+        )

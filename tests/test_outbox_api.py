@@ -60,6 +60,10 @@ def test_post_consumer_shows_the_secret_once(api_as):
     [
         ({"name": "x", "kind": "webhook"}, "invalid_consumer"),
         ({"name": "x", "kind": "webhook", "url": "ftp://files.example.eu/"}, "invalid_url"),
+        # (urlparse's own refusals: an unclosed bracket, a name NFKC makes a URL of its own)
+        ({"name": "x", "kind": "webhook", "url": "http://[::1/"}, "invalid_url"),
+        ({"name": "x", "kind": "webhook", "url": "http://a]b/"}, "invalid_url"),
+        ({"name": "x", "kind": "webhook", "url": "http://exa\u2100mple.com/"}, "invalid_url"),
         ({"name": "x", "kind": "python", "target": "tests.consumers.no_such_func"}, "invalid_target"),
         ({"name": "x", "kind": "python", "target": "no.such.module.func"}, "invalid_target"),
         ({"name": "x", "kind": "carrier-pigeon", "url": "https://a.example.eu"}, "invalid_request"),

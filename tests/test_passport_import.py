@@ -6,6 +6,7 @@ and wakes the sweep once (and their kicks coalesce into one django-q2 task each)
 
 import io
 import json
+import os
 import threading
 import time
 
@@ -128,6 +129,8 @@ def test_a_file_that_cannot_be_read_is_refused_and_bad_arguments_are_usage_error
     (tmp_path / "no-operator.csv").write_text("upi,data\n")
     (tmp_path / "twice.csv").write_text("upi,operatorId,operator_id\n")
     (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "zero.jsonl").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "fifo.csv")  # (no writer: opening it to read would wait forever)
     for name, says in [
         ("missing.jsonl", "cannot be read: No such file or directory"),
         ("unknown.csv", "the header names a column odal does not know, 'colour'"),
@@ -135,6 +138,10 @@ def test_a_file_that_cannot_be_read_is_refused_and_bad_arguments_are_usage_error
         ("twice.csv", "names the column operatorId twice"),
         ("empty.csv", "has no header row"),
         (".", "cannot be read"),
+        # never-ending or never-answering: refused before a byte is read
+        ("/dev/zero", "is not a regular file"),
+        ("zero.jsonl", "is not a regular file"),
+        ("fifo.csv", "is not a regular file"),
     ]:
         error, out, _ = refused(str(tmp_path / name))
         assert error.returncode == 1 and says in str(error), (name, str(error))

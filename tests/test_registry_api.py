@@ -244,6 +244,22 @@ def test_record_handle_refusals(admin_api, status, body, code):
     assert Registration.objects.get(pk=reg.pk).status == status
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("handle", ["H\udcff", "reg-\ud800"])
+def test_a_handle_postgresql_cannot_store_is_refused_and_nothing_written(handle):
+    # A byte not UTF-8 on a command line (`odal registry handle <id> $'H\xff'`) comes as a lone
+    # surrogate; the API's boundary refuses one before it gets here, the command did not.
+    from odal.errors import Refused
+    from registry import service
+
+    reg = backed_off_registration(status="submitted")
+    with pytest.raises(Refused) as refused:
+        service.record_handle(reg.passport_id, handle=handle, actor="cli", reason="typed by hand")
+    assert refused.value.code == "invalid_handle"
+    assert Registration.objects.get(pk=reg.pk).status == "submitted"
+    assert not AuditEntry.objects.exists()
+
+
 def test_record_handle_needs_admin_scope(api_as):
     reg = backed_off_registration(status="submitted")
     assert (

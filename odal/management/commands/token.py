@@ -14,7 +14,7 @@ class Command(BaseCommand):
         create.add_argument("--name", required=True, type=argument(rules.token_name))
         create.add_argument("--scope", required=True, choices=[s.value for s in ApiToken.Scope])
         revoke = sub.add_parser("revoke", help="revoke a token by its prefix (the 8 characters after odal_)")
-        revoke.add_argument("prefix")
+        revoke.add_argument("prefix", type=argument(rules.token_prefix))
         revoke.add_argument(
             "--actor", type=argument(rules.actor), help="who revokes it, for the audit trail (default: cli)"
         )

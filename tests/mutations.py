@@ -902,6 +902,27 @@ GUARDS = [
         "tests/test_passport_import.py -k cannot_be_read",
     ),
     Guard(
+        "cli: --events naming no event type is refused (stored, an empty list means every event)",
+        "outbox/cli/consumers.py",
+        "    if not patterns:\n        raise ValueError(",
+        "    if False:\n        raise ValueError(",
+        "tests/test_cli_malformed.py -k events",
+    ),
+    Guard(
+        "consumers: a new consumer's event types are kept once each",
+        "outbox/service.py",
+        "    event_types = list(dict.fromkeys(event_types))",
+        "    event_types = list(event_types)",
+        "tests/test_outbox_api.py -k once_each",
+    ),
+    Guard(
+        "consumers: changed event types are kept once each",
+        "outbox/service.py",
+        'for p in dict.fromkeys(changes["event_types"])]',
+        'for p in changes["event_types"]]',
+        "tests/test_outbox_api.py -k once_each",
+    ),
+    Guard(
         "registry: its certificate is verified (the token and passports go to the registry only)",
         "odal/work/http.py",
         "        ssl_context = httpx.create_ssl_context(verify=verify)\n",

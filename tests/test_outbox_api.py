@@ -317,3 +317,15 @@ def test_metrics_show_deliveries_attempts_and_late_writes(client):
     assert 'outbox_deliveries{consumer="billing",status="dead"} 1.0' in text
     assert 'outbox_attempts_total{outcome="failed"} 2.0' in text
     assert 'outbox_late_writes_total{outcome="failed"} 1.0' in text
+
+
+def test_a_consumers_event_types_are_kept_once_each(api_as):
+    # (20,000 repeats of one type were stored as they came: a list each delivery walks)
+    api = api_as("admin")
+    body = {"name": "once", "kind": "webhook", "url": "https://hooks.example.eu/odal"}
+    repeated = ["passport.*", "order.shipped"] * 500 + ["passport.*"]
+    assert api.post("outbox/consumers", {**body, "eventTypes": repeated}).status_code == 201
+    assert Consumer.objects.get(name="once").event_types == ["passport.*", "order.shipped"]
+    changed = api.patch("outbox/consumers/once", {"eventTypes": ["order.*", "order.*", "passport.*"]})
+    assert changed.status_code == 200, changed.content
+    assert Consumer.objects.get(name="once").event_types == ["order.*", "passport.*"]

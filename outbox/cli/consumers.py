@@ -77,8 +77,12 @@ def _add_change(consumer_sub) -> None:
 
 
 def event_patterns(value: str) -> list[str]:
-    """--events: comma-separated patterns (odal.rules.event_pattern), spaces around them ignored."""
-    patterns = [p for p in (p.strip(" ") for p in value.split(",")) if p]
+    """--events: comma-separated patterns (odal.rules.event_pattern), spaces around them ignored,
+    each once. A value naming none (`--events ,`) is refused: stored, an empty list means every
+    event, which a slip of the keyboard should not decide."""
+    patterns = list(dict.fromkeys(p for p in (p.strip(" ") for p in value.split(",")) if p))
+    if not patterns:
+        raise ValueError("names no event type; give * for every event type, or leave --events out")
     for pattern in patterns:
         try:
             rules.event_pattern(pattern)

@@ -26,6 +26,7 @@ def main() -> None:
                 return  # told to stop while it waited
             stop_the_cluster_in_time()
         execute_from_command_line(sys.argv)
+        sys.stdout.flush()  # (here, not at exit: a reader that went is a BrokenPipeError below)
     except reconnect.ERRORS as exc:  # a database that is down or went: its sentence, exit 4
         if reconnect.is_lost(exc):
             print(f"odal: {reconnect.unanswered(exc)}", file=sys.stderr)
@@ -33,6 +34,11 @@ def main() -> None:
         if not_migrated(exc):
             sys.exit(f"odal: the database has no table {not_migrated(exc)} yet: run `odal migrate` first.")
         raise
+    except BrokenPipeError:  # (`odal token list | head -1`: the reader went; nobody reads more)
+        # As Python's documentation does it: the rest of the output, flushed at exit, goes nowhere
+        # (else it would raise again, as "Exception ignored"), and the exit says it did not finish.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
 
 
 def not_migrated(exc: BaseException) -> str:

@@ -140,3 +140,30 @@ def test_a_database_odal_never_migrated_is_a_sentence_saying_to_migrate(empty_da
         assert said.startswith("odal: the database has no table ") and "run `odal migrate` first" in said, (
             said
         )
+
+
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+@pytest.mark.parametrize("command", [["help"], ["--version"]], ids=["more-than-a-buffer", "one-line"])
+def test_output_to_a_reader_that_went_ends_quietly(command, buffered):
+    # `odal help | head -1`: the reader closes; the next write meets a broken pipe (a traceback;
+    # a line kept in the buffer met it as it was flushed at exit: "Exception ignored", exit 120).
+    # The pipe's read end is closed before the command starts, so its first write meets one.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "odal", *command],
+            env={
+                k: v
+                for k, v in environment(PYTHONUNBUFFERED="1").items()
+                if not (buffered and k == "PYTHONUNBUFFERED")
+            },
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stderr == "", result.stderr[-2000:]

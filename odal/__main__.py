@@ -31,8 +31,8 @@ def main() -> None:
         if reconnect.is_lost(exc):
             print(f"odal: {reconnect.unanswered(exc)}", file=sys.stderr)
             sys.exit(DATABASE_UNANSWERED)
-        if not_migrated(exc):
-            sys.exit(f"odal: the database has no table {not_migrated(exc)} yet: run `odal migrate` first.")
+        if table := not_migrated(exc):
+            sys.exit(f"odal: the database has no table {table} yet: run `odal migrate` first.")
         raise
     except BrokenPipeError:  # (`odal token list | head -1`: the reader went; nobody reads more)
         # As Python's documentation does it: the rest of the output, flushed at exit, goes nowhere

@@ -890,7 +890,7 @@ GUARDS = [
     Guard(
         "cli: a database never migrated is a sentence saying to migrate, not a traceback",
         "odal/__main__.py",
-        "        if not_migrated(exc):",
+        "        if table := not_migrated(exc):",
         "        if False:",
         "tests/test_config_errors.py -k never_migrated",
     ),

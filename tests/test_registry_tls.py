@@ -3,9 +3,7 @@ registry's answer is only read from a peer whose certificate a trusted authority
 registry's own name (httpx's trust store, or SSL_CERT_FILE's as httpx reads it). A bearer token
 and passports go to the registry: a peer in the middle must get neither."""
 
-import shutil
 import ssl
-import subprocess
 import threading
 import types
 import uuid
@@ -14,27 +12,15 @@ import pytest
 
 from registry import adapters
 from registry.simulator import make_server
+from tests.certificates import self_signed
 
 UPI = "https://id.example.eu/01/1/21/TLS"
 
 
-def certificate(folder, name: str):
-    """A self-signed certificate (its own authority) for `name` only, and its key."""
-    cert, key = folder / f"{name}.pem", folder / f"{name}.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", key, "-out", cert, "-days", "2", "-subj", f"/CN={name}", "-addext", f"subjectAltName=DNS:{name}"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
-
-
 @pytest.fixture(scope="module")
 def certificates(tmp_path_factory):
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
     folder = tmp_path_factory.mktemp("registry-tls")
-    return {name: certificate(folder, name) for name in ("localhost", "elsewhere.test")}
+    return {name: self_signed(folder, name) for name in ("localhost", "elsewhere.test")}
 
 
 @pytest.fixture

@@ -11,10 +11,8 @@ resolver; public addresses appear only under a fake network that never connects 
 
 import ipaddress
 import re
-import shutil
 import socket
 import ssl
-import subprocess
 import threading
 import time
 import uuid
@@ -30,6 +28,7 @@ from outbox import consumers, webhook_client
 from outbox.events import emit
 from outbox.models import Delivery
 from outbox.sweep import sweep_once
+from tests.certificates import self_signed
 from tests.factories import WebhookConsumerFactory
 from tests.waiting import sweeping
 from tests.webhook_server import WebhookServer
@@ -301,16 +300,7 @@ def test_concurrent_deliveries_on_the_sweeps_threads_each_connect_to_their_own_n
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory):
     """A self-signed certificate for a.hooks.test only (no IP address in it)."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=a.hooks.test",
-         "-addext", "subjectAltName=DNS:a.hooks.test"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    cert, key = self_signed(tmp_path_factory.mktemp("tls"), "a.hooks.test")
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server.load_cert_chain(cert, key)
     return server, ssl.create_default_context(cafile=str(cert))

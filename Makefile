@@ -47,7 +47,7 @@ clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache
 
 mutations: $(VENV)/.installed-test
-	$(BIN)/python tests/pg.py -- $(BIN)/python tests/mutations.py
+	$(BIN)/python tests/pg.py -- $(BIN)/python tests/mutations.py $(if $(SHARD),--shard $(SHARD))
 
 fuzz: $(VENV)/.installed-test
 	ODAL_FUZZ_EXAMPLES=100 ODAL_TEST_DATABASE=test_odal_fuzz $(BIN)/python tests/pg.py -- $(BIN)/pytest -q tests/test_fuzz.py tests/test_state_machines.py

@@ -5034,10 +5034,27 @@ def run_tests(tests: str, *, create_db: bool = True) -> int:
     return subprocess.run(command, cwd=ROOT, capture_output=True).returncode
 
 
+def shard(argv: list[str]) -> tuple[int, int, list[str]]:
+    """`--shard K/N` takes every Nth guard from the Kth: N clones of the tree run the N shards side
+    by side (a mutant is written into the tree, so one tree runs one shard at a time)."""
+    if not argv or argv[0].partition("=")[0] != "--shard":
+        return 1, 1, argv
+    if "=" in argv[0]:
+        text, rest = argv[0].partition("=")[2], argv[1:]
+    else:
+        text, rest = "".join(argv[1:2]), argv[2:]
+    k, _, n = text.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        sys.exit(f"--shard wants K/N with 1 <= K <= N, such as --shard 1/2, not {text!r}")
+    return int(k), int(n), rest
+
+
 def main() -> int:
-    """`python tests/mutations.py [words…]`: only the guards whose name contains one of the words."""
-    words = sys.argv[1:]
-    guards = [g for g in GUARDS if not words or any(w in g.name for w in words)]
+    """`python tests/mutations.py [--shard K/N] [words…]`: only the guards whose name contains one of
+    the words, and of those only shard K of N."""
+    k, n, words = shard(sys.argv[1:])
+    chosen = [g for g in GUARDS if not words or any(w in g.name for w in words)]
+    guards = chosen[k - 1 :: n]
     survivors = []
     fresh = True  # the next run makes the test database afresh
     for guard in guards:
@@ -5071,7 +5088,8 @@ def main() -> int:
         )
         if not caught:
             survivors.append(guard)
-    print(f"\n{len(guards) - len(survivors)} of {len(guards)} guards caught by a failing test.")
+    of_shard = f" (shard {k} of {n}, of {len(chosen)} chosen)" if n > 1 else ""
+    print(f"\n{len(guards) - len(survivors)} of {len(guards)} guards caught by a failing test{of_shard}.")
     return 1 if survivors else 0
 
 

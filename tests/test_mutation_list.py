@@ -77,3 +77,21 @@ def test_each_guard_runs_at_least_one_test(guard, node_ids):
         elif expression:
             names = [[*i.split("::")[1:], pathlib.Path(file).name] for i in ids]
             assert any(matches(expression, n) for n in names), f"{guard.tests}: -k selects no test"
+
+
+def test_the_shards_together_are_the_whole_list_once():
+    names = [g.name for g in mutations.GUARDS]
+    halves = []
+    for k in (1, 2, 3):
+        got, of, words = mutations.shard([f"--shard={k}/3", "word"])
+        assert (got, of, words) == (k, 3, ["word"])
+        halves += names[got - 1 :: of]
+    assert sorted(halves) == sorted(names)
+    assert mutations.shard(["--shard", "2/2"]) == (2, 2, [])
+    assert mutations.shard(["claim", "token"]) == (1, 1, ["claim", "token"])
+
+
+@pytest.mark.parametrize("text", ["0/2", "3/2", "1", "a/b", "", "-1/2"])
+def test_a_shard_that_names_none_is_refused(text):
+    with pytest.raises(SystemExit, match="--shard wants K/N"):
+        mutations.shard(["--shard", text] if text else ["--shard"])

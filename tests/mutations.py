@@ -972,11 +972,11 @@ GUARDS = [
         "tests/test_webhook_pinning.py::test_a_kept_connection_carries_only_requests_to_its_own_name_and_address",
     ),
     Guard(
-        "webhook client: its httpx transport sends through the pinning pool",
+        "registry adapter: its transport sends through the pool made over the DeadlineBackend (httpx's own has none)",
         "odal/work/http.py",
         "self._pool = httpcore.ConnectionPool(",
         "self._unused = httpcore.ConnectionPool(",
-        "tests/test_webhook_pinning.py::test_a_name_that_rebinds_after_the_check_is_connected_to_at_the_checked_address",
+        "tests/test_hostile_16.py -k registry_trickling",
     ),
     Guard(
         "call_webhook: sends with no client but webhook_client()'s",
@@ -1038,8 +1038,8 @@ GUARDS = [
     Guard(
         "registry adapter: its connections hold each request to its deadline (DeadlineBackend)",
         "odal/work/http.py",
-        "            network_backend=DeadlineBackend(network),\n",
-        "            network_backend=network or httpcore.SyncBackend(),\n",
+        "            network_backend=DeadlineBackend(),\n",
+        "            network_backend=httpcore.SyncBackend(),\n",
         "tests/test_hostile_16.py -k registry_trickling",
     ),
     Guard(
@@ -4662,6 +4662,13 @@ GUARDS = [
         "                consumer, delivery.pk, delivery.event, client, may_start\n",
         "                consumer, delivery.pk, delivery.event, client\n",
         "tests/test_webhook_pinning.py::test_no_request_starts_when_its_hosts_lookup_outlasted_the_claims_hold",
+    ),
+    Guard(
+        "sweep: a webhook whose consumer was paused during its host's lookup is not started",
+        "outbox/sweep.py",
+        "            return _may_start(claim) and consumer.pk not in paused\n",
+        "            return _may_start(claim)\n",
+        "tests/test_webhook_pinning.py::test_no_request_starts_when_its_consumer_was_paused_while_its_host_was_looked_up",
     ),
     Guard(
         "webhook URLs: a port out of 1-65535 is refused (httpx wrapped it)",

@@ -329,8 +329,9 @@ def test_requests_started_after_a_leaked_secret_is_dropped_are_not_signed_with_i
 @pytest.mark.django_db(transaction=True)
 def test_no_webhook_request_starts_after_a_pause_the_pass_has_seen(settings, monkeypatch):
     """The webhooks' loop starts a consumer's next request as one ends, without the pass's
-    thread: the rows it has not started when the pass sees a pause are taken back from it
-    (their futures cancelled), not sent once the running request ends."""
+    thread: the rows it has not started when the pass sees a pause are taken back from it at
+    once (their futures cancelled, the rows given back), not sent once the running request ends,
+    nor left to the loop to turn down one by one."""
     from outbox.sweep import SweepPass
     from tests.factories import WebhookConsumerFactory
     from tests.webhook_server import WebhookServer
@@ -339,10 +340,12 @@ def test_no_webhook_request_starts_after_a_pause_the_pass_has_seen(settings, mon
     settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = True
     answer, seen = threading.Event(), threading.Event()
     start_more = SweepPass.start_more
+    taken_back = []  # rows given back when the pass first saw the pause, the request still stalled
 
     def watched(self):
         start_more(self)
-        if self.paused:
+        if self.paused and not seen.is_set():
+            taken_back.append(len(self.not_started))
             seen.set()
 
     monkeypatch.setattr(SweepPass, "start_more", watched)
@@ -359,6 +362,7 @@ def test_no_webhook_request_starts_after_a_pause_the_pass_has_seen(settings, mon
         answer.set()  # the first request ends: the loop would start the next one now
         sweeper.join(20)
     assert saw and not sweeper.is_alive()
+    assert taken_back == [3], "the rows not started were not taken back when the pass saw the pause"
     assert len(server.received) == 1, f"{len(server.received) - 1} requests went out after the pause"
     assert box["report"].delivered == 1 and box["report"].not_started == 3
 

@@ -65,9 +65,17 @@ def test_a_paused_consumer_gets_deliveries_made_but_none_claimed_none_spent_none
 
 
 def test_on_resume_the_waiting_deliveries_flow_in_creation_order(admin_api):
+    """Resumed rows are due from when they were made: ahead of each other in that order, and
+    ahead of a row that fell due after them (another consumer's, due 5 minutes ago), not behind
+    it as rows due from the resume would be."""
     consumer = ConsumerFactory(name="erp")
     admin_api.post("outbox/consumers/erp/pause", {"reason": "maintenance"})
     now = timezone.now()
+    later = Event.objects.create(type="passport.published", payload={"m": 5})
+    Delivery.objects.create(
+        event=later, consumer=ConsumerFactory(name="crm"), created_at=now - timedelta(minutes=5),
+        next_attempt_at=now - timedelta(minutes=5), id=uuid.UUID(int=5),
+    )  # fmt: skip
     made = []
     for minutes in (30, 10, 20):  # made out of order of their creation times
         event = Event.objects.create(type="passport.published", payload={"m": minutes})
@@ -90,7 +98,7 @@ def test_on_resume_the_waiting_deliveries_flow_in_creation_order(admin_api):
     assert spent.attempts == spent.max_attempts - 1  # one attempt left
 
     sweep_once()
-    assert [payload_minutes for _, payload_minutes in _order(recorder.calls)] == [30, 20, 10]
+    assert [payload_minutes for _, payload_minutes in _order(recorder.calls)] == [30, 20, 10, 5]
     assert set(statuses(consumer).values()) == {"delivered"}
     assert AuditEntry.objects.filter(action="consumer_resumed", reason="maintenance over").exists()
 

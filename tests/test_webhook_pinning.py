@@ -692,6 +692,51 @@ def test_no_request_starts_when_its_hosts_lookup_outlasted_the_claims_hold(setti
     assert Delivery.objects.get().attempts == 0  # given back, its attempt returned
 
 
+@pytest.mark.django_db(transaction=True)
+def test_no_request_starts_when_its_consumer_was_paused_while_its_host_was_looked_up(settings, monkeypatch):
+    """A pause the pass sees while a row's host is looked up: that row's attempt has begun (it
+    cannot be taken back from the loop), so the pause is asked again once the lookup ends, and
+    no request goes out; the row is given back."""
+    from outbox import service
+    from outbox.models import Consumer
+    from outbox.sweep import SweepPass
+
+    settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = True
+    asked, release, seen = threading.Event(), threading.Event(), threading.Event()
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host == "slow.hooks.test":
+            asked.set()
+            release.wait(30)
+            return [Resolver.info("127.0.0.1", port or 0)]
+        return real_getaddrinfo(host, port, *args, **kwargs)
+
+    start_more = SweepPass.start_more
+
+    def watched(self):
+        start_more(self)
+        if self.paused:
+            seen.set()
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(SweepPass, "start_more", watched)
+    with Peer() as server:
+        consumer = WebhookConsumerFactory(
+            url=f"http://slow.hooks.test:{server.port}/hooks", timeout_seconds=30
+        )
+        emit("passport.published", {"dppId": "abc"})
+        sweeper, box = sweeping()
+        assert asked.wait(10)
+        service.pause(Consumer.objects.get(pk=consumer.pk), actor="ops", reason="maintenance")
+        assert seen.wait(10)  # (the pass re-reads its consumers every REFRESH_SECONDS)
+        release.set()
+        sweeper.join(20)
+    assert not sweeper.is_alive()
+    assert server.seen == [], "a request started after its consumer's pause, seen during the lookup"
+    assert box["report"].not_started == 1 and box["report"].delivered == 0
+    assert Delivery.objects.get().attempts == 0  # given back, its attempt returned
+
+
 @pytest.mark.parametrize("port", [0, 65536, 70000])
 def test_a_port_out_of_range_is_refused_not_wrapped(port):
     """httpx reads port 70000 as 70000 and the connection went to 70000 - 65536 (4464), while the

@@ -1,5 +1,5 @@
-"""HTTP with a deadline for the whole request: what the sweep's webhook client and the registry
-adapter both send with. httpx's timeouts hold for each read, write or connect; these hold for the
+"""HTTP with a deadline for the whole request: what the registry adapter sends with (the sweep's
+webhook client, outbox/webhook_client.py, holds its own deadline over the whole request). httpx's timeouts hold for each read, write or connect; these hold for the
 request, so a peer trickling its answer a byte at a time cannot hold a worker's thread for ever."""
 
 import time
@@ -119,16 +119,12 @@ def redirect_text(status: int, location: str | None) -> str:
 
 
 class DeadlineTransport(httpx.HTTPTransport):
-    """httpx's own transport whose httpcore pool connects through a DeadlineBackend over
-    `network` (each request ends by its deadline: `within`). HTTPTransport takes no network
-    backend, so the pool it makes is replaced by one made as it makes it (same TLS context, limits
-    and socket options; HTTP/1.1 only), with that backend; the rest is httpx's. The webhooks'
-    transport (over a PinnedBackend) and the registry adapter's both are one."""
+    """httpx's own transport whose httpcore pool connects through a DeadlineBackend (each request
+    ends by its deadline: `within`). HTTPTransport takes no network backend, so the pool it makes
+    is replaced by one made as it makes it (same TLS context, limits and socket options; HTTP/1.1
+    only), with that backend; the rest is httpx's. The registry adapter's transport."""
 
-    def __init__(
-        self, *, verify=True, limits: httpx.Limits, network: httpcore.NetworkBackend | None = None,
-        socket_options=None,
-    ):  # fmt: skip
+    def __init__(self, *, verify=True, limits: httpx.Limits, socket_options=None):
         ssl_context = httpx.create_ssl_context(verify=verify)
         super().__init__(verify=ssl_context, limits=limits, socket_options=socket_options)
         self._pool = httpcore.ConnectionPool(
@@ -139,5 +135,5 @@ class DeadlineTransport(httpx.HTTPTransport):
             http1=True,
             http2=False,
             socket_options=socket_options,
-            network_backend=DeadlineBackend(network),
+            network_backend=DeadlineBackend(),
         )

@@ -3616,7 +3616,7 @@ GUARDS = [
         "registry/models.py",
         "        last_unknown_at__lte=now - timedelta(seconds=settings.ODAL_REGISTRY_SETTLE_SECONDS)",
         "        last_unknown_at__lte=now",
-        "tests/test_registry_unknown.py -k 'noted_while_the_registry_is_asked or ends_the_row_only_once_settled'",
+        "tests/test_registry_unknown.py -k noted_while_the_registry_is_asked or ends_the_row_only_once_settled",
     ),
     Guard(
         "suspend: withdraws only a register never attempted",

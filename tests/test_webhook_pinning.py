@@ -663,12 +663,8 @@ def test_lookups_that_hang_hold_no_other_hosts_request_and_end_at_the_timeout(mo
     assert [outcome.error for outcome in ended] == ["timed out after 1s"] * 8
 
 
-@pytest.mark.django_db(transaction=True)
-def test_no_request_starts_when_its_hosts_lookup_outlasted_the_claims_hold(settings, monkeypatch):
-    """The claim's hold is asked again once the host is looked up: a lookup that outlasted it
-    starts no request (the row may be another sweep's by then); the row is given back."""
-    settings.ODAL_CLAIM_HOLD_SECONDS = 1
-    settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = True
+def slow_lookup(monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """slow.hooks.test's lookup waits (its `asked` set) until `release`, then gives 127.0.0.1."""
     asked, release = threading.Event(), threading.Event()
 
     def getaddrinfo(host, port, *args, **kwargs):
@@ -679,6 +675,16 @@ def test_no_request_starts_when_its_hosts_lookup_outlasted_the_claims_hold(setti
         return real_getaddrinfo(host, port, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return asked, release
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_request_starts_when_its_hosts_lookup_outlasted_the_claims_hold(settings, monkeypatch):
+    """The claim's hold is asked again once the host is looked up: a lookup that outlasted it
+    starts no request (the row may be another sweep's by then); the row is given back."""
+    settings.ODAL_CLAIM_HOLD_SECONDS = 1
+    settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = True
+    asked, release = slow_lookup(monkeypatch)
     with Peer() as server:
         WebhookConsumerFactory(url=f"http://slow.hooks.test:{server.port}/hooks", timeout_seconds=10)
         emit("passport.published", {"dppId": "abc"})
@@ -702,15 +708,8 @@ def test_no_request_starts_when_its_consumer_was_paused_while_its_host_was_looke
     from outbox.sweep import SweepPass
 
     settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = True
-    asked, release, seen = threading.Event(), threading.Event(), threading.Event()
-
-    def getaddrinfo(host, port, *args, **kwargs):
-        if host == "slow.hooks.test":
-            asked.set()
-            release.wait(30)
-            return [Resolver.info("127.0.0.1", port or 0)]
-        return real_getaddrinfo(host, port, *args, **kwargs)
-
+    asked, release = slow_lookup(monkeypatch)
+    seen = threading.Event()
     start_more = SweepPass.start_more
 
     def watched(self):
@@ -718,7 +717,6 @@ def test_no_request_starts_when_its_consumer_was_paused_while_its_host_was_looke
         if self.paused:
             seen.set()
 
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     monkeypatch.setattr(SweepPass, "start_more", watched)
     with Peer() as server:
         consumer = WebhookConsumerFactory(

@@ -5,6 +5,7 @@ named for it, restores the file, and fails if any removal leaves those tests gre
 names each guard and what caught it. Add a line here with every new guard.
 """
 
+import re
 import subprocess
 import sys
 import time
@@ -5050,10 +5051,10 @@ def shard(argv: list[str]) -> tuple[int, int, list[str]]:
         text, rest = argv[0].partition("=")[2], argv[1:]
     else:
         text, rest = "".join(argv[1:2]), argv[2:]
-    k, _, n = text.partition("/")
-    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+    numbers = re.fullmatch(r"([0-9]+)/([0-9]+)", text)
+    if not (numbers and 1 <= int(numbers[1]) <= int(numbers[2])):
         sys.exit(f"--shard wants K/N with 1 <= K <= N, such as --shard 1/2, not {text!r}")
-    return int(k), int(n), rest
+    return int(numbers[1]), int(numbers[2]), rest
 
 
 def main() -> int:

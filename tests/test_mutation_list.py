@@ -94,7 +94,7 @@ def test_the_shards_together_are_the_whole_list_once():
     assert mutations.shard(["claim", "token"]) == (1, 1, ["claim", "token"])
 
 
-@pytest.mark.parametrize("text", ["0/2", "3/2", "1", "a/b", "", "-1/2"])
+@pytest.mark.parametrize("text", ["0/2", "3/2", "1", "a/b", "", "-1/2", "²/2", "1/2\n", "1\x00/2"])
 def test_a_shard_that_names_none_is_refused(text):
     with pytest.raises(SystemExit, match="--shard wants K/N"):
         mutations.shard(["--shard", text] if text else ["--shard"])

@@ -256,7 +256,8 @@ class Target:
     """Where a webhook request connects: `address`, the one checked for its host `name`. The
     request itself goes to the consumer's URL unchanged, so its Host header, its TLS server name
     (SNI, and the name the certificate is verified against) and the key its connection is pooled
-    under are all the name; only the connection is made to the address (see outbox/webhook_client.py, `_connect`)."""
+    under are all the name; only the connection is made to the address (see
+    outbox/webhook_client.py, `_connect`)."""
 
     name: str
     address: ipaddress.IPv4Address | ipaddress.IPv6Address

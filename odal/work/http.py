@@ -1,6 +1,7 @@
 """HTTP with a deadline for the whole request: what the registry adapter sends with (the sweep's
-webhook client, outbox/webhook_client.py, holds its own deadline over the whole request). httpx's timeouts hold for each read, write or connect; these hold for the
-request, so a peer trickling its answer a byte at a time cannot hold a worker's thread for ever."""
+webhook client, outbox/webhook_client.py, holds its own deadline over the whole request).
+httpx's timeouts hold for each read, write or connect; these hold for the request, so a peer
+trickling its answer a byte at a time cannot hold a worker's thread for ever."""
 
 import time
 from contextlib import contextmanager

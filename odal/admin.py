@@ -5,6 +5,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.contenttypes import views as contenttype_views
 from django.core.exceptions import EmptyResultSet, ValidationError
@@ -370,6 +371,15 @@ class PassportAdmin(OdalAdmin):
             object_id=str(pk),
             details={"upi": upi},
         )
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """Its story after its fields (odal.story; templates/admin/odal/passport/story.html)."""
+        from odal.story import passport_story
+
+        passport = self.get_object(request, unquote(object_id))
+        if passport is not None and self.has_view_or_change_permission(request, passport):
+            extra_context = {**(extra_context or {}), "passport_story": passport_story(passport)}
+        return super().change_view(request, object_id, form_url, extra_context)
 
     def delete_view(self, request, object_id, extra_context=None):
         # The confirmation page lists a registration as protecting the passport; one created

@@ -251,7 +251,7 @@ def test_the_passport_story_is_in_time_order_with_each_kind_linked(admin_client)
     assert "by admin:alice" in story and "“ready for market”" in story and "“endpoint fixed”" in story
     # The unknown outcome is marked, visibly and in words.
     assert '<span class="outcome unknown">outcome unknown</span>' in story
-    assert "the request may have reached the registry" in story
+    assert "the request may have reached the registry; no answer of its own came back" in story
     assert '<span class="outcome dead">dead</span>' in story
 
 
@@ -313,3 +313,15 @@ def test_the_sweeps_attempts_count_in_their_consumers_health_and_show_the_reques
         h.recent
     )
     assert json.loads(h.recent[0].body) == json.loads(sent.body)
+
+
+def test_the_passport_page_finds_its_events_by_their_index(admin_client):
+    """Every lookup of the passport's events reads payload ->> 'dppId' (event_dpp_idx's
+    expression): a JSON comparison (payload -> 'dppId' = '"…"') walks every event instead."""
+    p, *_ = story_passport(timezone.now())
+    with CaptureQueriesContext(connection) as queries:
+        page = admin_client.get(f"/admin/odal/passport/{p.pk}/change/")
+    assert page.status_code == 200 and "passport.published → site-builder" in page.content.decode()
+    dpp_lookups = [q["sql"] for q in queries if "dppId" in q["sql"]]
+    assert len(dpp_lookups) >= 2  # (the story's and the events panel's)
+    assert all("->> 'dppId'" in sql and "-> 'dppId'" not in sql for sql in dpp_lookups)

@@ -99,9 +99,7 @@ def passport_story(passport: Passport) -> Story:
         ("passport_suspended", passport.suspended_at),
     ):
         if at is not None and action not in told:
-            lines.append(
-                Line(at, "lifecycle", LIFECYCLE[action].capitalize(), passport_url, outcome=LIFECYCLE[action])
-            )
+            lines.append(Line(at, "lifecycle", LIFECYCLE[action].capitalize(), passport_url))
     links_of = {
         "odal.passport": passport_url,
         "registry.registration": _admin("registry_registration", registration.pk) if registration else "",
@@ -109,21 +107,21 @@ def passport_story(passport: Passport) -> Story:
     for e in entries:
         url = links_of.get(e.object_type) or _admin("outbox_delivery", e.object_id)
         if e.object_type == "odal.passport" and e.action in LIFECYCLE:
-            text, kind, outcome = LIFECYCLE[e.action].capitalize(), "lifecycle", LIFECYCLE[e.action]
+            text, kind = LIFECYCLE[e.action].capitalize(), "lifecycle"
         else:
-            text, kind, outcome = _audit_text(e), "audit", ""
-        lines.append(Line(e.at, kind, text, url, outcome=outcome, actor=e.actor, reason=e.reason))
+            text, kind = _audit_text(e), "audit"
+        lines.append(Line(e.at, kind, text, url, actor=e.actor, reason=e.reason))
 
     if registration is not None:
         reg_url = _admin("registry_registration", registration.pk)
         lines.append(Line(registration.created_at, "registry", "Registration owed to the registry", reg_url,
-                          outcome="queued", actor="system"))  # fmt: skip
+                          actor="system"))  # fmt: skip
         attempts = list(registration.attempt_log.order_by("-started_at", "-id")[: LINES + 1])
         more |= len(attempts) > LINES
         for a in attempts[:LINES]:
             unknown = a.outcome == RegistrationAttempt.UNKNOWN
             note = (
-                "outcome unknown: the request may have reached the registry, no answer of its own came back"
+                "the request may have reached the registry; no answer of its own came back"
                 if unknown
                 else redacted_urls_in(a.answer)[:200]
             )

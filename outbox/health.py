@@ -82,6 +82,7 @@ class Health:
     dead: int
     parked: int
     links: dict[str, str]
+    endpoint: str  # its URL as this person may see it
     recent: list[Attempt] = field(default_factory=list)
 
     @property
@@ -212,6 +213,7 @@ def consumer_health(consumer: Consumer, *, whole_urls: bool, now: datetime | Non
         dead=capped(Delivery.Status.DEAD),
         parked=capped(Delivery.Status.PAUSED) if consumer.paused else 0,
         links=links,
+        endpoint=consumer.url if whole_urls else redacted_url(consumer.url),
         recent=[shown_attempt(consumer, line, whole_urls=whole_urls) for line in recent_lines],
     )
 

@@ -2,13 +2,15 @@
 reads its health (outbox.health) from its own lines by attempt_by_consumer_idx, where it would
 join every delivery of the consumer to the attempt log.
 
-The column is added without a default (no table rewrite) and the index is built. Lines of the
+The column is added without a default (no table rewrite) and the index is built concurrently (the
+sweep keeps logging attempts meanwhile; the migration is not atomic for that). Lines of the
 last 24 hours (what the health's figures count) get their consumer in one UPDATE; older lines
 stay null: they count in no consumer's health (the last success or failure before this release
 is not shown), which the retention purge ends within ODAL_RETENTION_DAYS. A line written by a
 process of the release before, still running after this (a rolling deploy), is null too."""
 
 import django.db.models.deletion
+from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
 
 BACKFILL = """
@@ -24,6 +26,8 @@ def backfill(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
+    atomic = False
+
     dependencies = [
         ("outbox", "0016_delivery_event_type"),
     ]
@@ -43,7 +47,7 @@ class Migration(migrations.Migration):
                 to="outbox.consumer",
             ),
         ),
-        migrations.AddIndex(
+        AddIndexConcurrently(
             model_name="deliveryattempt",
             index=models.Index(
                 fields=["consumer", "outcome", "finished_at"],

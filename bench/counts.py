@@ -97,8 +97,9 @@ def fill_history(n: int, consumer_ids: list[int], *, sessions_per_hour: int, chu
             )
             cursor.execute(
                 "INSERT INTO outbox_deliveryattempt (delivery_id, number, claim_token, started_at, finished_at, "
-                "outcome, error, http_status, duration_ms, late) SELECT delivery_id, 1, gen_random_uuid(), "
-                "at + interval '0.1 s', at + interval '0.2 s', 'delivered', '', NULL, 100, false FROM bench_chunk"
+                "outcome, error, http_status, duration_ms, late, consumer_id) SELECT delivery_id, 1, gen_random_uuid(), "
+                "at + interval '0.1 s', at + interval '0.2 s', 'delivered', '', NULL, 100, false, consumer_id "
+                "FROM bench_chunk"
             )
             if last < n:
                 log(f"{last:,} of {n:,} delivered rows in ({time.monotonic() - started:.0f} s)")
@@ -116,9 +117,9 @@ def fill_history(n: int, consumer_ids: list[int], *, sessions_per_hour: int, chu
         )
         cursor.execute(
             "INSERT INTO outbox_deliveryattempt (delivery_id, number, claim_token, started_at, finished_at, "
-            "outcome, error, http_status, duration_ms, late) SELECT delivery_id, k, gen_random_uuid(), "
+            "outcome, error, http_status, duration_ms, late, consumer_id) SELECT delivery_id, k, gen_random_uuid(), "
             "at + k * interval '1 minute', at + k * interval '1 minute' + interval '0.1 s', 'failed', "
-            "'HTTP 503: Service Unavailable', 503, 100, false FROM bench_chunk, generate_series(1, tries) k"
+            "'HTTP 503: Service Unavailable', 503, 100, false, consumer_id FROM bench_chunk, generate_series(1, tries) k"
         )
         # Dead: spent their 8 attempts, dead 1 to 121 days ago (a purge at 90 days takes a quarter).
         _insert_chunk(
@@ -133,9 +134,9 @@ def fill_history(n: int, consumer_ids: list[int], *, sessions_per_hour: int, chu
         )
         cursor.execute(
             "INSERT INTO outbox_deliveryattempt (delivery_id, number, claim_token, started_at, finished_at, "
-            "outcome, error, http_status, duration_ms, late) SELECT delivery_id, k, gen_random_uuid(), "
+            "outcome, error, http_status, duration_ms, late, consumer_id) SELECT delivery_id, k, gen_random_uuid(), "
             "at + k * interval '2 hours', at + k * interval '2 hours' + interval '0.1 s', 'failed', "
-            "'HTTP 500: Internal Server Error', 500, 100, false FROM bench_chunk, generate_series(1, 8) k"
+            "'HTTP 500: Internal Server Error', 500, 100, false, consumer_id FROM bench_chunk, generate_series(1, 8) k"
         )
         cursor.execute("DROP TABLE bench_chunk")
         filled = time.monotonic() - started

@@ -29,6 +29,7 @@ DECLARE
     claimed_at timestamptz := clock_timestamp();
     ids uuid[];
     numbers int[];
+    consumers bigint[];
 BEGIN
     -- the claim (odal.work.claims.ClaimQuerySet.claim): lock what is due, then take it
     SELECT array_agg(id) INTO ids FROM (
@@ -49,7 +50,8 @@ BEGIN
       AND NOT (d.consumer_id IN (SELECT c.id FROM outbox_consumer c WHERE c.paused));
     COMMIT;
     -- what the sweep reads to make its attempts: the claimed rows with their events
-    SELECT array_agg(d.attempts ORDER BY d.id), array_agg(d.id ORDER BY d.id) INTO numbers, ids
+    SELECT array_agg(d.attempts ORDER BY d.id), array_agg(d.id ORDER BY d.id), array_agg(d.consumer_id ORDER BY d.id)
+    INTO numbers, ids, consumers
     FROM outbox_delivery d JOIN outbox_event e ON e.id = d.event_id
     WHERE d.claim_token = token AND d.id = ANY(ids) AND e.payload IS NOT NULL;
     -- the settle (mark_delivered_each): lock what is still held, one guarded UPDATE
@@ -60,9 +62,10 @@ BEGIN
     WHERE d.id = ANY(ids) AND d.claim_token = token AND d.status = 'pending';
     -- the attempt log (outbox.sweep.log_attempts, which sends one COPY): the same rows in one INSERT
     INSERT INTO outbox_deliveryattempt (delivery_id, number, claim_token, started_at, finished_at, outcome,
-                                        error, http_status, duration_ms, late, answer, content_type)
-    SELECT attempt.id, attempt.number, token, claimed_at, clock_timestamp(), 'delivered', '', NULL, 0, false, '', ''
-    FROM unnest(ids, numbers) AS attempt(id, number);
+                                        error, http_status, duration_ms, late, answer, content_type, consumer_id)
+    SELECT attempt.id, attempt.number, token, claimed_at, clock_timestamp(), 'delivered', '', NULL, 0, false, '', '',
+           attempt.consumer_id
+    FROM unnest(ids, numbers, consumers) AS attempt(id, number, consumer_id);
     delivered := cardinality(ids);
     COMMIT;
 END $$;

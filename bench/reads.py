@@ -8,6 +8,8 @@ the passports beside them), each with its statements' plans.
   passport id, a UPI, a consumer's name), and the dead-letter list;
 - the audit trail admin (as many entries as delivered rows): the list, filtered by a rare action
   and a rare actor (1 % each: a full page at 10,000 entries, as at the big size), and the date drill-down (a month, a day);
+- a consumer's admin page with its health (issue 38: its attempts of 24 hours, last success and
+  failure, recent attempts, pending and dead counts) and a passport's with its story;
 - `GET dpp` (10,000 and `passports` passports, with their registrations): a page of 50, the next
   page, a page of 200, filtered by status; the statements per page.
 
@@ -117,8 +119,15 @@ def samples() -> dict:
         event_id, dpp_id, upi, consumer_id, consumer_name = cursor.fetchone()
         cursor.execute("SELECT (now() - interval '20 days') AT TIME ZONE 'UTC'")
         day = cursor.fetchone()[0]
+        # A passport published 40 days ago, with its registration and its audit entries (fill_audit's
+        # object ids are fill_passports' passport ids).
+        cursor.execute(
+            "SELECT id FROM odal_passport WHERE status = 'published' AND created_at < now() - interval '40 days' "
+            "ORDER BY created_at DESC, id DESC LIMIT 1"
+        )
+        passport = cursor.fetchone()
     return {"event_id": str(event_id), "dpp_id": dpp_id, "upi": upi, "consumer_id": consumer_id,
-            "consumer": consumer_name, "day": day}  # fmt: skip
+            "consumer": consumer_name, "day": day, "passport_id": str(passport[0]) if passport else None}  # fmt: skip
 
 
 def reads(s: dict) -> dict[str, tuple[str, str, dict]]:
@@ -157,6 +166,13 @@ def reads(s: dict) -> dict[str, tuple[str, str, dict]]:
                         {"at__year": str(day.year), "at__month": str(day.month)}),
         "audit_day": ("audit trail admin, date drill-down: a day", trail,
                       {"at__year": str(day.year), "at__month": str(day.month), "at__day": str(day.day)}),
+        # Issue 38, items 3 and 4: a consumer's page with its health (its 24 hours of attempts are
+        # a quarter of a day's, as every consumer's), and a passport's page with its story.
+        "consumer_health": ("consumer admin page, with its health (outbox.health)",
+                            f"/admin/outbox/consumer/{s['consumer_id']}/change/", {}),
+        **({"passport_story": ("passport admin page, with its story (odal.story)",
+                               f"/admin/odal/passport/{s['passport_id']}/change/", {})}
+           if s.get("passport_id") else {}),
     }  # fmt: skip
 
 

@@ -2,6 +2,7 @@ import uuid
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.db import connection
 from django.db.models import Q
 from django.db.models.fields.json import KT
@@ -17,6 +18,7 @@ from odal.upi import canonical_upi
 from outbox import service
 from outbox.consumers import check_python_target, check_webhook_url
 from outbox.events import check_event_pattern
+from outbox.health import consumer_health
 from outbox.models import Consumer, DeadLetter, Delivery, DeliveryAttempt, Event
 
 
@@ -137,6 +139,17 @@ class ConsumerAdmin(OdalAdmin):
         # Removal is the "Remove…" action (delete_selected below): reasoned, guarded, audited.
         # Django's own delete page of one consumer (obj given) would delete it past all three.
         return obj is None and super().has_delete_permission(request)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """Its health first (outbox.health; templates/admin/outbox/consumer/health.html)."""
+        consumer = self.get_object(request, unquote(object_id))
+        if consumer is not None and self.has_view_or_change_permission(request, consumer):
+            whole = self.sees_whole_urls(request, consumer)
+            extra_context = {
+                **(extra_context or {}),
+                "consumer_health": consumer_health(consumer, whole_urls=whole),
+            }
+        return super().change_view(request, object_id, form_url, extra_context)
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         try:

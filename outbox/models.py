@@ -717,6 +717,20 @@ class DeliveryAttempt(models.Model):
     delivery = models.ForeignKey(
         Delivery, on_delete=models.CASCADE, related_name="attempt_log", db_index=False
     )  # attempt_by_delivery_idx serves it
+    # Its delivery's consumer, copied when the line is written (a delivery's consumer never
+    # changes): a consumer's health (outbox.health) reads its own lines by attempt_by_consumer_idx
+    # instead of joining every delivery. No constraint of its own (the delivery's holds, and a
+    # consumer is removed only once it has no delivery left); null on lines written before it.
+    consumer = models.ForeignKey(
+        Consumer,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        null=True,
+        blank=True,
+        related_name="+",
+        editable=False,
+    )
     number = models.PositiveIntegerField()
     claim_token = models.UUIDField()
     started_at = models.DateTimeField()
@@ -736,7 +750,17 @@ class DeliveryAttempt(models.Model):
 
     class Meta:
         ordering = ["started_at", "id"]
-        indexes = [models.Index(fields=["delivery", "started_at"], name="attempt_by_delivery_idx")]
+        indexes = [
+            models.Index(fields=["delivery", "started_at"], name="attempt_by_delivery_idx"),
+            # Serves a consumer's health (outbox.health): its last success and last failure (one
+            # probe each), its newest lines of each outcome, and each outcome's lines of the last
+            # 24 hours with their answer times (a range per outcome, read from the index alone).
+            models.Index(
+                fields=["consumer", "outcome", "finished_at"],
+                include=["duration_ms"],
+                name="attempt_by_consumer_idx",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"attempt {self.number}: {self.outcome}{' (late)' if self.late else ''}"

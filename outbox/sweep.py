@@ -103,7 +103,7 @@ class Finished:
 
 ATTEMPT_COLUMNS = (
     "delivery_id", "number", "claim_token", "started_at", "finished_at", "outcome", "error",
-    "http_status", "duration_ms", "late", "answer", "content_type",
+    "http_status", "duration_ms", "late", "answer", "content_type", "consumer_id",
 )  # fmt: skip
 
 
@@ -175,6 +175,7 @@ def _attempt_line(token, f: Finished, *, late: bool, outcome: str | None = None,
         late,
         f.outcome.answer,  # storable and bounded where it was read (outbox.consumers)
         f.outcome.content_type,
+        f.delivery.consumer_id,
     )
 
 

@@ -31,8 +31,10 @@ def test_the_ceiling_procedure_claims_settles_and_logs_a_batch_as_the_sweep_does
     rows = {d.pk: d for d in Delivery.objects.all()}
     assert all(rows[d.pk].status == "delivered" and rows[d.pk].claim_token is None for d in due)
     assert rows[spent.pk].status == "pending" and rows[parked.pk].status == "pending"
-    attempts = sorted(DeliveryAttempt.objects.values_list("delivery_id", "number", "outcome", "late"))
-    assert attempts == sorted((d.pk, d.attempts + 1, "delivered", False) for d in due)
+    attempts = sorted(
+        DeliveryAttempt.objects.values_list("delivery_id", "number", "outcome", "late", "consumer_id")
+    )
+    assert attempts == sorted((d.pk, d.attempts + 1, "delivered", False, active.pk) for d in due)
     assert all(rows[d.pk].attempts == d.attempts + 1 for d in due)
 
 

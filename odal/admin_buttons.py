@@ -59,7 +59,8 @@ class ObjectButtons:
         return own + super().get_urls()  # (before the admin's own <path:object_id>/ redirect)
 
     def buttons_for(self, request, obj) -> list[dict]:
-        """The buttons this person sees on `obj`'s page, in the order of `object_buttons`."""
+        """The buttons this person sees on `obj`'s page, in the order of `object_buttons`, the
+        dangerous ones last."""
         offered = self.get_actions(request)
         info = self.model._meta.app_label, self.model._meta.model_name
         shown = []
@@ -76,6 +77,11 @@ class ObjectButtons:
                     "url": reverse("admin:{}_{}_button".format(*info), args=[quote(obj.pk), button.action]),
                 }
             )
+        # The dangerous ones last, set apart from the others.
+        shown.sort(key=lambda b: b["danger"])
+        safe = sum(not b["danger"] for b in shown)
+        if 0 < safe < len(shown):
+            shown[safe]["apart"] = True
         return shown
 
     def object_button_view(self, request, object_id, action):

@@ -69,7 +69,7 @@ def messages_of(page) -> str:
         (lambda: DeliveryFactory(), []),
         (
             lambda: WebhookConsumerFactory(),
-            ["Pause…", "Rotate the signing secret…", "Send a test event", "Remove…"],
+            ["Pause…", "Send a test event", "Rotate the signing secret…", "Remove…"],
         ),
         (lambda: ConsumerFactory(paused=True), ["Resume…", "Send a test event", "Remove…"]),
     ],
@@ -102,8 +102,11 @@ def test_the_buttons_are_the_list_actions_a_person_may_run(client):
 
 def test_a_dangerous_job_looks_dangerous(admin_client):
     page = admin_client.get(change_url(WebhookConsumerFactory()))
-    dangerous = re.findall(rb'<button [^>]*class="odal-button odal-danger"[^>]*>([^<]*)<', page.content)
+    dangerous = re.findall(rb'<button [^>]*class="odal-button odal-danger[^"]*"[^>]*>([^<]*)<', page.content)
     assert [d.decode() for d in dangerous] == ["Rotate the signing secret…", "Remove…"]
+    assert (
+        b'class="odal-button odal-danger odal-apart" data-action="rotate_secret"' in page.content
+    )  # set apart
 
 
 def test_a_button_runs_the_two_pass_page_and_comes_back_to_the_object(admin_client):

@@ -110,8 +110,9 @@ class ObjectButtons:
                 messages.ERROR,
             )
             return HttpResponseRedirect(change_url)
-        # For the reason page: "No, take me back" leads here, and a dangerous job's button says so.
-        request.odal_back_url, request.odal_action = change_url, action
+        # For the reason page: its breadcrumbs and "No, take me back" lead here, and a dangerous
+        # job's confirm button says so.
+        request.odal_back_url, request.odal_object, request.odal_action = change_url, obj, action
         response = func(self, request, self.get_queryset(request).filter(pk=obj.pk))
         if response is not None:
             return response

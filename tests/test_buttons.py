@@ -115,6 +115,7 @@ def test_a_button_runs_the_two_pass_page_and_comes_back_to_the_object(admin_clie
     assert first.status_code == 200
     assert b"1 of the 1 selected deliveries are dead and will be replayed" in first.content
     assert f'href="{change_url(dead)}" class="button cancel-link"'.encode() in first.content
+    assert f'&rsaquo; <a href="{change_url(dead)}">'.encode() in first.content  # (its breadcrumbs)
 
     blank = admin_client.post(button_url(dead, "replay_selected"), {"post": "yes", "reason": " "})
     assert b"A reason is required" in blank.content

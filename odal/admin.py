@@ -5,7 +5,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
-from django.contrib.admin.utils import unquote
+from django.contrib.admin.utils import quote, unquote
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.contenttypes import views as contenttype_views
 from django.core.exceptions import EmptyResultSet, ValidationError
@@ -27,6 +27,7 @@ from odal.admin_actions import (
     reason_action,
     secret_page,
 )
+from odal.admin_buttons import Button, ObjectButtons
 from odal.errors import Refused
 from odal.models import ApiToken, AuditEntry, Passport
 from odal.reasons import MAX_REASON_LENGTH, clean_reason
@@ -297,8 +298,17 @@ class ApiTokenForm(StorableModelForm):
 LIFECYCLE_FIELDS = ["status", "published_at", "suspended_at"]
 
 
+def publishable(passport) -> bool:
+    """Whether Publish… would do anything (lifecycle.publish, registry.service.on_publish): a
+    draft or suspended passport, or a published one whose registration is queued afresh."""
+    if passport.status != Passport.Status.PUBLISHED:
+        return True
+    reg = getattr(passport, "registration", None)  # (None when it has none: RelatedObjectDoesNotExist)
+    return reg is not None and reg.status in ("rejected", "abandoned", "suspended", "deactivated")
+
+
 @admin.register(Passport)
-class PassportAdmin(OdalAdmin):
+class PassportAdmin(ObjectButtons, OdalAdmin):
     form = PassportAdminForm  # stored as the API and the command line store it (odal.rules)
     list_display = ["upi", "operator_id", "status", "registration_status", "created_at", "published_at"]
     list_filter = ["status", "registration__status"]
@@ -313,6 +323,12 @@ class PassportAdmin(OdalAdmin):
         "events_panel",
     ]
     actions = ["publish_selected", "suspend_selected"]
+    object_buttons = [
+        Button("publish_selected", when=publishable,
+               because="it is published and its registration is not one that publishing queues afresh."),
+        Button("suspend_selected", when=lambda p: p.status == Passport.Status.PUBLISHED,
+               because="only a published passport can be suspended.", danger=True),
+    ]  # fmt: skip
 
     def get_readonly_fields(self, request, obj=None):
         # The upi is what the registry knows the passport by: fixed once created.
@@ -381,7 +397,33 @@ class PassportAdmin(OdalAdmin):
             extra_context = {**(extra_context or {}), "passport_story": passport_story(passport)}
         return super().change_view(request, object_id, form_url, extra_context)
 
+    @staticmethod
+    def deletable(passport) -> bool:
+        """Only a draft is deleted: a passport that has been published the registry may know."""
+        return passport.status == Passport.Status.DRAFT
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        # No Delete on a passport that has been published: delete_view refuses it.
+        if obj is not None and not self.deletable(obj):
+            context["show_delete"] = False
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
     def delete_view(self, request, object_id, extra_context=None):
+        # A message on the passport's page, not Django's "Cannot delete" page (a permission error).
+        passport = self.get_object(request, unquote(object_id))
+        if passport is not None and not self.deletable(passport):
+            self.message_user(
+                request,
+                f"Not deleted: the passport is {passport.status}, and a passport that has been published is "
+                "never deleted (the registry may know it). "
+                + (
+                    "Suspend it instead."
+                    if passport.status == Passport.Status.PUBLISHED
+                    else "It stays withdrawn."
+                ),
+                messages.ERROR,
+            )
+            return HttpResponseRedirect(reverse("admin:odal_passport_change", args=[quote(passport.pk)]))
         # The confirmation page lists a registration as protecting the passport; one created
         # after that check (a publish meanwhile) is refused by PROTECT here: a message, not a 500.
         try:

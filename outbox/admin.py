@@ -10,6 +10,7 @@ from django.db.models.fields.json import KT
 from odal import rules
 from odal.admin import OdalAdmin, ReadOnlyAdmin, ReadOnlyInline, actor_of, distinct_values
 from odal.admin_actions import ReasonForm, StorableFormMixin, reason_action, secret_page
+from odal.admin_buttons import Button, ObjectButtons
 from odal.checks import consumer_timeout_warning
 from odal.errors import Refused
 from odal.models import Passport
@@ -87,7 +88,7 @@ class StaleForm(Exception):
 
 
 @admin.register(Consumer)
-class ConsumerAdmin(OdalAdmin):
+class ConsumerAdmin(ObjectButtons, OdalAdmin):
     form = ConsumerForm
     list_display = [
         "name",
@@ -103,6 +104,14 @@ class ConsumerAdmin(OdalAdmin):
     search_fields = ["name", "url", "target"]
 
     actions = ["pause_selected", "resume_selected", "rotate_secret", "send_test_event", "delete_selected"]
+    object_buttons = [
+        Button("pause_selected", when=lambda c: not c.paused, because="it is paused already."),
+        Button("resume_selected", when=lambda c: c.paused, because="it is not paused."),
+        Button("rotate_secret", when=lambda c: c.kind == Consumer.Kind.WEBHOOK, danger=True,
+               because="a Python consumer is called in this process and signs nothing."),
+        Button("send_test_event"),
+        Button("delete_selected", danger=True),
+    ]  # fmt: skip
 
     def get_readonly_fields(self, request, obj=None):
         shown = ["name", "kind", "paused", "paused_by", "paused_reason"] if obj else []
@@ -440,7 +449,7 @@ class LateSuccessFilter(admin.SimpleListFilter):
 
 
 @admin.register(Delivery)
-class DeliveryAdmin(ReadOnlyAdmin):
+class DeliveryAdmin(ObjectButtons, ReadOnlyAdmin):
     list_display = [
         "id",
         "event_type",
@@ -464,6 +473,12 @@ class DeliveryAdmin(ReadOnlyAdmin):
     fields = readonly_fields
     inlines = [AttemptInline]
     actions = ["replay_selected", "resend_selected"]
+    object_buttons = [
+        Button("replay_selected", when=lambda d: d.status == Delivery.Status.DEAD,
+               because="only a dead delivery can be replayed."),
+        Button("resend_selected", when=lambda d: d.status in service.RESENDABLE,
+               because="only a delivered or dead delivery can be sent again (this one is on its way)."),
+    ]  # fmt: skip
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()

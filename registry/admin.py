@@ -5,6 +5,7 @@ from django.utils import timezone
 
 from odal.admin import ReadOnlyAdmin, ReadOnlyInline, actor_of
 from odal.admin_actions import ReasonForm, reason_action
+from odal.admin_buttons import Button, ObjectButtons
 from odal.errors import Refused
 from registry import service
 from registry.models import Registration, RegistrationAttempt, StalledRegistration
@@ -31,7 +32,7 @@ class AttemptInline(ReadOnlyInline):
 
 
 @admin.register(Registration)
-class RegistrationAdmin(ReadOnlyAdmin):
+class RegistrationAdmin(ObjectButtons, ReadOnlyAdmin):
     list_display = ["passport", "status", "operation", "attempts", "next_attempt_at", "short_error", "note"]
     list_filter = ["status", "operation"]
     search_fields = ["=passport__id", "passport__upi", "correlation_id", "handle"]
@@ -44,6 +45,13 @@ class RegistrationAdmin(ReadOnlyAdmin):
     fields = readonly_fields
     inlines = [AttemptInline]
     actions = ["abandon_selected", "record_handle_selected"]
+    object_buttons = [
+        Button("abandon_selected", danger=True,
+               when=lambda r: r.status == Registration.Status.PENDING and r.operation == Registration.Operation.REGISTER,
+               because="only a pending registration that owes the registry a register can be abandoned."),
+        Button("record_handle_selected", when=lambda r: r.status == Registration.Status.SUBMITTED,
+               because="a handle can only be recorded while the registry is checking a submission (submitted)."),
+    ]  # fmt: skip
 
     @admin.display(description="last error")
     def short_error(self, reg):

@@ -5011,6 +5011,50 @@ GUARDS = [
         "                    if False:\n                        return  # (the watcher gave the list",
         "tests/test_sweep_python.py::test_a_list_handed_to_a_runner_that_never_takes_it_goes_to_a_new_runner",
     ),
+    # issue 38 item 1 (buttons): a job on its object's page only where its list action is offered
+    Guard(
+        "issue 38 buttons: a button is not shown for a status that does not allow its job",
+        "odal/admin_buttons.py",
+        "            if button.action not in offered or not button.when(obj):\n",
+        "            if button.action not in offered:\n",
+        "tests/test_buttons.py::test_each_object_page_offers_the_jobs_its_status_allows",
+    ),
+    Guard(
+        "issue 38 buttons: a button is not shown to who may not run its list action",
+        "odal/admin_buttons.py",
+        "            if button.action not in offered or not button.when(obj):\n",
+        "            if not button.when(obj):\n",
+        "tests/test_buttons.py::test_the_buttons_are_the_list_actions_a_person_may_run",
+    ),
+    Guard(
+        "issue 38 buttons: a POST for a status that does not allow the job is refused, nothing changed",
+        "odal/admin_buttons.py",
+        "        if not button.when(obj):\n",
+        "        if False:\n",
+        "tests/test_buttons.py::test_a_post_past_a_hidden_button_is_refused_with_a_message",
+    ),
+    Guard(
+        "issue 38 buttons: a POST for a job not offered to this person is refused with a message",
+        "odal/admin_buttons.py",
+        "        if button is None or action not in offered or not self.has_view_or_change_permission(request, obj):\n",
+        "        if button is None or not self.has_view_or_change_permission(request, obj):\n",
+        "tests/test_buttons.py::test_a_post_without_the_permission_is_refused_with_a_message",
+    ),
+    # issue 38 item 6 (buttons): no Delete on a published passport
+    Guard(
+        "issue 38 buttons: the delete page of a passport that has been published is a message",
+        "odal/admin.py",
+        "        if passport is not None and not self.deletable(passport):\n",
+        "        if False:\n",
+        "tests/test_buttons.py::test_no_delete_on_a_published_passport",
+    ),
+    Guard(
+        "issue 38 buttons: no Delete link on a passport that has been published",
+        "odal/admin.py",
+        "        if obj is not None and not self.deletable(obj):\n",
+        "        if False:\n",
+        "tests/test_buttons.py::test_no_delete_on_a_published_passport",
+    ),
 ]
 
 

@@ -60,7 +60,10 @@ HOUSEKEEPING_SECONDS = 1.0  # a run of passes parks and unparks paused consumers
 
 # What a pass reads of the rows it claimed (read_claimed): no timestamp of the delivery (each costs
 # a parse in Python), the whole event (a Python consumer gets it, a webhook's body is made of it).
-CLAIMED = ("pk", "event_id", "consumer_id", "attempts", "attempts_before", "event__type", "event__payload", "event__created_at")
+CLAIMED = (
+    "pk", "event_id", "consumer_id", "attempts", "attempts_before", "event__type", "event__payload",
+    "event__created_at",
+)  # fmt: skip
 EVENT_READ = ("id", "type", "payload", "created_at")  # (in the model's order, as Model.from_db takes them)
 
 
@@ -89,9 +92,8 @@ def read_claimed(taken) -> dict:
     timestamps a row, cost more than the rest of the sweep's own work per delivery."""
     rows, db = {}, taken.db
     for pk, event_id, consumer_id, attempts, before, *event in taken.values_list(*CLAIMED):
-        rows[pk] = Claimed(
-            pk, event_id, consumer_id, attempts, Event.from_db(db, EVENT_READ, (event_id, *event)), before + attempts
-        )
+        event = Event.from_db(db, EVENT_READ, (event_id, *event))
+        rows[pk] = Claimed(pk, event_id, consumer_id, attempts, event, number=before + attempts)
     return rows
 
 

@@ -103,8 +103,8 @@ def delivery_log(delivery) -> SafeString:
             pretty_json(line.answer) if line.answer else "—",
         ))  # fmt: skip
     return format_html(
-        '<table class="odal-log"><thead><tr><th>started</th><th>attempt</th><th>status</th><th>took</th>'
-        "<th>error</th><th>answer</th></tr></thead><tbody>{}</tbody></table>",
+        '<div class="odal-log-box"><table class="odal-log"><thead><tr><th>started</th><th>attempt</th>'
+        "<th>HTTP</th><th>took</th><th>error</th><th>answer</th></tr></thead><tbody>{}</tbody></table></div>",
         format_html_join("", "{}", ((r,) for r in rows)),
     )
 

@@ -135,7 +135,7 @@ class ConsumerAdmin(OdalAdmin):
         "kind",
         "url",
         "target",
-        "event_types",
+        "event_types_shown",
         "max_attempts",
         "timeout_seconds",
         "paused_shown",
@@ -171,6 +171,10 @@ class ConsumerAdmin(OdalAdmin):
         if obj is None or self.sees_whole_urls(request, obj):
             return fields
         return [("url_redacted" if name == "url" else name) for name in fields if name != "url_redacted"]
+
+    @admin.display(description="event types")
+    def event_types_shown(self, consumer):
+        return ", ".join(consumer.event_types) or "all"
 
     @admin.display(description="paused", ordering="paused")
     def paused_shown(self, consumer):
@@ -480,8 +484,7 @@ class DeliveryAdmin(ReadOnlyAdmin):
         "event_type",
         "consumer",
         "status_shown",
-        "attempts",
-        "max_attempts",
+        "attempts_shown",
         "next_attempt_shown",
         "short_error",
     ]
@@ -504,6 +507,10 @@ class DeliveryAdmin(ReadOnlyAdmin):
     @admin.display(description="id", ordering="created_at")
     def id_shown(self, delivery):
         return short_id(delivery.pk)
+
+    @admin.display(description="attempts", ordering="attempts")
+    def attempts_shown(self, delivery):
+        return f"{delivery.attempts} of {delivery.max_attempts}"  # (one column: the list fits a laptop)
 
     @admin.display(description="next attempt at", ordering="next_attempt_at")
     def next_attempt_shown(self, delivery):

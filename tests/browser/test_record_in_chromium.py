@@ -208,3 +208,45 @@ def test_a_shortened_id_is_whole_a_hover_and_a_click_away(page):
     assert "delivery passport.registration_rejected → " in link.inner_text()
     link.click()
     page.wait_for_url(f"**/admin/outbox/delivery/{whole}/change/")
+
+
+def test_a_delivery_page_reads_its_replay_as_a_line_of_its_log(page, settings):
+    """Three failed attempts, a replay (who, why), the fourth attempt delivered: in that order,
+    numbered on, the payload and the answer as JSON."""
+    from outbox.events import emit
+    from outbox.models import Consumer
+    from outbox.sweep import sweep_once
+
+    settings.ODAL_BACKOFF_BASE_SECONDS = 0
+    consumer = WebhookConsumerFactory(name="billing-reconciliation", kind="python", url="",
+                                      target="tests.consumers.explode", max_attempts=3)  # fmt: skip
+    emit(
+        "passport.published",
+        {"dppId": "0190f0c2-5b7e-7c1a-9d3e-2f4a6b8c0d1e", "upi": "https://id.example.eu/01/1/21/X"},
+    )
+    for _ in range(3):
+        sweep_once()
+    delivery = Delivery.objects.get(consumer=consumer)
+    Consumer.objects.filter(pk=consumer.pk).update(target="tests.consumers.accept")
+    Delivery.objects.filter(pk=delivery.pk).replay(
+        actor="user:ops-lead", reason="billing fixed its certificate"
+    )
+    sweep_once()
+    for size, name in (
+        ((1366, 768), "delivery-with-replay-1366.png"),
+        ((390, 844), "delivery-with-replay-390.png"),
+    ):
+        page.set_viewport_size({"width": size[0], "height": size[1]})
+        if size[0] == 1366:
+            log_in(page)
+        page.goto(f"/admin/outbox/delivery/{delivery.pk}/change/")
+        log = page.locator(".field-attempt_log_shown table.odal-log")
+        rows = [" ".join(text.split()) for text in log.locator("tbody tr").all_inner_texts()]
+        lines = [row.split(" UTC ", 1)[1].split()[:3] for row in rows]  # (after the time)
+        assert [line[:2] for line in lines] == [
+            ["1", "failed"], ["2", "failed"], ["3", "failed"], ["replayed", "by"], ["4", "delivered"],
+        ], rows  # fmt: skip
+        assert lines[3][2] == "user:ops-lead", rows
+        assert "billing fixed its certificate" in rows[3]
+        assert '"dppId": "0190f0c2' in page.locator(".field-payload pre").inner_text()
+        shoot(page, name)

@@ -37,11 +37,8 @@ class EventTypesField(forms.CharField):
     the form took before, is still read."""
 
     def prepare_value(self, value):
-        if isinstance(value, str) and value.startswith("["):
-            try:
-                value = json.loads(value)
-            except ValueError:
-                return value
+        # The consumer's list, joined; what was typed, shown again as typed (a refused JSON list
+        # may hold a lone surrogate, which the page could not even be sent with).
         return ", ".join(value) if isinstance(value, list) else value
 
     def to_python(self, value):

@@ -8,6 +8,7 @@ the passports beside them), each with its statements' plans.
   passport id, a UPI, a consumer's name), and the dead-letter list;
 - the audit trail admin (as many entries as delivered rows): the list, filtered by a rare action
   and a rare actor (1 % each: a full page at 10,000 entries, as at the big size), and the date drill-down (a month, a day);
+  searched by a UPI, a consumer's name and part of the rare actor's name (issue 38);
 - `GET dpp` (10,000 and `passports` passports, with their registrations): a page of 50, the next
   page, a page of 200, filtered by status; the statements per page.
 
@@ -157,6 +158,10 @@ def reads(s: dict) -> dict[str, tuple[str, str, dict]]:
                         {"at__year": str(day.year), "at__month": str(day.month)}),
         "audit_day": ("audit trail admin, date drill-down: a day", trail,
                       {"at__year": str(day.year), "at__month": str(day.month), "at__day": str(day.day)}),
+        "audit_search_upi": ("audit trail admin, search: a UPI", trail, {"q": s["upi"]}),
+        "audit_search_consumer": ("audit trail admin, search: a consumer's name", trail, {"q": s["consumer"]}),
+        "audit_search_actor": ("audit trail admin, search: part of an actor (1 % of entries)", trail,
+                               {"q": RARE_ACTOR.split(":")[1]}),
     }  # fmt: skip
 
 

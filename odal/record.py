@@ -100,13 +100,23 @@ def delivery_log(delivery) -> SafeString:
             '<tr><td>{}</td><td class="odal-nowrap">{} {}{}</td><td>{}</td><td>{} ms</td><td>{}</td><td>{}</td></tr>',
             when(line.started_at), line.number, line.outcome,
             " (late: not written)" if line.late else "", status, line.duration_ms, line.error or "—",
-            pretty_json(line.answer) if line.answer else "—",
+            answer_of(line),
         ))  # fmt: skip
     return format_html(
         '<div class="odal-log-box"><table class="odal-log"><thead><tr><th>started</th><th>attempt</th>'
         "<th>HTTP</th><th>took</th><th>error</th><th>answer</th></tr></thead><tbody>{}</tbody></table></div>",
         format_html_join("", "{}", ((r,) for r in rows)),
     )
+
+
+def answer_of(attempt) -> SafeString | str:
+    """What the consumer answered: its content type, then the body as JSON where it is JSON."""
+    if not attempt.answer and not attempt.content_type:
+        return "—"
+    kind = (
+        format_html('<div class="odal-quiet">{}</div>', attempt.content_type) if attempt.content_type else ""
+    )
+    return format_html("{}{}", kind, pretty_json(attempt.answer))
 
 
 # -- the audit trail: names, links, search ----------------------------------------------------

@@ -8,6 +8,7 @@ the passports beside them), each with its statements' plans.
   passport id, a UPI, a consumer's name), and the dead-letter list;
 - the audit trail admin (as many entries as delivered rows): the list, filtered by a rare action
   and a rare actor (1 % each: a full page at 10,000 entries, as at the big size), and the date drill-down (a month, a day);
+  searched by a UPI, a consumer's name and part of the rare actor's name (issue 38);
 - a consumer's admin page with its health (issue 38: its attempts of 24 hours, last success and
   failure, recent attempts, pending and dead counts) and a passport's with its story;
 - `GET dpp` (10,000 and `passports` passports, with their registrations): a page of 50, the next
@@ -173,6 +174,10 @@ def reads(s: dict) -> dict[str, tuple[str, str, dict]]:
         **({"passport_story": ("passport admin page, with its story (odal.story)",
                                f"/admin/odal/passport/{s['passport_id']}/change/", {})}
            if s.get("passport_id") else {}),
+        "audit_search_upi": ("audit trail admin, search: a UPI", trail, {"q": s["upi"]}),
+        "audit_search_consumer": ("audit trail admin, search: a consumer's name", trail, {"q": s["consumer"]}),
+        "audit_search_actor": ("audit trail admin, search: part of an actor (1 % of entries)", trail,
+                               {"q": RARE_ACTOR.split(":")[1]}),
     }  # fmt: skip
 
 

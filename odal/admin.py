@@ -1,4 +1,3 @@
-import json
 from datetime import datetime, timedelta
 
 from django import forms
@@ -31,6 +30,7 @@ from odal.admin_buttons import Button, ObjectButtons
 from odal.errors import Refused
 from odal.models import ApiToken, AuditEntry, Passport
 from odal.reasons import MAX_REASON_LENGTH, clean_reason
+from odal.record import audit_search, name_objects, object_link, pretty_json, titled, when
 from odal.redact import redacted_urls_within
 from odal.upi import canonical_upi
 
@@ -311,7 +311,10 @@ def publishable(passport) -> bool:
 class PassportAdmin(ObjectButtons, OdalAdmin):
     form = PassportAdminForm  # stored as the API and the command line store it (odal.rules)
     list_display = ["upi", "operator_id", "status", "registration_status", "created_at", "published_at"]
-    list_filter = ["status", "registration__status"]
+    list_filter = [
+        ("status", titled("passport status")),
+        ("registration__status", titled("registration status")),
+    ]
     search_fields = ["=id", "upi", "operator_id", "facility_id"]
     list_select_related = ["registration"]
     readonly_fields = [
@@ -470,7 +473,10 @@ class PassportAdmin(ObjectButtons, OdalAdmin):
             ("status", reg.get_status_display()),
             ("operation owed", reg.operation if reg.status == "pending" else "—"),
             ("attempts", reg.attempts),
-            ("next attempt", reg.next_attempt_at if reg.status in ("pending", "submitted") else "—"),
+            (
+                "next attempt",
+                when(reg.next_attempt_at) if reg.status in ("pending", "submitted") else "— (settled)",
+            ),
             ("correlation id", reg.correlation_id or "—"),
             ("handle", reg.handle or "—"),
             ("last error", reg.last_error or "—"),
@@ -482,7 +488,7 @@ class PassportAdmin(ObjectButtons, OdalAdmin):
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             (
                 (
-                    a.finished_at.strftime("%Y-%m-%d %H:%M:%S"),
+                    when(a.finished_at),
                     a.operation,
                     a.outcome,
                     a.answer,
@@ -520,7 +526,7 @@ class PassportAdmin(ObjectButtons, OdalAdmin):
             '<tr><td>{}</td><td>{}</td><td>{}</td><td><a href="{}">{}</a></td><td>{}</td><td>{}</td></tr>',
             (
                 (
-                    d.event.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                    when(d.event.created_at),
                     d.event.type,
                     d.consumer.name,
                     reverse("admin:outbox_delivery_change", args=[d.pk]),
@@ -594,8 +600,21 @@ class AuditEntryAdmin(ReadOnlyAdmin):
     # date drill-down by AuditEntryQuerySet.datetimes: the list opens as fast over ten million
     # entries as over ten thousand.
     list_filter = [("action", DistinctValuesFilter), ("actor", DistinctValuesFilter)]
-    search_fields = ["=object_id", "actor", "reason"]
+    search_fields = ["=object_id"]  # (the box shows; odal.record.audit_search is what it finds)
+    search_help_text = "An object's id, a passport's UPI, part of a consumer's name or of an actor's."
     date_hierarchy = "at"
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        return (queryset.filter(audit_search(term)) if term else queryset), False
+
+    def get_changelist(self, request, **kwargs):
+        class NamingChangeList(super().get_changelist(request, **kwargs)):
+            def get_results(self, request):
+                super().get_results(request)
+                name_objects(self.result_list)  # (a few indexed reads per page, one per kind)
+
+        return NamingChangeList
 
     def get_fields(self, request, obj=None):
         # Entries written before URLs were redacted in the trail (issue 24) may hold a webhook
@@ -610,24 +629,14 @@ class AuditEntryAdmin(ReadOnlyAdmin):
 
     @admin.display(description="details")
     def details_shown(self, entry):
-        return json.dumps(redacted_urls_within(entry.details), ensure_ascii=False, indent=1, sort_keys=True)
+        return pretty_json(redacted_urls_within(entry.details))
 
     @admin.display(description="object")
     def object_link(self, entry):
-        links = {
-            "odal.passport": "odal/passport",
-            "outbox.delivery": "outbox/delivery",
-            "registry.registration": "registry/registration",
-        }
-        if entry.object_type in links and entry.object_id:
-            return format_html(
-                '<a href="/admin/{}/{}/change/">{} {}</a>',
-                links[entry.object_type],
-                entry.object_id,
-                entry.object_type,
-                entry.object_id,
-            )
-        return f"{entry.object_type} {entry.object_id}".strip()
+        """Its object named and linked: "consumer billing", not "outbox.consumer 2"."""
+        if not hasattr(entry, "object_name"):  # (not on a page of the list: named alone)
+            name_objects([entry])
+        return object_link(entry)
 
 
 @admin.register(ApiToken)

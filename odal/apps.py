@@ -35,10 +35,12 @@ class OdalConfig(AppConfig):
 
         from odal.admin import check_every_list
         from odal.checks import refuse_deploy_errors, register_checks
+        from odal.record import superusers_only
 
         register_checks()  # odal.W001, on every start and in `odal check`
         # Every app's admin is registered by now (the admin app's ready came first, and ran autodiscover).
         check_every_list(admin.site)
+        superusers_only(admin.site, "django_q")  # its task tables are internals
         if settings.PRODUCTION:
             refuse_deploy_errors()
         post_migrate.connect(reinstall_sqlite_tally_triggers, sender=self)

@@ -258,6 +258,7 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+FORMAT_MODULE_PATH = ["odal.formats"]  # every time the admin shows to the second, with its zone
 
 STATIC_URL = "static/"
 # `odal serve` collects the static files into it (a folder of their own for each release, or

@@ -1,3 +1,4 @@
+import json
 import uuid
 
 from django import forms
@@ -14,6 +15,16 @@ from odal.admin_buttons import Button, ObjectButtons
 from odal.checks import consumer_timeout_warning
 from odal.errors import Refused
 from odal.models import Passport
+from odal.record import (
+    delivery_log,
+    next_attempt,
+    pretty_json,
+    short_id,
+    titled,
+    when,
+    without_internals,
+    yes_or_no,
+)
 from odal.redact import redacted_url
 from odal.upi import canonical_upi
 from outbox import service
@@ -21,6 +32,28 @@ from outbox.consumers import check_python_target, check_webhook_url
 from outbox.events import check_event_pattern
 from outbox.health import consumer_health
 from outbox.models import Consumer, DeadLetter, Delivery, DeliveryAttempt, Event
+
+
+class EventTypesField(forms.CharField):
+    """Event types typed as names, comma-separated ("passport.*, outbox.test"), shown back so;
+    each then checked by check_event_pattern (ConsumerForm.clean_event_types). A JSON list, as
+    the form took before, is still read."""
+
+    def prepare_value(self, value):
+        # The consumer's list, joined; what was typed, shown again as typed (a refused JSON list
+        # may hold a lone surrogate, which the page could not even be sent with).
+        return ", ".join(value) if isinstance(value, list) else value
+
+    def to_python(self, value):
+        text = super().to_python(value).strip()
+        if text.startswith("["):
+            try:
+                return json.loads(text)
+            except ValueError:
+                raise forms.ValidationError(
+                    'Type the event types as names separated by commas, e.g. "passport.*, outbox.test".'
+                ) from None
+        return [name.strip() for name in text.split(",") if name.strip()]
 
 
 class ConsumerForm(StorableFormMixin, forms.ModelForm):
@@ -32,6 +65,11 @@ class ConsumerForm(StorableFormMixin, forms.ModelForm):
     # (ConsumerAdmin.save_model refuses it, whatever field either changed).
     opened_at_version = forms.IntegerField(required=False, widget=forms.HiddenInput)
     stale = False  # set by ConsumerAdmin.changeform_view when the guarded write refused this form
+    event_types = EventTypesField(
+        required=False,
+        max_length=10_000,
+        help_text='Names separated by commas: exact types or prefixes like "passport.*"; empty means all.',
+    )
 
     class Meta:
         model = Consumer
@@ -56,7 +94,9 @@ class ConsumerForm(StorableFormMixin, forms.ModelForm):
         if patterns is None:
             return []
         if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
-            raise forms.ValidationError('Event types must be a JSON list of names, e.g. ["passport.*"].')
+            raise forms.ValidationError(
+                'Type the event types as names separated by commas, e.g. "passport.*".'
+            )
         try:
             return [check_event_pattern(pattern) for pattern in patterns]
         except Refused as exc:
@@ -95,10 +135,10 @@ class ConsumerAdmin(ObjectButtons, OdalAdmin):
         "kind",
         "url",
         "target",
-        "event_types",
+        "event_types_shown",
         "max_attempts",
         "timeout_seconds",
-        "paused",
+        "paused_shown",
     ]
     list_filter = ["kind", "paused"]
     search_fields = ["name", "url", "target"]
@@ -114,7 +154,7 @@ class ConsumerAdmin(ObjectButtons, OdalAdmin):
     ]  # fmt: skip
 
     def get_readonly_fields(self, request, obj=None):
-        shown = ["name", "kind", "paused", "paused_by", "paused_reason"] if obj else []
+        shown = ["name", "kind", "paused_shown", "paused_by", "paused_reason"] if obj else []
         # (the add page has no URL to hide: whoever may add a consumer types it)
         return shown if obj is None or self.sees_whole_urls(request, obj) else [*shown, "url_redacted"]
 
@@ -139,6 +179,14 @@ class ConsumerAdmin(ObjectButtons, OdalAdmin):
         if obj is None or self.sees_whole_urls(request, obj):
             return fields
         return [("url_redacted" if name == "url" else name) for name in fields if name != "url_redacted"]
+
+    @admin.display(description="event types")
+    def event_types_shown(self, consumer):
+        return ", ".join(consumer.event_types) or "all"
+
+    @admin.display(description="paused", ordering="paused")
+    def paused_shown(self, consumer):
+        return yes_or_no(consumer.paused, "paused")
 
     @admin.display(description="url")
     def url_redacted(self, consumer):
@@ -428,7 +476,7 @@ class TypeFilter(EventTypeFilter):
 def status_text(delivery: Delivery) -> str:
     """Its status, with the mark of a dead delivery whose consumer answered 2xx late."""
     if delivery.status == Delivery.Status.DEAD and delivery.late_success_at:
-        return f"dead — consumer answered 2xx late at {delivery.late_success_at:%Y-%m-%d %H:%M:%S} UTC"
+        return f"dead — consumer answered 2xx late at {when(delivery.late_success_at)}"
     return delivery.status
 
 
@@ -451,27 +499,25 @@ class LateSuccessFilter(admin.SimpleListFilter):
 @admin.register(Delivery)
 class DeliveryAdmin(ObjectButtons, ReadOnlyAdmin):
     list_display = [
-        "id",
+        "id_shown",
         "event_type",
         "consumer",
         "status_shown",
-        "attempts",
-        "max_attempts",
-        "next_attempt_at",
+        "attempts_shown",
+        "next_attempt_shown",
         "short_error",
     ]
-    list_filter = ["status", "consumer", EventTypeFilter]
+    list_filter = [("status", titled("delivery status")), "consumer", EventTypeFilter]
     search_fields = ["id"]  # (the box shows; delivery_search is what it finds)
     search_help_text = (
         "A delivery, event or passport id; a passport's UPI; part of a consumer's name or of an event type."
     )
     list_select_related = ["event", "consumer"]
     readonly_fields = [
-        "id", "event", "consumer", "status", "attempts", "max_attempts", "next_attempt_at", "claim_token",
-        "last_error", "delivered_at", "dead_at", "late_success_at", "created_at", "payload",
+        "id", "event", "consumer", "status", "attempts", "max_attempts", "next_attempt_shown", "claim_token",
+        "last_error", "delivered_at", "dead_at", "late_success_at", "created_at", "payload", "attempt_log_shown",
     ]  # fmt: skip
     fields = readonly_fields
-    inlines = [AttemptInline]
     actions = ["replay_selected", "resend_selected"]
     object_buttons = [
         Button("replay_selected", when=lambda d: d.status == Delivery.Status.DEAD,
@@ -479,6 +525,25 @@ class DeliveryAdmin(ObjectButtons, ReadOnlyAdmin):
         Button("resend_selected", when=lambda d: d.status in service.RESENDABLE,
                because="only a delivered or dead delivery can be sent again (this one is on its way)."),
     ]  # fmt: skip
+
+    def get_fields(self, request, obj=None):
+        return without_internals(request, super().get_fields(request, obj))
+
+    @admin.display(description="id", ordering="created_at")
+    def id_shown(self, delivery):
+        return short_id(delivery.pk)
+
+    @admin.display(description="attempts", ordering="attempts")
+    def attempts_shown(self, delivery):
+        return f"{delivery.attempts} of {delivery.max_attempts}"  # (one column: the list fits a laptop)
+
+    @admin.display(description="next attempt at", ordering="next_attempt_at")
+    def next_attempt_shown(self, delivery):
+        return next_attempt(delivery, (Delivery.Status.DELIVERED, Delivery.Status.DEAD))
+
+    @admin.display(description="attempt log (replays and resends among them)")
+    def attempt_log_shown(self, delivery):
+        return delivery_log(delivery)
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
@@ -490,11 +555,7 @@ class DeliveryAdmin(ObjectButtons, ReadOnlyAdmin):
 
     @admin.display(description="consumer answered 2xx late", ordering="late_success_at")
     def late_success(self, delivery):
-        return (
-            f"at {delivery.late_success_at:%Y-%m-%d %H:%M:%S} UTC — it has it"
-            if delivery.late_success_at
-            else ""
-        )
+        return f"at {when(delivery.late_success_at)} — it has it" if delivery.late_success_at else ""
 
     @admin.display(description="last error")
     def short_error(self, delivery):
@@ -502,7 +563,7 @@ class DeliveryAdmin(ObjectButtons, ReadOnlyAdmin):
 
     @admin.display(description="event payload")
     def payload(self, delivery):
-        return delivery.event.payload
+        return pretty_json(delivery.event.payload)
 
     def has_replay_permission(self, request):
         return request.user.has_perm("outbox.replay_delivery")
@@ -589,10 +650,19 @@ class DeliveryAdmin(ObjectButtons, ReadOnlyAdmin):
 
 @admin.register(Event)
 class EventAdmin(ReadOnlyAdmin):
-    list_display = ["id", "type", "created_at"]
+    list_display = ["id_shown", "type", "created_at"]
     list_filter = [TypeFilter]
     search_fields = ["=id", "type"]
-    readonly_fields = ["id", "type", "payload", "created_at"]
+    readonly_fields = ["id", "type", "payload_shown", "created_at"]
+    fields = readonly_fields
+
+    @admin.display(description="id", ordering="created_at")
+    def id_shown(self, event):
+        return short_id(event.pk)
+
+    @admin.display(description="payload")
+    def payload_shown(self, event):
+        return pretty_json(event.payload)
 
 
 class ErrorKindFilter(admin.SimpleListFilter):
@@ -625,7 +695,15 @@ class DeadLetterAdmin(DeliveryAdmin):
     """The dead-letter list: dead deliveries, by consumer and kind of error, replayable. Those
     whose consumer answered 2xx to a late attempt are marked (it has them)."""
 
-    list_display = ["id", "event_type", "consumer", "attempts", "dead_at", "late_success", "short_error"]
+    list_display = [
+        "id_shown",
+        "event_type",
+        "consumer",
+        "attempts",
+        "dead_at",
+        "late_success",
+        "short_error",
+    ]
     list_filter = ["consumer", ErrorKindFilter, LateSuccessFilter, EventTypeFilter]
     ordering = ["-dead_at"]
 

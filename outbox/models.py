@@ -587,6 +587,7 @@ class DeliveryQuerySet(ClaimQuerySet):
             # Restates the filter and the status: only rows still matching are taken.
             taken = self.filter(pk__in=[row["pk"] for row in before], status__in=statuses).update(
                 status=Delivery.Status.PENDING,
+                attempts_before=F("attempts_before") + F("attempts"),
                 attempts=0,
                 next_attempt_at=at,
                 dead_at=None,
@@ -644,6 +645,11 @@ class Delivery(models.Model):
     event_type = models.CharField(max_length=100, editable=False, db_default="")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveIntegerField(default=0, help_text="Counted when an attempt is claimed.")
+    # The attempts of the budgets before the last replay or resend: the budget starts afresh, the
+    # attempt log's numbers go on (an attempt's number is attempts_before + attempts).
+    attempts_before = models.IntegerField(
+        default=0, db_default=0, editable=False
+    )  # (no CHECK to validate over every row)
     max_attempts = models.PositiveIntegerField(default=default_max_attempts)
     next_attempt_at = models.DateTimeField(default=timezone.now)
     claim_token = models.UUIDField(null=True, blank=True, editable=False)

@@ -60,7 +60,10 @@ HOUSEKEEPING_SECONDS = 1.0  # a run of passes parks and unparks paused consumers
 
 # What a pass reads of the rows it claimed (read_claimed): no timestamp of the delivery (each costs
 # a parse in Python), the whole event (a Python consumer gets it, a webhook's body is made of it).
-CLAIMED = ("pk", "event_id", "consumer_id", "attempts", "event__type", "event__payload", "event__created_at")
+CLAIMED = (
+    "pk", "event_id", "consumer_id", "attempts", "attempts_before", "event__type", "event__payload",
+    "event__created_at",
+)  # fmt: skip
 EVENT_READ = ("id", "type", "payload", "created_at")  # (in the model's order, as Model.from_db takes them)
 
 
@@ -70,12 +73,14 @@ class Claimed:
     nothing of it is read again or saved, and a field a pass does not read is not there at all,
     so using one fails at once instead of costing a query a row."""
 
-    __slots__ = ("pk", "event_id", "consumer_id", "attempts", "event")
+    __slots__ = ("pk", "event_id", "consumer_id", "attempts", "number", "event")
 
-    def __init__(self, pk, event_id, consumer_id, attempts, event):
+    def __init__(self, pk, event_id, consumer_id, attempts, event, number=None):
         self.pk, self.event_id, self.consumer_id, self.attempts, self.event = (
             pk, event_id, consumer_id, attempts, event,
         )  # fmt: skip
+        # Its number in the attempt log: on across replays (attempts counts the budget only).
+        self.number = attempts if number is None else number
 
     def __repr__(self) -> str:
         return f"<Claimed delivery {self.pk} attempt {self.attempts}>"
@@ -86,10 +91,9 @@ def read_claimed(taken) -> dict:
     one joined read of plain rows: Django's select_related, two model instances and three
     timestamps a row, cost more than the rest of the sweep's own work per delivery."""
     rows, db = {}, taken.db
-    for pk, event_id, consumer_id, attempts, *event in taken.values_list(*CLAIMED):
-        rows[pk] = Claimed(
-            pk, event_id, consumer_id, attempts, Event.from_db(db, EVENT_READ, (event_id, *event))
-        )
+    for pk, event_id, consumer_id, attempts, before, *event in taken.values_list(*CLAIMED):
+        event = Event.from_db(db, EVENT_READ, (event_id, *event))
+        rows[pk] = Claimed(pk, event_id, consumer_id, attempts, event, number=before + attempts)
     return rows
 
 
@@ -164,7 +168,7 @@ def _attempt_line(token, f: Finished, *, late: bool, outcome: str | None = None,
         outcome = DeliveryAttempt.Outcome.DELIVERED if f.outcome.ok else DeliveryAttempt.Outcome.FAILED
     return (
         f.delivery.pk,
-        f.delivery.attempts,
+        f.delivery.number,
         token,
         f.started_at,
         f.finished_at,

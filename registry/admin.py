@@ -7,8 +7,19 @@ from odal.admin import ReadOnlyAdmin, ReadOnlyInline, actor_of
 from odal.admin_actions import ReasonForm, reason_action
 from odal.admin_buttons import Button, ObjectButtons
 from odal.errors import Refused
+from odal.record import next_attempt, titled, when, without_internals, yes_or_no
 from registry import service
 from registry.models import Registration, RegistrationAttempt, StalledRegistration
+
+# A settled registration has no next attempt (its next_attempt_at is a leftover).
+SETTLED = tuple(s for s in Registration.Status.values if s not in ("pending", "submitted"))
+
+
+def not_checked_note(user, seconds: int) -> str:
+    """The start of abandon's "not checked in time" line; the setting's name for superusers only
+    (they set it; to staff it is noise)."""
+    setting = ", ODAL_ADMIN_REGISTRY_SECONDS" if user.is_superuser else ""
+    return f"Not checked in time ({seconds}s for every lookup{setting}), nothing written — "
 
 
 class HandleForm(ReasonForm):
@@ -27,18 +38,30 @@ class HandleForm(ReasonForm):
 
 class AttemptInline(ReadOnlyInline):
     model = RegistrationAttempt
-    fields = ["number", "operation", "started_at", "finished_at", "outcome", "answer", "late"]
+    fields = ["number", "operation", "started_at", "finished_at", "outcome", "answer", "late_shown"]
     verbose_name_plural = "the registry's answers (attempt log)"
+
+    @admin.display(description="late")
+    def late_shown(self, attempt):
+        return yes_or_no(attempt.late, "late: not written")
 
 
 @admin.register(Registration)
 class RegistrationAdmin(ObjectButtons, ReadOnlyAdmin):
-    list_display = ["passport", "status", "operation", "attempts", "next_attempt_at", "short_error", "note"]
-    list_filter = ["status", "operation"]
+    list_display = [
+        "passport",
+        "status",
+        "operation",
+        "attempts",
+        "next_attempt_shown",
+        "short_error",
+        "note",
+    ]
+    list_filter = [("status", titled("registration status")), "operation"]
     search_fields = ["=passport__id", "passport__upi", "correlation_id", "handle"]
     list_select_related = ["passport"]
     readonly_fields = [
-        "passport", "status", "operation", "attempts", "next_attempt_at", "claim_token", "correlation_id",
+        "passport", "status", "operation", "attempts", "next_attempt_shown", "claim_token", "correlation_id",
         "handle", "last_error", "note", "created_at", "queued_at", "submitted_at", "registered_at", "abandoned_at",
         "last_unknown_at", "settles",
     ]  # fmt: skip
@@ -53,6 +76,13 @@ class RegistrationAdmin(ObjectButtons, ReadOnlyAdmin):
                because="a handle can only be recorded while the registry is checking a submission (submitted)."),
     ]  # fmt: skip
 
+    def get_fields(self, request, obj=None):
+        return without_internals(request, super().get_fields(request, obj))
+
+    @admin.display(description="next attempt at", ordering="next_attempt_at")
+    def next_attempt_shown(self, reg):
+        return next_attempt(reg, SETTLED)
+
     @admin.display(description="last error")
     def short_error(self, reg):
         return reg.last_error[:80]
@@ -63,8 +93,8 @@ class RegistrationAdmin(ObjectButtons, ReadOnlyAdmin):
         if reg.settles_at is None:
             return "now (no attempt whose outcome is unknown is still settling)"
         return (
-            f"{reg.settles_at:%Y-%m-%d %H:%M:%S} UTC: an attempt whose outcome is unknown ended "
-            f"{reg.last_unknown_at:%H:%M:%S}; its register may still reach the registry until then"
+            f"{when(reg.settles_at)}: an attempt whose outcome is unknown ended "
+            f"{when(reg.last_unknown_at)}; its register may still reach the registry until then"
         )
 
     def has_abandon_permission(self, request):
@@ -125,8 +155,7 @@ class RegistrationAdmin(ObjectButtons, ReadOnlyAdmin):
             if unchecked:
                 self.message_user(
                     request,
-                    f"Not checked in time ({settings.ODAL_ADMIN_REGISTRY_SECONDS}s for every lookup, "
-                    "ODAL_ADMIN_REGISTRY_SECONDS), nothing written — "
+                    not_checked_note(request.user, settings.ODAL_ADMIN_REGISTRY_SECONDS)
                     + ", ".join(reg.passport.upi for reg in unchecked),
                     messages.WARNING,
                 )

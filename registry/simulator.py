@@ -18,9 +18,11 @@ everything). The faults:
 - register_5xx (count): the next N register calls answer 503 and keep nothing;
 - lost_reply (count): the next N register calls keep the request but answer 503, as if the
   reply was lost on the way back;
-- refuse_upi_containing (text): register calls for such UPIs always answer 503 and keep nothing
-  (a registry that keeps refusing: the case for abandon);
-- reject_upi_containing (text): register calls for such UPIs answer 422;
+- refuse_upi_containing (text): register calls for such UPIs always answer 503 UNAVAILABLE and
+  keep nothing (a registry unavailable for them, every time: the case for abandon; `make run`'s
+  demo passport OUTAGE-0503);
+- reject_upi_containing (text): register calls for such UPIs answer 422 VALIDATION_FAILED with
+  its errors, as the registry refuses a product (`make run`'s demo passport REFUSE-0666);
 - checks_until_registered (count): a request is registered on this check (default 1);
 - partial_task_list (bool): the task list also shows a task still `received` (upi unknown);
 - unsearchable (bool): the task list answers 404;

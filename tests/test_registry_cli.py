@@ -97,5 +97,8 @@ def test_odal_up_starts_the_simulator_with_the_demo_faults_only():
     from odal.management.commands.up import Command
 
     (argv,) = [argv for name, argv in Command().processes("127.0.0.1:8000") if name == "registry simulator"]
-    assert argv[-4:] == ["--fault", "refuse_upi_containing=REFUSE", "--fault", "checks_until_registered=2"]
+    assert argv[-6:] == [
+        "--fault", "reject_upi_containing=REFUSE", "--fault", "refuse_upi_containing=OUTAGE",
+        "--fault", "checks_until_registered=2",
+    ]  # fmt: skip
     assert not {"--latency-ms", "--rate-limit"} & set(argv)

@@ -12,9 +12,12 @@ DEMO_PASSPORTS = [
     ("https://id.example.eu/01/09506000134352/21/BATT-0001", "OP-DEMO-1", "FAC-7", "8507 60"),
     ("https://id.example.eu/01/09506000134352/21/BATT-0002", "OP-DEMO-1", "FAC-7", "8507 60"),
     ("https://id.example.eu/01/04012345000018/21/TEX-0042", "OP-DEMO-2", "FAC-2", "6109 10"),
-    # The simulator of `make run` keeps refusing UPIs containing REFUSE: publish this one to see a
-    # registration stall, then abandon it.
+    # The simulator of `make run` refuses UPIs containing REFUSE as the registry refuses a product
+    # (422 with its errors): publish this one to see a registration end rejected, with the reasons.
     ("https://id.example.eu/01/04012345000018/21/REFUSE-0666", "OP-DEMO-2", "FAC-2", "6109 10"),
+    # …and is unavailable for UPIs containing OUTAGE (503, nothing kept, every time): publish this
+    # one to see a registration retry and stall, then abandon it.
+    ("https://id.example.eu/01/04012345000018/21/OUTAGE-0503", "OP-DEMO-2", "FAC-2", "6109 10"),
 ]
 
 

@@ -1,0 +1,272 @@
+"""How the admin writes the record (issue 38, item 6): one time format with its zone, JSON as
+JSON, short ids with the whole one a hover or a click away, words for a plain no, settled rows
+without a next attempt, an audit trail that names its objects and finds them by index, and the
+internals (claim tokens, django-q2's tables) kept for superusers."""
+
+import json
+import uuid
+
+from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from odal.upi import canonical_upi
+
+# -- times ------------------------------------------------------------------------------------
+
+# Django's DATETIME_FORMAT for every date the admin shows by itself (odal/formats/en/formats.py:
+# "Y-m-d H:i:s T"); when() is the same for the lines odal writes out itself.
+TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
+def when(moment) -> str:
+    """`moment` to the second, in the node's zone, named: "2026-12-05 19:53:21 UTC"."""
+    if moment is None:
+        return "—"
+    local = timezone.localtime(moment)
+    return f"{local.strftime(TIME_FORMAT)} {local.tzname()}"
+
+
+# -- JSON, ids, words -------------------------------------------------------------------------
+
+
+def pretty_json(value) -> SafeString:
+    """A payload or an answer as indented JSON in a wrapping <pre>; text that is not JSON as it
+    is (an answer may be anything)."""
+    if isinstance(value, str):
+        if not value:
+            return format_html('<span class="odal-quiet">{}</span>', "(empty)")
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return format_html('<pre class="odal-json">{}</pre>', value)
+    return format_html('<pre class="odal-json">{}</pre>', json.dumps(value, indent=2, ensure_ascii=False))
+
+
+SHORT = 8
+
+
+def short_id(value, url: str | None = None) -> SafeString:
+    """An id's first SHORT characters; the whole one in its title (a hover) and, given `url`, a
+    click away (the object's page shows it whole)."""
+    whole = str(value)
+    shown = whole if len(whole) <= SHORT + 1 else f"{whole[:SHORT]}…"
+    if url:
+        return format_html('<a class="odal-id" href="{}" title="{}">{}</a>', url, whole, shown)
+    return format_html('<span class="odal-id" title="{}">{}</span>', whole, shown)
+
+
+def yes_or_no(value: bool, yes: str, no: str = "—") -> str:
+    """A flag as a word (a red cross reads as "bad", and a plain no is not)."""
+    return yes if value else no
+
+
+def next_attempt(row, settled: tuple) -> str:
+    """A row's next attempt, or "settled": a delivered or dead row has no next attempt."""
+    return "— (settled)" if row.status in settled else when(row.next_attempt_at)
+
+
+# -- a delivery's attempt log, replays and resends among its lines ----------------------------
+
+SENT_AGAIN = {"delivery_replayed": "replayed", "delivery_resent": "resent"}
+
+
+def delivery_log(delivery) -> SafeString:
+    """The attempt log of `delivery` with each replay and resend (its audit entry: who, why) as a
+    line of its own, in time order. Read by indexes: attempt_by_delivery_idx, the trail's
+    object_id index."""
+    from odal.models import AuditEntry
+
+    lines = [(a.started_at, 0, a.pk, a) for a in delivery.attempt_log.all()]
+    again = AuditEntry.objects.filter(
+        object_type="outbox.delivery", object_id=str(delivery.pk), action__in=list(SENT_AGAIN)
+    )
+    lines += [(e.at, 1, e.pk, e) for e in again]
+    if not lines:
+        return format_html('<p class="odal-quiet">{}</p>', "No attempt yet.")
+    rows = []
+    for _, kind, _, line in sorted(lines, key=lambda t: t[:3]):
+        if kind == 1:
+            before = line.details.get("previousAttempts")
+            rows.append(format_html(
+                '<tr class="odal-again"><td>{}</td><td colspan="5"><b>{} by {}</b> — “{}”{}</td></tr>',
+                when(line.at), SENT_AGAIN[line.action], line.actor, line.reason,
+                f" (after {before} attempts; a fresh budget)" if before is not None else "",
+            ))  # fmt: skip
+            continue
+        status = f"HTTP {line.http_status}" if line.http_status else ""
+        rows.append(format_html(
+            '<tr><td>{}</td><td class="odal-nowrap">{} {}{}</td><td>{}</td><td>{} ms</td><td>{}</td><td>{}</td></tr>',
+            when(line.started_at), line.number, line.outcome,
+            " (late: not written)" if line.late else "", status, line.duration_ms, line.error or "—",
+            answer_of(line),
+        ))  # fmt: skip
+    return format_html(
+        '<div class="odal-log-box"><table class="odal-log"><thead><tr><th>started</th><th>attempt</th>'
+        "<th>HTTP</th><th>took</th><th>error</th><th>answer</th></tr></thead><tbody>{}</tbody></table></div>",
+        format_html_join("", "{}", ((r,) for r in rows)),
+    )
+
+
+def answer_of(attempt) -> SafeString | str:
+    """What the consumer answered: its content type, then the body as JSON where it is JSON."""
+    if not attempt.answer and not attempt.content_type:
+        return "—"
+    kind = (
+        format_html('<div class="odal-quiet">{}</div>', attempt.content_type) if attempt.content_type else ""
+    )
+    return format_html("{}{}", kind, pretty_json(attempt.answer))
+
+
+# -- the audit trail: names, links, search ----------------------------------------------------
+
+ADMIN_OF = {  # an entry's object_type: (its admin's URL name, the word for it)
+    "odal.passport": ("admin:odal_passport_change", "passport"),
+    "odal.apitoken": ("admin:odal_apitoken_change", "API token"),
+    "outbox.consumer": ("admin:outbox_consumer_change", "consumer"),
+    "outbox.delivery": ("admin:outbox_delivery_change", "delivery"),
+    "registry.registration": ("admin:registry_registration_change", "registration"),
+}
+
+
+def name_objects(entries) -> None:
+    """Give each entry of a page of the trail `object_name`: its object named as staff know it
+    (a consumer's name, a passport's UPI), one indexed query per kind of object on the page."""
+    from odal.models import ApiToken, Passport
+    from outbox.models import Consumer, Delivery
+    from registry.models import Registration
+
+    ids: dict[str, set] = {}
+    for entry in entries:
+        ids.setdefault(entry.object_type, set()).add(entry.object_id)
+
+    def keys(kind, as_uuid):
+        found = []
+        for value in ids.get(kind, ()):
+            try:
+                found.append(uuid.UUID(value) if as_uuid else int(value))
+            except ValueError:
+                pass
+        return found
+
+    names = {}
+    for pk, upi in Passport.objects.filter(pk__in=keys("odal.passport", True)).values_list("pk", "upi"):
+        names["odal.passport", str(pk)] = upi
+    for pk, name in Consumer.objects.filter(pk__in=keys("outbox.consumer", False)).values_list("pk", "name"):
+        names["outbox.consumer", str(pk)] = name
+    for pk, name in ApiToken.objects.filter(pk__in=keys("odal.apitoken", False)).values_list("pk", "name"):
+        names["odal.apitoken", str(pk)] = name
+    for pk, upi in Registration.objects.filter(pk__in=keys("registry.registration", True)).values_list(
+        "pk", "passport__upi"
+    ):
+        names["registry.registration", str(pk)] = f"of {upi}"
+    for pk, kind, consumer in Delivery.objects.filter(pk__in=keys("outbox.delivery", True)).values_list(
+        "pk", "event_type", "consumer__name"
+    ):
+        names["outbox.delivery", str(pk)] = f"{kind} → {consumer}"
+    for entry in entries:
+        entry.object_name = names.get((entry.object_type, entry.object_id))
+
+
+def object_link(entry) -> SafeString | str:
+    """ "consumer billing", linked to the consumer's page (an object gone since: its kind and short id)."""
+    if not entry.object_type:
+        return "—"
+    url_name, word = ADMIN_OF.get(entry.object_type, (None, entry.object_type))
+    name = getattr(entry, "object_name", None)
+    if name is None:
+        return format_html("{} {}{}", word, short_id(entry.object_id), " (gone)" if url_name else "")
+    try:
+        url = reverse(url_name, args=[entry.object_id])
+    except NoReverseMatch:
+        return f"{word} {name}"
+    return format_html('<a href="{}" title="{} {}">{} {}</a>', url, word, entry.object_id, word, name)
+
+
+def audit_search(term: str):
+    """What the trail's search box finds for `term`, each by an index at any size of the trail:
+    entries about the object of that id; about a passport of that UPI, or its registration;
+    about the consumers whose name holds it; and by the actors whose name holds it (the
+    distinct actors found by hopping through audit_actor_idx). No LIKE over the trail."""
+    from django.db.models import Q
+
+    from odal.admin import distinct_values
+    from odal.models import AuditEntry, Passport
+    from outbox.models import Consumer
+    from registry.models import Registration
+
+    ids = {term}
+    upis = {term}
+    try:
+        upis.add(canonical_upi(term))
+    except ValueError:
+        pass
+    passports = [str(pk) for pk in Passport.objects.filter(upi__in=upis).values_list("pk", flat=True)]
+    ids.update(passports)
+    if passports:
+        ids.update(
+            str(pk)
+            for pk in Registration.objects.filter(passport_id__in=passports).values_list("pk", flat=True)
+        )
+    found = Q(object_id__in=ids)
+    consumers = [str(pk) for pk in Consumer.objects.filter(name__icontains=term).values_list("pk", flat=True)]
+    if consumers:
+        found |= Q(object_type="outbox.consumer", object_id__in=consumers)
+    actors = [actor for actor in distinct_values(AuditEntry, "actor") if term.casefold() in actor.casefold()]
+    if actors:
+        found |= Q(actor__in=actors)
+    return found
+
+
+# -- internals for superusers -----------------------------------------------------------------
+
+
+class SuperusersOnly:
+    """An admin that only superusers see at all (django-q2's task tables: internals)."""
+
+    def has_module_permission(self, request):
+        return request.user.is_active and request.user.is_superuser
+
+    def has_view_permission(self, request, obj=None):
+        return self.has_module_permission(request) and super().has_view_permission(request, obj)
+
+    def has_add_permission(self, request, *args):
+        return self.has_module_permission(request) and super().has_add_permission(request, *args)
+
+    def has_change_permission(self, request, obj=None):
+        return self.has_module_permission(request) and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        return self.has_module_permission(request) and super().has_delete_permission(request, obj)
+
+
+def superusers_only(site, app_label: str) -> None:
+    """Make every admin of `app_label` registered on `site` one only superusers see."""
+    for model, model_admin in list(site._registry.items()):
+        if model._meta.app_label == app_label and not isinstance(model_admin, SuperusersOnly):
+            site.unregister(model)
+            site.register(model, type(type(model_admin).__name__, (SuperusersOnly, type(model_admin)), {}))
+
+
+def without_internals(request, fields: list) -> list:
+    """`fields` without the claim token unless a superuser asks."""
+    if request.user.is_superuser:
+        return list(fields)
+    return [name for name in fields if name != "claim_token"]
+
+
+# -- filters named apart ----------------------------------------------------------------------
+
+
+def titled(title: str):
+    """Django's filter of a field with choices, titled `title` ("By passport status") where the
+    field's own name would make two filters read "By status"."""
+    from django.contrib import admin
+
+    class Titled(admin.ChoicesFieldListFilter):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.title = title
+
+    return Titled

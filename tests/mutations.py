@@ -4457,8 +4457,8 @@ GUARDS = [
     Guard(
         "URL redaction: redacted_url hides the userinfo's password",
         "odal/redact.py",
-        '        netloc = f"{user}:{HIDDEN}@{host}" if colon else netloc\n',
-        "",
+        '        netloc = f"{HIDDEN}@{host}"\n',
+        "        pass\n",
         "tests/test_url_redaction.py -k redacted_url_hides",
     ),
     Guard(
@@ -4681,7 +4681,7 @@ GUARDS = [
     Guard(
         "redaction: a URL's credentials as HTTP Basic are hidden where an answer echoes them",
         "odal/redact.py",
-        '        found.append(base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode())\n',
+        "        found.append(_basic(userinfo))\n",
         "",
         "tests/test_url_redaction.py::test_an_answer_echoing_the_requests_basic_authorization_has_it_hidden",
     ),
@@ -5010,6 +5010,49 @@ GUARDS = [
         "                    if self.abandoned:\n                        return  # (the watcher gave the list",
         "                    if False:\n                        return  # (the watcher gave the list",
         "tests/test_sweep_python.py::test_a_list_handed_to_a_runner_that_never_takes_it_goes_to_a_new_runner",
+    ),
+    # issue 37 item 5: credentials in other spellings (the whole userinfo, path parameters)
+    Guard(
+        "URL redaction: the whole userinfo reads ***, not only a password after a raw colon",
+        "odal/redact.py",
+        '        netloc = f"{HIDDEN}@{host}"\n',
+        '        netloc = f"{_userinfo.partition(\':\')[0]}:{HIDDEN}@{host}" if ":" in _userinfo else netloc\n',
+        "tests/test_url_redaction.py -k any_spelling",
+    ),
+    Guard(
+        "URL redaction: every path parameter's value reads ***",
+        "odal/redact.py",
+        '    path = "/".join(_hidden_parameters(segment) for segment in parts.path.split("/"))\n',
+        "    path = parts.path\n",
+        "tests/test_url_redaction.py -k whole_userinfo_and_every_path_parameter",
+    ),
+    Guard(
+        "URL redaction: every parameter of a segment, not only its first",
+        "odal/redact.py",
+        '    return ";".join([name, *(_hidden_value(parameter) for parameter in parameters)])\n',
+        '    return ";".join([name, *(_hidden_value(parameter) for parameter in parameters[:1]), *parameters[1:]])\n',
+        "tests/test_url_redaction.py -k whole_userinfo_and_every_path_parameter",
+    ),
+    Guard(
+        "URL redaction: a quoted credential is hidden also as the userinfo reads percent-decoded",
+        "odal/redact.py",
+        "        for form in (userinfo, unquote(userinfo)):",
+        "        for form in (userinfo,):",
+        "tests/test_url_redaction.py -k echo_of_any_credential",
+    ),
+    Guard(
+        "URL redaction: an echoed Basic authorization is hidden as the client sent it (decoded: alice%3APASSWORD)",
+        "odal/redact.py",
+        '    return base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()\n',
+        '    return base64.b64encode(f"{user}:{password}".encode()).decode()\n',
+        "tests/test_url_redaction.py -k any_spelling",
+    ),
+    Guard(
+        "URL redaction: a quoted path parameter's value is hidden",
+        "odal/redact.py",
+        '        found += [_value(parameter) for parameter in segment.split(";")[1:]]\n',
+        "        pass\n",
+        "tests/test_url_redaction.py -k any_spelling",
     ),
 ]
 

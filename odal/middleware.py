@@ -10,7 +10,7 @@ from django.core.handlers.wsgi import LimitedStream
 from django.http import HttpResponse, JsonResponse
 from ninja.parser import Parser
 
-from odal.text import MAX_JSON_DEPTH, NotFiniteNumber, find_unstorable, storable, unstorable
+from odal.text import JSON_NUMBERS, MAX_JSON_DEPTH, find_unstorable, storable, unstorable
 
 API_PREFIX = "/vault/api/"
 BULK_PATH = "/vault/api/v1/dpp/bulk"  # up to 1,000 passports: a limit of its own
@@ -164,7 +164,8 @@ class UnstorableAddress(SuspiciousOperation):
 class UnstorableInputMiddleware:
     """The API's one boundary for hostile input: a path, query parameter, or any key or string of
     the JSON body that PostgreSQL cannot store (NUL, a lone surrogate), JSON nested deeper than
-    MAX_JSON_DEPTH, or a number JSON cannot carry (NaN, Infinity) is refused with 422 before any
+    MAX_JSON_DEPTH, or a number odal would not give back as sent (NaN, Infinity, 1e308, -0.0, an
+    integer of more than 4,300 digits: odal.text.JSON_NUMBERS) is refused with 422 before any
     handler runs, so no schema needs a check of its own. The body is parsed once, here, and the
     API reads that parse (ParsedBodyParser): the body checked is the body handled.
 
@@ -188,17 +189,6 @@ class UnstorableInputMiddleware:
         elif problem := address_problem(request):
             raise UnstorableAddress(f"The request's {problem[0]} {problem[1]}.")
         return self.get_response(request)
-
-
-def _constant(name: str) -> NotFiniteNumber:
-    return NotFiniteNumber(name, f"is {name}, which is not a number JSON can carry")
-
-
-def _finite_float(text: str) -> float | NotFiniteNumber:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):  # 1e400: valid JSON, but no float holds it
-        return NotFiniteNumber(text, f"is the number {text[:50]}, which is too large to store")
-    return value
 
 
 def address_problem(request) -> tuple[str, str] | None:
@@ -240,9 +230,10 @@ def checked_json(text, *, items_alone: bool = False) -> tuple[object, tuple[str,
     route (odal.bulk.screened), so that a bad item fails alone, as the route promises.
     `odal passport import` reads each line of a file through it too."""
     try:
-        # A number no float carries is kept as a NotFiniteNumber where it stood: find_unstorable
-        # names its place, and in a bulk item it fails that item alone.
-        data = json.loads(text, parse_constant=_constant, parse_float=_finite_float)
+        # A number odal would not give back as sent (NaN, 1e400, 1e308, -0.0, an integer of more
+        # than 4,300 digits) is kept as a RefusedNumber where it stood: find_unstorable names its
+        # place, and in a bulk item it fails that item alone.
+        data = json.loads(text, **JSON_NUMBERS)
     except RecursionError:  # Python's json gives up at about 1,000 levels: deeper than our bound
         return None, ("body", f"is nested more than {MAX_JSON_DEPTH} levels deep")
     if items_alone and isinstance(data, dict) and isinstance(data.get("items"), list):

@@ -4373,14 +4373,14 @@ GUARDS = [
     Guard(
         "boundary: a number no float carries (NaN, Infinity, 1e400) is refused where it stands",
         "odal/text.py",
-        "        elif isinstance(item, NotFiniteNumber):\n",
+        "        elif isinstance(item, RefusedNumber):\n",
         "        elif False:\n",
         "tests/test_bulk_api.py::test_a_number_no_float_carries_fails_its_item_alone_and_elsewhere_the_body",
     ),
     Guard(
         "bulk: NaN in one item fails that item alone (the parse keeps it where it stood, not refusing the body)",
-        "odal/middleware.py",
-        '    return NotFiniteNumber(name, f"is {name}, which is not a number JSON can carry")\n',
+        "odal/text.py",
+        '    return RefusedNumber(name, f"is {name}, which is not a number JSON can carry")\n',
         '    raise ValueError(f"contains {name}")\n',
         "tests/test_bulk_api.py -k NaN",
     ),
@@ -5053,6 +5053,49 @@ GUARDS = [
         '        found += [_value(parameter) for parameter in segment.split(";")[1:]]\n',
         "        pass\n",
         "tests/test_url_redaction.py -k any_spelling",
+    ),
+    # issue 37 item 7: numbers come back as sent or are refused naming their field
+    Guard(
+        "numbers: an integer longer than Python reads fails where it stands (its bulk item alone), not the body",
+        "odal/text.py",
+        'JSON_NUMBERS = {"parse_constant": _json_constant, "parse_float": _json_float, "parse_int": _json_integer}\n',
+        'JSON_NUMBERS = {"parse_constant": _json_constant, "parse_float": _json_float}\n',
+        "tests/test_json_numbers.py -k longer_than_python",
+    ),
+    Guard(
+        "numbers: a fraction or exponent of 1e16 or more (stored as an integer) is refused",
+        "odal/text.py",
+        "    if abs(value) >= FLOAT_AS_INTEGER:\n",
+        "    if False:\n",
+        "tests/test_json_numbers.py -k storage_would_change",
+    ),
+    Guard(
+        "numbers: negative zero as a float (-0.0, stored as 0) is refused",
+        "odal/text.py",
+        "    if value == 0 and math.copysign(1, value) < 0:\n",
+        "    if False:\n",
+        "tests/test_json_numbers.py -k storage_would_change",
+    ),
+    Guard(
+        "numbers: negative zero as an integer (-0) is refused",
+        "odal/text.py",
+        '    if text.startswith("-") and not text.strip("-0"):\n',
+        "    if False:\n",
+        "tests/test_json_numbers.py -k storage_would_change",
+    ),
+    Guard(
+        "numbers: a number that underflows to 0 (1e-400) is refused",
+        "odal/text.py",
+        '    if value == 0 and any(digit in "123456789" for digit in text.lower().partition("e")[0]):\n',
+        "    if False:\n",
+        "tests/test_json_numbers.py -k storage_would_change",
+    ),
+    Guard(
+        "numbers: the admin's JSON field reads numbers as the API does",
+        "odal/admin_actions.py",
+        "        super().__init__(decoder=decoder or CheckedNumbers, **kwargs)",
+        "        super().__init__(decoder=decoder, **kwargs)",
+        "tests/test_json_numbers.py -k admin_form",
     ),
 ]
 

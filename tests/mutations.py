@@ -5097,6 +5097,21 @@ GUARDS = [
         "        super().__init__(decoder=decoder, **kwargs)",
         "tests/test_json_numbers.py -k admin_form",
     ),
+    # issue 37 item 7: the address rule refuses 3fff::/20 and 192.88.99.0/24
+    Guard(
+        "addresses: RFC 9637's documentation prefix 3fff::/20 is refused",
+        "odal/addresses.py",
+        '    (ipaddress.IPv6Network("3fff::/20"), "a documentation address (3fff::/20, RFC 9637)"),\n',
+        "",
+        "tests/test_outbound_addresses.py -k 3fff",
+    ),
+    Guard(
+        "addresses: the retired 6to4 relay anycast range 192.88.99.0/24 is refused (also as 6to4 and NAT64 carry it)",
+        "odal/addresses.py",
+        '        ipaddress.IPv4Network("192.88.99.0/24"),\n',
+        '        ipaddress.IPv4Network("192.88.99.0/32"),\n',
+        "tests/test_outbound_addresses.py -k 99",
+    ),
 ]
 
 

@@ -22,20 +22,43 @@ class ApiErrorsAsJsonMiddleware:
     handler wrote: an unknown route (Django's 404, in development its debug page listing every
     URL pattern), a method the route does not take (django-ninja's empty 405, whose `Allow` is
     kept), a Host not in ALLOWED_HOSTS (Django's 400, raised before any view). Outermost, so that
-    it sees every answer."""
+    it sees every answer.
+
+    And `HEAD` is GET without the body (RFC 9110, 9.3.2), as Django's own views answer it: the
+    route runs as GET (django-ninja routes a GET route's GET only), and its answer goes back with
+    GET's status and headers, Content-Length included, and no body."""
 
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
+        api = request.path.startswith(API_PREFIX)
+        head = api and request.method == "HEAD"
+        if head:
+            request.method = "GET"
         response = self.get_response(request)
+        if head:
+            request.method = "HEAD"
         if (
             response.status_code >= 400
-            and request.path.startswith(API_PREFIX)
+            and api
             and not response.get("Content-Type", "").startswith("application/json")
         ):
-            return as_json(request, response)
+            response = as_json(request, response)
+        if head:
+            without_body(response)
         return response
+
+
+def without_body(response) -> None:
+    """`response` as the answer to HEAD: its headers, the length GET's body would have, no body."""
+    if response.streaming:
+        response.streaming_content = []
+        del response["Content-Length"]
+    else:
+        length = len(response.content)
+        response.content = b""
+        response["Content-Length"] = str(length)
 
 
 def as_json(request, response) -> JsonResponse:
@@ -48,8 +71,10 @@ def as_json(request, response) -> JsonResponse:
             "code": "not_found",
         }
     elif status == 405:
-        # django-ninja lists the methods from a set, in no fixed order: sorted here.
-        allowed = ", ".join(sorted(m.strip() for m in response.get("Allow", "").split(",") if m.strip()))
+        # django-ninja lists the methods from a set, in no fixed order: sorted here. A route that
+        # takes GET takes HEAD too (see ApiErrorsAsJsonMiddleware).
+        methods = {m.strip() for m in response.get("Allow", "").split(",") if m.strip()}
+        allowed = ", ".join(sorted(methods | ({"HEAD"} if "GET" in methods else set())))
         headers["Allow"] = allowed
         body = {
             "detail": f"This route does not take {storable(request.method, 20)}; it takes {allowed or 'none'}.",

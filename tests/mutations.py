@@ -4394,7 +4394,7 @@ GUARDS = [
     Guard(
         "API errors: only under the API root (outside it, Django's own answers)",
         "odal/middleware.py",
-        "            and request.path.startswith(API_PREFIX)\n",
+        "            and api\n",
         "",
         "tests/test_api_answers.py -k host_not_served",
     ),
@@ -5111,6 +5111,42 @@ GUARDS = [
         '        ipaddress.IPv4Network("192.88.99.0/24"),\n',
         '        ipaddress.IPv4Network("192.88.99.0/32"),\n',
         "tests/test_outbound_addresses.py -k 99",
+    ),
+    # issue 37 item 7: HEAD answers as GET without a body; what gunicorn refuses itself is JSON
+    Guard(
+        "HEAD: a GET route runs for HEAD (django-ninja routes only GET to it)",
+        "odal/middleware.py",
+        '        if head:\n            request.method = "GET"\n',
+        '        if False:\n            request.method = "GET"\n',
+        "tests/test_api_answers.py -k head",
+    ),
+    Guard(
+        "HEAD: the answer goes back without its body",
+        "odal/middleware.py",
+        "        if head:\n            without_body(response)\n",
+        "        if False:\n            without_body(response)\n",
+        "tests/test_api_answers.py -k head",
+    ),
+    Guard(
+        "HEAD: the answer keeps the Content-Length GET's body has",
+        "odal/middleware.py",
+        '        response["Content-Length"] = str(length)\n',
+        "        pass\n",
+        "tests/test_api_answers.py -k head",
+    ),
+    Guard(
+        "HEAD: a 405's Allow lists HEAD beside GET",
+        "odal/middleware.py",
+        '        allowed = ", ".join(sorted(methods | ({"HEAD"} if "GET" in methods else set())))\n',
+        '        allowed = ", ".join(sorted(methods))\n',
+        "tests/test_api_answers.py -k 405",
+    ),
+    Guard(
+        "odal serve: what gunicorn refuses itself is JSON (its write_error replaced before the fork)",
+        "odal/management/commands/serve.py",
+        "        gunicorn.util.write_error = write_json_error\n",
+        "",
+        "tests/test_gunicorn_answers.py -k gunicorn_answers_itself",
     ),
 ]
 

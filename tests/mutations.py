@@ -2547,29 +2547,29 @@ GUARDS = [
     Guard(
         "GET events/{id}: needs credentials",
         "outbox/api.py",
-        '    "events/{eventId}",\n    auth=ScopedAuth("read", perm="outbox.view_delivery"),\n',
-        '    "events/{eventId}",\n    auth=None,\n',
+        '    "events/{eventId}",\n    operation_id="getEvent",\n    auth=ScopedAuth("read", perm="outbox.view_delivery"),\n',
+        '    "events/{eventId}",\n    operation_id="getEvent",\n    auth=None,\n',
         "tests/test_reads.py::test_showing_an_event_needs_credentials_and_the_view_permission",
     ),
     Guard(
         "GET events/{id}: a staff session needs outbox.view_delivery",
         "outbox/api.py",
-        '    "events/{eventId}",\n    auth=ScopedAuth("read", perm="outbox.view_delivery"),\n',
-        '    "events/{eventId}",\n    auth=ScopedAuth("read", perm="odal.view_passport"),\n',
+        '    "events/{eventId}",\n    operation_id="getEvent",\n    auth=ScopedAuth("read", perm="outbox.view_delivery"),\n',
+        '    "events/{eventId}",\n    operation_id="getEvent",\n    auth=ScopedAuth("read", perm="odal.view_passport"),\n',
         "tests/test_reads.py::test_showing_an_event_needs_credentials_and_the_view_permission",
     ),
     Guard(
         "GET dpp: needs credentials",
         "odal/api.py",
-        '    "dpp",\n    auth=ScopedAuth("read", perm="odal.view_passport"),\n',
-        '    "dpp",\n    auth=None,\n',
+        '    "dpp",\n    operation_id="listPassports",\n    auth=ScopedAuth("read", perm="odal.view_passport"),\n',
+        '    "dpp",\n    operation_id="listPassports",\n    auth=None,\n',
         "tests/test_reads.py::test_listing_passports_needs_credentials_and_the_view_permission",
     ),
     Guard(
         "GET dpp: a staff session needs odal.view_passport",
         "odal/api.py",
-        '    "dpp",\n    auth=ScopedAuth("read", perm="odal.view_passport"),\n',
-        '    "dpp",\n    auth=ScopedAuth("read", perm="outbox.view_delivery"),\n',
+        '    "dpp",\n    operation_id="listPassports",\n    auth=ScopedAuth("read", perm="odal.view_passport"),\n',
+        '    "dpp",\n    operation_id="listPassports",\n    auth=ScopedAuth("read", perm="outbox.view_delivery"),\n',
         "tests/test_reads.py::test_listing_passports_needs_credentials_and_the_view_permission",
     ),
     Guard(
@@ -5147,6 +5147,21 @@ GUARDS = [
         "        gunicorn.util.write_error = write_json_error\n",
         "",
         "tests/test_gunicorn_answers.py -k gunicorn_answers_itself",
+    ),
+    # issue 37 item 7: every operation has its fixed operationId (public names, never renamed)
+    Guard(
+        "operationIds: a route without its explicit operationId fails (ninja would name it outbox_consumer_api_…)",
+        "outbox/consumer_api.py",
+        '    operation_id="changeConsumer",\n',
+        "",
+        "tests/test_openapi.py -k operation_id",
+    ),
+    Guard(
+        "operationIds: a renamed operationId fails",
+        "odal/api.py",
+        '    operation_id="createPassports",\n',
+        '    operation_id="bulkCreatePassports",\n',
+        "tests/test_openapi.py -k fixed_operation_id",
     ),
 ]
 

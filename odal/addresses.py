@@ -19,6 +19,14 @@ NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052's well-known prefix
 NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")  # RFC 8215: a prefix of the network's own choosing
 IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")  # RFC 4291, deprecated; :: and ::1 are IPv6's own
 SIIT = ipaddress.IPv6Network("::ffff:0:0:0/96")  # RFC 2765's IPv4-translated addresses
+# Ranges that are no host's, which Python's `is_global` still calls global (its tables predate them).
+NO_HOSTS = [
+    (ipaddress.IPv6Network("3fff::/20"), "a documentation address (3fff::/20, RFC 9637)"),
+    (
+        ipaddress.IPv4Network("192.88.99.0/24"),
+        "the retired 6to4 relay anycast range (192.88.99.0/24, RFC 7526)",
+    ),
+]
 
 
 def _ipv4(bits: int) -> IPv4:
@@ -65,6 +73,9 @@ def _unicast_problem(address: IPv4 | IPv6) -> str | None:
         return "the unspecified address"
     if isinstance(address, IPv4) and address == IPv4("255.255.255.255"):
         return "the broadcast address"
+    for network, what in NO_HOSTS:
+        if address in network:  # (an address of the other version is in no network of this one)
+            return what
     if not address.is_global:  # loopback, private, link-local, shared (CGNAT), documentation...
         return "an internal address"
     if address.is_reserved:  # (of IPv4's, 240.0.0.0/4 is not global either)
@@ -75,8 +86,9 @@ def _unicast_problem(address: IPv4 | IPv6) -> str | None:
 def why_not_public(address: IPv4 | IPv6) -> str | None:
     """Why odal may not connect to `address`, as a phrase ("an internal address"), or None when
     it is a public unicast address. Refused: loopback, private, link-local, shared (CGNAT),
-    documentation and benchmarking ranges, multicast, site-local, unspecified, broadcast and
-    reserved addresses, and any IPv6 address that carries an IPv4 address refused here."""
+    documentation (3fff::/20 too) and benchmarking ranges, the retired 6to4 relay anycast range,
+    multicast, site-local, unspecified, broadcast and reserved addresses, and any IPv6 address that
+    carries an IPv4 address refused here."""
     carried = carried_ipv4(address) if isinstance(address, IPv6) else None
     if carried is None:
         return _unicast_problem(address)

@@ -3,6 +3,8 @@ pass renders a page with a reason form (and the selected ids hidden in it); the 
 performs the write and reports what it changed. Also the admin forms' refusal of what PostgreSQL
 cannot store."""
 
+import json
+
 from django import forms
 from django.contrib.admin import helpers
 from django.template.response import TemplateResponse
@@ -10,7 +12,7 @@ from django.utils.cache import add_never_cache_headers
 
 from odal.errors import Refused
 from odal.reasons import MAX_REASON_LENGTH, clean_reason
-from odal.text import MAX_JSON_DEPTH, find_unstorable
+from odal.text import JSON_NUMBERS, MAX_JSON_DEPTH, find_unstorable
 
 
 class StorableFormMixin:
@@ -28,9 +30,22 @@ class StorableFormMixin:
         return data
 
 
+class CheckedNumbers(json.JSONDecoder):
+    """json's decoder reading numbers as the API does (odal.text.JSON_NUMBERS): one odal would not
+    give back as typed (NaN, 1e308, -0.0, an integer of more than 4,300 digits) is kept in place,
+    for StorableFormMixin to refuse naming its field."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**{**kwargs, **JSON_NUMBERS})
+
+
 class StorableJSONField(forms.JSONField):
     """Django's JSONField, where JSON too deep for Python's parser (about 1,000 levels) is a form
-    error rather than a RecursionError, and a refused value is shown again as typed."""
+    error rather than a RecursionError, numbers are read as the API reads them (CheckedNumbers),
+    and a refused value is shown again as typed."""
+
+    def __init__(self, *, decoder=None, **kwargs):
+        super().__init__(decoder=decoder or CheckedNumbers, **kwargs)  # (a model field passes None)
 
     def to_python(self, value):
         try:

@@ -172,6 +172,7 @@ def lifecycle_answer(result: lifecycle.LifecycleResult) -> Passport:
 
 @passports.post(
     "dpp",
+    operation_id="createPassport",
     auth=ScopedAuth("write", perm="odal.add_passport"),
     response=responses({201: PassportOut}, 409, body=True),
 )
@@ -251,6 +252,7 @@ PUBLISHING = ScopedAuth("write", perm="odal.publish_passport")
 
 @passports.post(
     "dpp/bulk",
+    operation_id="createPassports",
     auth=ScopedAuth("write", perm="odal.add_passport"),
     response=responses({200: BulkOut}, 409, body=True),
     exclude_none=True,
@@ -277,6 +279,7 @@ def create_passports(
 
 @passports.get(
     "dpp/{dppId}",
+    operation_id="getPassport",
     auth=ScopedAuth("read", perm="odal.view_passport"),
     response=responses({200: PassportOut}, 404),
 )
@@ -295,6 +298,7 @@ class PassportPage(Schema):
 
 @passports.get(
     "dpp",
+    operation_id="listPassports",
     auth=ScopedAuth("read", perm="odal.view_passport"),
     response=responses({200: PassportPage}),
 )
@@ -324,6 +328,7 @@ def list_passports(
 
 @passports.post(
     "dpp/{dppId}/publish",
+    operation_id="publishPassport",
     auth=ScopedAuth("write", perm="odal.publish_passport"),
     response=responses({200: LifecycleOut}, 404, 409, body=True),
 )
@@ -334,6 +339,7 @@ def publish_passport(request, dppId: uuid.UUID):
 
 @passports.post(
     "dpp/{dppId}/suspend",
+    operation_id="suspendPassport",
     auth=ScopedAuth("write", perm="odal.suspend_passport"),
     response=responses({200: LifecycleOut}, 404, 409, body=True),
 )

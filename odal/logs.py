@@ -49,8 +49,8 @@ class JsonFormatter(logging.Formatter):
 
 
 class RedactUrls(logging.Filter):
-    """Every line odal's console handler writes, with the credentials of any URL in it (the
-    password of its userinfo, its query values) shown as *** (odal.redact): a log is read by more
+    """Every line odal's console handler writes, with the credentials of any URL in it (its
+    whole userinfo, its path parameters' and query values) shown as *** (odal.redact): a log is read by more
     people than may see a webhook's URL whole. The message is formatted here, once, and the
     traceback too (as logging.Formatter would, then cached in exc_text, which formatters use)."""
 

@@ -10,7 +10,7 @@ from django.core.handlers.wsgi import LimitedStream
 from django.http import HttpResponse, JsonResponse
 from ninja.parser import Parser
 
-from odal.text import MAX_JSON_DEPTH, NotFiniteNumber, find_unstorable, storable, unstorable
+from odal.text import JSON_NUMBERS, MAX_JSON_DEPTH, find_unstorable, storable, unstorable
 
 API_PREFIX = "/vault/api/"
 BULK_PATH = "/vault/api/v1/dpp/bulk"  # up to 1,000 passports: a limit of its own
@@ -22,20 +22,43 @@ class ApiErrorsAsJsonMiddleware:
     handler wrote: an unknown route (Django's 404, in development its debug page listing every
     URL pattern), a method the route does not take (django-ninja's empty 405, whose `Allow` is
     kept), a Host not in ALLOWED_HOSTS (Django's 400, raised before any view). Outermost, so that
-    it sees every answer."""
+    it sees every answer.
+
+    And `HEAD` is GET without the body (RFC 9110, 9.3.2), as Django's own views answer it: the
+    route runs as GET (django-ninja routes a GET route's GET only), and its answer goes back with
+    GET's status and headers, Content-Length included, and no body."""
 
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
+        api = request.path.startswith(API_PREFIX)
+        head = api and request.method == "HEAD"
+        if head:
+            request.method = "GET"
         response = self.get_response(request)
+        if head:
+            request.method = "HEAD"
         if (
             response.status_code >= 400
-            and request.path.startswith(API_PREFIX)
+            and api
             and not response.get("Content-Type", "").startswith("application/json")
         ):
-            return as_json(request, response)
+            response = as_json(request, response)
+        if head:
+            without_body(response)
         return response
+
+
+def without_body(response) -> None:
+    """`response` as the answer to HEAD: its headers, the length GET's body would have, no body."""
+    if response.streaming:
+        response.streaming_content = []
+        del response["Content-Length"]
+    else:
+        length = len(response.content)
+        response.content = b""
+        response["Content-Length"] = str(length)
 
 
 def as_json(request, response) -> JsonResponse:
@@ -48,8 +71,10 @@ def as_json(request, response) -> JsonResponse:
             "code": "not_found",
         }
     elif status == 405:
-        # django-ninja lists the methods from a set, in no fixed order: sorted here.
-        allowed = ", ".join(sorted(m.strip() for m in response.get("Allow", "").split(",") if m.strip()))
+        # django-ninja lists the methods from a set, in no fixed order: sorted here. A route that
+        # takes GET takes HEAD too (see ApiErrorsAsJsonMiddleware).
+        methods = {m.strip() for m in response.get("Allow", "").split(",") if m.strip()}
+        allowed = ", ".join(sorted(methods | ({"HEAD"} if "GET" in methods else set())))
         headers["Allow"] = allowed
         body = {
             "detail": f"This route does not take {storable(request.method, 20)}; it takes {allowed or 'none'}.",
@@ -164,7 +189,8 @@ class UnstorableAddress(SuspiciousOperation):
 class UnstorableInputMiddleware:
     """The API's one boundary for hostile input: a path, query parameter, or any key or string of
     the JSON body that PostgreSQL cannot store (NUL, a lone surrogate), JSON nested deeper than
-    MAX_JSON_DEPTH, or a number JSON cannot carry (NaN, Infinity) is refused with 422 before any
+    MAX_JSON_DEPTH, or a number odal would not give back as sent (NaN, Infinity, 1e308, -0.0, an
+    integer of more than 4,300 digits: odal.text.JSON_NUMBERS) is refused with 422 before any
     handler runs, so no schema needs a check of its own. The body is parsed once, here, and the
     API reads that parse (ParsedBodyParser): the body checked is the body handled.
 
@@ -188,17 +214,6 @@ class UnstorableInputMiddleware:
         elif problem := address_problem(request):
             raise UnstorableAddress(f"The request's {problem[0]} {problem[1]}.")
         return self.get_response(request)
-
-
-def _constant(name: str) -> NotFiniteNumber:
-    return NotFiniteNumber(name, f"is {name}, which is not a number JSON can carry")
-
-
-def _finite_float(text: str) -> float | NotFiniteNumber:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):  # 1e400: valid JSON, but no float holds it
-        return NotFiniteNumber(text, f"is the number {text[:50]}, which is too large to store")
-    return value
 
 
 def address_problem(request) -> tuple[str, str] | None:
@@ -240,9 +255,10 @@ def checked_json(text, *, items_alone: bool = False) -> tuple[object, tuple[str,
     route (odal.bulk.screened), so that a bad item fails alone, as the route promises.
     `odal passport import` reads each line of a file through it too."""
     try:
-        # A number no float carries is kept as a NotFiniteNumber where it stood: find_unstorable
-        # names its place, and in a bulk item it fails that item alone.
-        data = json.loads(text, parse_constant=_constant, parse_float=_finite_float)
+        # A number odal would not give back as sent (NaN, 1e400, 1e308, -0.0, an integer of more
+        # than 4,300 digits) is kept as a RefusedNumber where it stood: find_unstorable names its
+        # place, and in a bulk item it fails that item alone.
+        data = json.loads(text, **JSON_NUMBERS)
     except RecursionError:  # Python's json gives up at about 1,000 levels: deeper than our bound
         return None, ("body", f"is nested more than {MAX_JSON_DEPTH} levels deep")
     if items_alone and isinstance(data, dict) and isinstance(data.get("items"), list):

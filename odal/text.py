@@ -12,7 +12,9 @@ PostgreSQL cannot store, and `find_unstorable()` walks a JSON value (keys and va
 depth) for one, so the API and the admin can say which field is wrong.
 """
 
+import math
 import re
+import sys
 
 REPLACEMENT = "\ufffd"
 MAX_STORED = 2000  # the longest error, answer or note odal keeps from outside
@@ -56,24 +58,76 @@ def unstorable(value: str) -> str | None:
     return f"contains {what}, which cannot be stored"
 
 
-class NotFiniteNumber:
-    """A number in JSON text that no float carries (NaN, Infinity, 1e400), kept where it stood
-    when the text was parsed (odal.middleware.checked_json) so that find_unstorable names its
-    place, and a bulk item holding one fails alone. Nothing stores it: it is always refused."""
+class RefusedNumber:
+    """A number in JSON text that odal would not give back as it was sent, kept where it stood
+    when the text was parsed (JSON_NUMBERS) so that find_unstorable names its place, and a bulk
+    item holding one fails alone. Nothing stores it: it is always refused."""
 
     __slots__ = ("text", "problem")
 
     def __init__(self, text: str, problem: str):
-        self.text = text  # as it was written, e.g. "NaN" or "1e400"
+        self.text = text  # as it was written, e.g. "NaN" or "1e400" (cut when long)
         self.problem = problem
 
     def __repr__(self) -> str:
-        return f"NotFiniteNumber({self.text!r})"
+        return f"RefusedNumber({self.text!r})"
+
+
+# Numbers as json.loads reads them (`json.loads(text, **JSON_NUMBERS)`), each refused in place
+# (a RefusedNumber) when odal would not give it back as it was sent. PostgreSQL's jsonb keeps a
+# number as `numeric`: it has no negative zero (-0.0 would come back 0.0), and it writes a number
+# out in full, so a float Python writes with an exponent (1e16 or more) would come back as an
+# integer (1e308 as 309 digits). A refusal tells the sender which field at once; a number changed
+# in storage would be found late, if ever (docs/runbook.md, "Numbers").
+FLOAT_AS_INTEGER = 1e16  # from here on repr(float) has an exponent, which numeric writes out in full
+
+
+def _json_constant(name: str) -> RefusedNumber:
+    return RefusedNumber(name, f"is {name}, which is not a number JSON can carry")
+
+
+def _json_float(text: str) -> float | RefusedNumber:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):  # 1e400: valid JSON, but no float holds it
+        return RefusedNumber(text[:50], f"is the number {text[:50]}, which is too large to store")
+    if value == 0 and any(digit in "123456789" for digit in text.lower().partition("e")[0]):
+        # 1e-400: valid JSON, but no float holds it (it would be read, and stored, as 0)
+        return RefusedNumber(text[:50], f"is the number {text[:50]}, which is too small to store")
+    if value == 0 and math.copysign(1, value) < 0:
+        return _negative_zero(text)
+    if abs(value) >= FLOAT_AS_INTEGER:
+        digits = len(str(abs(int(value))))
+        return RefusedNumber(
+            text[:50],
+            f"is the number {text[:50]}, which would be stored as an integer of {digits} digits; send an "
+            "integer, or a string to keep it as written",
+        )
+    return value
+
+
+def _json_integer(text: str) -> int | RefusedNumber:
+    if text.startswith("-") and not text.strip("-0"):
+        return _negative_zero(text)
+    try:
+        return int(text)
+    except ValueError:  # more digits than Python reads: sys.get_int_max_str_digits(), 4,300
+        digits = len(text.lstrip("-"))
+        return RefusedNumber(
+            f"{text[:20]}…",
+            f"is an integer of {digits:,} digits, more than the {sys.get_int_max_str_digits():,} odal reads",
+        )
+
+
+def _negative_zero(text: str) -> RefusedNumber:
+    return RefusedNumber(text, "is negative zero, which would be stored as 0; send 0")
+
+
+JSON_NUMBERS = {"parse_constant": _json_constant, "parse_float": _json_float, "parse_int": _json_integer}
 
 
 def find_unstorable(value, path: str = "", depth: int = 0, max_depth: int = 64) -> tuple[str, str] | None:
     """Walk a JSON value (dicts, lists, strings) and return (path, problem) for the first key or
-    string PostgreSQL cannot store, number no float carries (a NotFiniteNumber), or nesting deeper
+    string PostgreSQL cannot store, number odal would not give back as sent (a RefusedNumber), or nesting deeper
     than `max_depth`; None if all is fine. Paths read like `payload.items[2].name`."""
     stack = [(value, path, depth)]
     while stack:
@@ -84,7 +138,7 @@ def find_unstorable(value, path: str = "", depth: int = 0, max_depth: int = 64) 
             problem = unstorable(item)
             if problem:
                 return where or "body", problem
-        elif isinstance(item, NotFiniteNumber):
+        elif isinstance(item, RefusedNumber):
             return where or "body", item.problem
         elif isinstance(item, dict):
             for key, inner in reversed(list(item.items())):

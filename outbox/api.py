@@ -158,6 +158,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
 
 @router.post(
     "events",
+    operation_id="createEvent",
     auth=ScopedAuth("write", perm="outbox.post_event"),
     response=responses({201: EventOut}, 409, body=True),
 )
@@ -172,7 +173,10 @@ def post_event(request, payload: EventIn, response: HttpResponse, idempotency_ke
 
 
 @router.get(
-    "outbox", auth=ScopedAuth("read", perm="outbox.view_delivery"), response=responses({200: OutboxCountsOut})
+    "outbox",
+    operation_id="getOutboxCounts",
+    auth=ScopedAuth("read", perm="outbox.view_delivery"),
+    response=responses({200: OutboxCountsOut}),
 )
 def get_outbox(request):
     """Deliveries per status, overall and per consumer."""
@@ -181,6 +185,7 @@ def get_outbox(request):
 
 @router.get(
     "outbox/deliveries",
+    operation_id="listDeliveries",
     auth=ScopedAuth("read", perm="outbox.view_delivery"),
     response=responses({200: DeliveryPage}),
 )
@@ -231,6 +236,7 @@ def get_delivery_or_404(delivery_id) -> Delivery:
 
 @router.get(
     "outbox/deliveries/{deliveryId}",
+    operation_id="getDelivery",
     auth=ScopedAuth("read", perm="outbox.view_delivery"),
     response=responses({200: DeliveryDetailOut}, 404),
 )
@@ -241,6 +247,7 @@ def get_delivery(request, deliveryId: uuid.UUID):
 
 @router.post(
     "outbox/deliveries/{deliveryId}/replay",
+    operation_id="replayDelivery",
     auth=ScopedAuth("admin", perm="outbox.replay_delivery"),
     response=responses({200: SentAgainOut}, 404, 409, body=True),
 )
@@ -261,6 +268,7 @@ def replay_delivery(request, deliveryId: uuid.UUID, payload: ReasonIn):
 
 @router.post(
     "outbox/replay",
+    operation_id="replayDeliveries",
     auth=ScopedAuth("admin", perm="outbox.replay_delivery"),
     response=responses({200: BulkReplayOut}, 409, body=True),
 )
@@ -294,6 +302,7 @@ class EventDetailOut(Schema):
 
 @router.get(
     "events/{eventId}",
+    operation_id="getEvent",
     auth=ScopedAuth("read", perm="outbox.view_delivery"),
     response=responses({200: EventDetailOut}, 404),
 )

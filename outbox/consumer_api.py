@@ -140,6 +140,7 @@ RESEND = ScopedAuth("admin", perm="outbox.replay_delivery")
 
 @router.post(
     "outbox/consumers",
+    operation_id="createConsumer",
     auth=ScopedAuth("admin", perm="outbox.add_consumer"),
     response=responses({201: ConsumerCreatedOut}, 409, body=True),
 )
@@ -159,13 +160,20 @@ def post_consumer(request, payload: ConsumerIn, response: HttpResponse):
     return Status(201, consumer)
 
 
-@router.get("outbox/consumers", auth=VIEW, response=responses({200: ConsumerList}))
+@router.get(
+    "outbox/consumers", operation_id="listConsumers", auth=VIEW, response=responses({200: ConsumerList})
+)
 def list_consumers(request):
     """Every consumer, by name (secrets are never shown again after creation or rotation)."""
     return {"items": list(Consumer.objects.order_by("name"))}
 
 
-@router.get("outbox/consumers/{name}", auth=VIEW, response=responses({200: ConsumerOut}, 404))
+@router.get(
+    "outbox/consumers/{name}",
+    operation_id="getConsumer",
+    auth=VIEW,
+    response=responses({200: ConsumerOut}, 404),
+)
 def get_consumer(request, name: str, response: HttpResponse):
     """One consumer. Its `ETag` goes in PATCH's `If-Match`."""
     consumer = service.consumer_or_404(name)
@@ -174,7 +182,10 @@ def get_consumer(request, name: str, response: HttpResponse):
 
 
 @router.patch(
-    "outbox/consumers/{name}", auth=CHANGE, response=responses({200: ConsumerOut}, 404, 409, 412, body=True)
+    "outbox/consumers/{name}",
+    operation_id="changeConsumer",
+    auth=CHANGE,
+    response=responses({200: ConsumerOut}, 404, 409, 412, body=True),
 )
 def change_consumer(request, name: str, payload: ConsumerPatch, response: HttpResponse):
     """Change a consumer's url (or target), event types, timeout or attempt budget; audited with
@@ -197,7 +208,10 @@ def change_consumer(request, name: str, payload: ConsumerPatch, response: HttpRe
 
 
 @router.delete(
-    "outbox/consumers/{name}", auth=REMOVE, response=responses({200: RemovedOut}, 404, 409, body=True)
+    "outbox/consumers/{name}",
+    operation_id="removeConsumer",
+    auth=REMOVE,
+    response=responses({200: RemovedOut}, 404, 409, body=True),
 )
 def remove_consumer(request, name: str, payload: ReasonIn):
     """Remove a consumer with its settled deliveries; 409 while any is pending or paused."""
@@ -207,7 +221,10 @@ def remove_consumer(request, name: str, payload: ReasonIn):
 
 
 @router.post(
-    "outbox/consumers/{name}/pause", auth=PAUSE, response=responses({200: ConsumerOut}, 404, body=True)
+    "outbox/consumers/{name}/pause",
+    operation_id="pauseConsumer",
+    auth=PAUSE,
+    response=responses({200: ConsumerOut}, 404, body=True),
 )
 def pause_consumer(request, name: str, payload: ReasonIn):
     """Pause: its deliveries are still made but wait (status paused), spending no attempt and
@@ -219,7 +236,10 @@ def pause_consumer(request, name: str, payload: ReasonIn):
 
 
 @router.post(
-    "outbox/consumers/{name}/resume", auth=PAUSE, response=responses({200: ConsumerOut}, 404, body=True)
+    "outbox/consumers/{name}/resume",
+    operation_id="resumeConsumer",
+    auth=PAUSE,
+    response=responses({200: ConsumerOut}, 404, body=True),
 )
 def resume_consumer(request, name: str, payload: ReasonIn):
     """Resume: its waiting deliveries are due again, in the order they were made."""
@@ -231,6 +251,7 @@ def resume_consumer(request, name: str, payload: ReasonIn):
 
 @router.post(
     "outbox/consumers/{name}/rotate-secret",
+    operation_id="rotateConsumerSecret",
     auth=CHANGE,
     response=responses({200: RotateOut}, 404, 409, body=True),
 )
@@ -250,7 +271,12 @@ def rotate_secret(request, name: str, payload: RotateIn, response: HttpResponse)
     return {"secret": secret, "previousSecretExpiresAt": expires}
 
 
-@router.post("outbox/consumers/{name}/test-event", auth=CHANGE, response=responses({201: TestEventOut}, 404))
+@router.post(
+    "outbox/consumers/{name}/test-event",
+    operation_id="sendTestEvent",
+    auth=CHANGE,
+    response=responses({201: TestEventOut}, 404),
+)
 def test_event(request, name: str):
     """An odal.test event to this consumer alone (it waits like the others while it is paused)."""
     delivery = service.send_test_event(service.consumer_or_404(name), actor=request.auth.actor)
@@ -259,6 +285,7 @@ def test_event(request, name: str):
 
 @router.post(
     "outbox/deliveries/{deliveryId}/resend",
+    operation_id="resendDelivery",
     auth=RESEND,
     response=responses({200: SentAgainOut}, 404, 409, body=True),
 )
@@ -279,7 +306,12 @@ def resend_delivery(request, deliveryId: uuid.UUID, payload: ReasonIn):
     return resent
 
 
-@router.post("outbox/resend", auth=RESEND, response=responses({200: BulkResendOut}, body=True))
+@router.post(
+    "outbox/resend",
+    operation_id="resendDeliveries",
+    auth=RESEND,
+    response=responses({200: BulkResendOut}, body=True),
+)
 def resend_by_filter(request, payload: BulkResendIn):
     """Send again every delivered or dead delivery matching the filter, with one reason.
     `dryRun` only counts, and warns of dead ones whose consumer answered 2xx to a late attempt

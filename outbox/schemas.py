@@ -34,7 +34,8 @@ class ConsumerOut(Schema):
     kind: str
     url: str = Field(
         description="Whole only to admin scope and to staff who may change consumers; to everyone else "
-        "the password of its userinfo and every query value read ***."
+        "its whole userinfo, every path parameter's value and every query value read *** "
+        "(`http://***@host/hook;key=***?token=***`)."
     )
     target: str
     eventTypes: list[str] = Field(alias="event_types")

@@ -41,6 +41,7 @@ class RegistryCountsOut(Schema):
 
 @router.get(
     "dpp/{dppId}/registry",
+    operation_id="getRegistration",
     auth=ScopedAuth("read", perm="registry.view_registration"),
     response=responses({200: RegistrationOut}, 404),
 )
@@ -51,6 +52,7 @@ def get_registration(request, dppId: uuid.UUID):
 
 @router.post(
     "dpp/{dppId}/registry/abandon",
+    operation_id="abandonRegistration",
     auth=ScopedAuth("admin", perm="registry.abandon_registration"),
     response={**responses({200: AbandonOut}, 404, 501, 502, body=True), 409: AbandonRefusal},
 )
@@ -70,6 +72,7 @@ def abandon_registration(request, dppId: uuid.UUID, payload: AbandonIn):
 
 @router.post(
     "dpp/{dppId}/registry/handle",
+    operation_id="recordHandle",
     auth=ScopedAuth("admin", perm="registry.record_handle"),
     response=responses({200: RegistrationOut}, 404, 409, body=True),
 )
@@ -82,6 +85,7 @@ def record_handle(request, dppId: uuid.UUID, payload: HandleIn):
 
 @router.get(
     "registry",
+    operation_id="getRegistryCounts",
     auth=ScopedAuth("read", perm="registry.view_registration"),
     response=responses({200: RegistryCountsOut}),
 )

@@ -47,7 +47,7 @@ def test_an_unknown_route_is_a_json_404(debug, path):
 
 @pytest.mark.parametrize(
     "method, path, allowed",
-    [("delete", "registry", "GET"), ("put", "dpp", "GET, POST"), ("get", "events", "POST")],
+    [("delete", "registry", "GET, HEAD"), ("put", "dpp", "GET, HEAD, POST"), ("get", "events", "POST")],
 )
 def test_a_method_the_route_does_not_take_is_a_json_405_with_allow(debug, method, path, allowed):
     response = getattr(Client(), method)(API + path, headers={"Authorization": f"Bearer {issue_token()}"})
@@ -227,8 +227,34 @@ def test_odal_serve_reads_chunked_bodies_and_answers_json_errors(tmp_path):
         wrong = api.delete("registry")
         assert (wrong.status_code, wrong.headers["Allow"], wrong.json()["code"]) == (
             405,
-            "GET",
+            "GET, HEAD",
             "method_not_allowed",
         )
         stranger = api.get("registry", headers={"Host": "elsewhere.test"})
         assert (stranger.status_code, stranger.json()["code"]) == (400, "disallowed_host")
+
+
+# -- HEAD (issue 37) -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["registry", "dpp?limit=5", "outbox", "outbox/consumers", "dpp/{id}"])
+def test_head_on_a_get_route_answers_as_get_without_a_body(path):
+    passport = Passport.objects.create(upi=UPI.format("head"), operator_id="OP")
+    client = Client(headers={"Authorization": f"Bearer {issue_token('read')}"})
+    url = API + path.format(id=passport.pk)
+    get, head = client.get(url), client.head(url)
+    assert get.status_code == head.status_code == 200, head.content
+    assert head.content == b""
+    assert head["Content-Type"] == get["Content-Type"] == "application/json; charset=utf-8"
+    assert head["Content-Length"] == str(len(get.content))
+
+
+def test_head_answers_a_refusal_as_get_does_without_a_body():
+    unauthenticated = Client().head(API + "registry")
+    assert (unauthenticated.status_code, unauthenticated.content) == (401, b"")
+    reader = Client(headers={"Authorization": f"Bearer {issue_token('read')}"})
+    missing = reader.head(API + "nope")
+    assert (missing.status_code, missing.content, missing["Content-Type"]) == (404, b"", "application/json")
+    assert missing["Content-Length"] == str(len(reader.get(API + "nope").content))
+    post_only = Client(headers={"Authorization": f"Bearer {issue_token('write')}"}).head(API + "events")
+    assert (post_only.status_code, post_only["Allow"], post_only.content) == (405, "POST", b"")

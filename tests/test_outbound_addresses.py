@@ -43,6 +43,14 @@ REFUSED = [
     ("4000::1", None, "a reserved address"),
     ("100.64.0.1", None, "an internal address"),
     ("::1", None, "an internal address"),
+    # Ranges Python's ipaddress calls global (issue 37): RFC 9637's documentation prefix and the
+    # retired 6to4 relay anycast range (RFC 7526), also as 6to4 and NAT64 carry it.
+    ("3fff::1", None, "a documentation address (3fff::/20, RFC 9637)"),
+    ("3fff:fff:ffff:ffff:ffff:ffff:ffff:ffff", None, "a documentation address (3fff::/20, RFC 9637)"),
+    ("192.88.99.1", None, "the retired 6to4 relay anycast range (192.88.99.0/24, RFC 7526)"),
+    ("192.88.99.255", None, "the retired 6to4 relay anycast range (192.88.99.0/24, RFC 7526)"),
+    ("2002:c058:6301::1", "192.88.99.1", "6to4, 2002::/16"),
+    ("64:ff9b::c058:6301", "192.88.99.1", "NAT64, 64:ff9b::/96"),
 ]
 # public counterparts: the same mechanisms carrying a public IPv4 address stay allowed
 ALLOWED = [
@@ -55,6 +63,9 @@ ALLOWED = [
     "2001:0:4136:e378:8000:63bf:f7f7:f7f7",  # Teredo, client 8.8.8.8
     "8.8.8.8",
     "2606:4700:4700::1111",
+    "3fff:1000::1",  # just past 3fff::/20
+    "192.88.98.255",  # just before 192.88.99.0/24
+    "192.88.100.0",  # just past it
 ]
 
 

@@ -295,3 +295,23 @@ def test_gunicorn_cmd_args_come_over_odal_settings_and_the_command_line_over_bot
 
     given = gunicorn_application({"bind": ["0.0.0.0:9000"], "workers": 2}).cfg
     assert (given.bind, given.workers, given.accesslog) == (["0.0.0.0:9000"], 2, "-")
+
+
+def test_a_500_gunicorn_answers_itself_is_json_with_an_error_id_the_log_names(caplog):
+    """(What gunicorn answers when the application failed outside Django's handlers: its other
+    answers are sent to a real `odal serve` in tests/test_gunicorn_answers.py.)"""
+    import json
+
+    from odal.management.commands.serve import json_error
+
+    with caplog.at_level("ERROR"):
+        head, _, body = json_error(500, "Internal Server Error").partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 500 Internal Server Error\r\n")
+    assert b"Content-Type: application/json" in head and f"Content-Length: {len(body)}".encode() in head
+    answer = json.loads(body)
+    assert answer["code"] == "internal_error" and answer["errorId"] in answer["detail"]
+    assert answer["errorId"] in caplog.text
+    assert json.loads(json_error(408, "Request Timeout").partition(b"\r\n\r\n")[2]) == {
+        "detail": "Request Timeout.",
+        "code": "http_error",
+    }

@@ -1,9 +1,12 @@
-"""A webhook URL's credentials (the password of its userinfo, every query value) are shown whole
-only to admin scope and to staff who may change consumers; everyone and everything else (read and
-write scope, Viewers and Operators, the audit trail, the logs, the attempt log) reads ***."""
+"""A webhook URL's credentials (its whole userinfo, every path parameter's and query value) are
+shown whole only to admin scope and to staff who may change consumers; everyone and everything
+else (read and write scope, Viewers and Operators, the audit trail, the logs, the attempt log and
+the command line's reading of it) reads ***."""
 
 import base64
+import io
 import logging
+import urllib.parse
 
 import pytest
 from django.contrib.auth.models import Group, Permission
@@ -21,7 +24,7 @@ from tests.webhook_server import Answer, WebhookServer
 
 PASSWORD, TOKEN = "PASSWORD-of-alice", "SECRET-token-42"
 URL = f"http://alice:{PASSWORD}@127.0.0.1:9/hook?token={TOKEN}&v=2"
-SHOWN = "http://alice:***@127.0.0.1:9/hook?token=***&v=***"
+SHOWN = "http://***@127.0.0.1:9/hook?token=***&v=***"
 
 
 def assert_hidden(text) -> None:
@@ -34,10 +37,10 @@ def assert_hidden(text) -> None:
     [
         (URL, SHOWN),
         ("https://hooks.example/x", "https://hooks.example/x"),
-        ("https://alice@hooks.example/x", "https://alice@hooks.example/x"),  # a user alone is no secret
+        ("https://alice@hooks.example/x", "https://***@hooks.example/x"),  # a user alone may be a key
         ("https://hooks.example/x?SECRET", "https://hooks.example/x?***"),  # a value without a key
         ("https://hooks.example/x?a=1#frag-token", "https://hooks.example/x?a=***#***"),
-        ("https://:pw@hooks.example:8443/x?a=%20b&c=", "https://:***@hooks.example:8443/x?a=***&c=***"),
+        ("https://:pw@hooks.example:8443/x?a=%20b&c=", "https://***@hooks.example:8443/x?a=***&c=***"),
         ("http://[::1/x?token=SECRET", "***"),  # cannot be read: hidden whole
     ],
 )
@@ -144,8 +147,8 @@ def test_the_admin_hides_the_credentials_from_staff_who_may_not_change_consumers
     listed = client.get("/admin/outbox/consumer/")
     page = client.get(f"/admin/outbox/consumer/{consumer.pk}/change/")
     assert listed.status_code == page.status_code == 200
-    assert "alice:***@127.0.0.1:9/hook?token=***" in listed.content.decode()
-    assert "alice:***@127.0.0.1:9/hook?token=***" in page.content.decode()
+    assert "http://***@127.0.0.1:9/hook?token=***" in listed.content.decode()
+    assert "http://***@127.0.0.1:9/hook?token=***" in page.content.decode()
     assert_hidden(listed.content.decode())
     assert_hidden(page.content.decode())
 
@@ -251,3 +254,181 @@ def test_an_answer_echoing_the_requests_basic_authorization_has_it_hidden():
         without_secrets_of(URL, f"you sent authorization: Basic {basic}")
         == "you sent authorization: Basic ***"
     )
+
+
+# -- credentials in other spellings (issue 37) -----------------------------------------------------
+# The client sends `alice%3APASSWORD` as Basic `alice:PASSWORD:`, and a user name alone may be an API
+# key (`sk_live_…`): the whole userinfo is a credential. A path parameter (`;token=…`) is a query
+# value by another name.
+
+
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("http://alice%3APASSWORD@hooks.example/x", "http://***@hooks.example/x"),
+        ("http://alice%3aPASSWORD@hooks.example/x", "http://***@hooks.example/x"),
+        ("https://sk_live_51HxKEY@hooks.example/x", "https://***@hooks.example/x"),
+        ("https://:PASSWORD@hooks.example/", "https://***@hooks.example/"),
+        ("https://alice:PASS%40WORD@hooks.example/", "https://***@hooks.example/"),
+        ("https://alice:PASS@WORD@hooks.example/", "https://***@hooks.example/"),  # a raw @ in it
+        ("http://alice:PASSWORD@[2001:db8::1]:8443/x", "http://***@[2001:db8::1]:8443/x"),
+        ("HTTP://alice:PASSWORD@Hooks.Example/x", "http://***@Hooks.Example/x"),
+        (
+            "https://hooks.example/a;token=SECRET;v=2/b;key=SECRET/c;SECRET?q=1",
+            "https://hooks.example/a;token=***;v=***/b;key=***/c;***?q=***",
+        ),
+        ("https://alice%3APASSWORD@[::1/x;token=SECRET", "***"),  # cannot be read: hidden whole
+    ],
+)
+def test_redacted_url_hides_the_whole_userinfo_and_every_path_parameter(url, shown):
+    assert redacted_url(url) == shown
+    assert redacted_urls_in(f"calling {url} failed") == f"calling {shown} failed"
+
+
+# Spellings a consumer can be made with (`{host}`: where it listens), and what each must never show.
+SPELLINGS = {
+    "percent-encoded colon": ("http://alice%3APASSWORD-37@{host}/hook", ["PASSWORD-37"]),
+    "lower-case %3a": ("http://alice%3aPASSWORD-37@{host}/hook", ["PASSWORD-37"]),
+    "an API key as the user": ("http://sk_live_KEY37abcdef@{host}/hook", ["sk_live_KEY37abcdef"]),
+    "empty user": ("http://:PASSWORD-37@{host}/hook", ["PASSWORD-37"]),
+    "@ percent-encoded in the password": (
+        "http://alice:PASS%40WORD-37@{host}/hook",
+        ["PASS%40WORD-37", "PASS@WORD-37"],
+    ),
+    "upper-case scheme": ("HTTP://alice:PASSWORD-37@{host}/hook", ["PASSWORD-37"]),
+    "path parameters": (
+        "http://{host}/a;token=SECRET-37;v=22/b;key=KEY-37-abc;x=y/hook",
+        ["SECRET-37", "KEY-37-abc"],
+    ),
+}
+STORED = {**SPELLINGS, "IPv6 host": ("http://alice:PASSWORD-37@[::1]:9/hook", ["PASSWORD-37"])}
+
+
+def stored(spelling: str) -> tuple[str, list[str]]:
+    url, secrets = STORED[spelling]
+    return url.format(host="127.0.0.1:9"), secrets
+
+
+def assert_none_of(secrets: list[str], text) -> None:
+    text = str(text)
+    for secret in secrets:
+        assert secret not in text, (secret, text)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("spelling", STORED)
+def test_read_and_write_scope_and_viewers_see_no_credential_in_any_spelling(api_as, client, spelling):
+    url, secrets = stored(spelling)
+    WebhookConsumerFactory(name="hook", url=url)
+    staff(client, group="Viewers")
+    for get in (api_as("read").get, api_as("write").get):
+        one, listed = get("outbox/consumers/hook"), get("outbox/consumers")
+        assert one.status_code == listed.status_code == 200
+        assert one.json()["url"] == listed.json()["items"][0]["url"] == redacted_url(url)
+        assert_none_of(secrets, one.content.decode() + listed.content.decode())
+    for path in ("/vault/api/v1/outbox/consumers/hook", "/vault/api/v1/outbox/consumers"):
+        answer = client.get(path)
+        assert answer.status_code == 200 and "***" in answer.content.decode()
+        assert_none_of(secrets, answer.content.decode())
+    assert api_as("admin").get("outbox/consumers/hook").json()["url"] == url  # (admin scope: whole)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("spelling", STORED)
+def test_the_admin_shows_viewers_no_credential_in_any_spelling(client, spelling):
+    url, secrets = stored(spelling)
+    consumer = WebhookConsumerFactory(name="hook", url=url)
+    staff(client, group="Viewers")
+    listed = client.get("/admin/outbox/consumer/")
+    page = client.get(f"/admin/outbox/consumer/{consumer.pk}/change/")
+    assert listed.status_code == page.status_code == 200
+    shown = redacted_url(url).replace("&", "&amp;")
+    assert shown in listed.content.decode() and shown in page.content.decode()
+    assert_none_of(secrets, listed.content.decode() + page.content.decode())
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("spelling", STORED)
+def test_the_audit_trail_keeps_no_credential_in_any_spelling(admin_api, client, spelling):
+    url, secrets = stored(spelling)
+    made = admin_api.post("outbox/consumers", {"name": "hook", "url": url})
+    assert made.status_code == 201, made.content
+    other = url.replace("37", "38")
+    changed = admin_api.patch("outbox/consumers/hook", {"url": other, "reason": "new credential"})
+    assert changed.status_code == 200, changed.content
+    assert admin_api.delete("outbox/consumers/hook", {"reason": "gone"}).status_code == 200
+    entries = {e.action: e.details for e in AuditEntry.objects.filter(object_type="outbox.consumer")}
+    assert set(entries) == {"consumer_created", "consumer_changed", "consumer_removed"}
+    assert entries["consumer_created"]["url"] == redacted_url(url)
+    assert entries["consumer_changed"]["url"]["credentialsChanged"] is True  # both read the same
+    for details in entries.values():
+        assert_none_of([*secrets, *(s.replace("37", "38") for s in secrets)], details)
+    # An entry from before this release, holding the URL whole, is read redacted by a Viewer.
+    old = AuditEntry.objects.record(
+        actor="token:ops", action="consumer_created", obj=None, details={"kind": "webhook", "url": url}
+    )
+    staff(client, group="Viewers")
+    page = client.get(f"/admin/odal/auditentry/{old.pk}/change/")
+    assert page.status_code == 200
+    assert_none_of(secrets, page.content.decode())
+
+
+@pytest.mark.parametrize("spelling", STORED)
+def test_every_log_line_hides_the_credential_in_any_spelling(spelling):
+    url, secrets = stored(spelling)
+    [handler] = logging.getLogger("outbox").handlers
+    record = logging.LogRecord("outbox.sweep", logging.WARNING, __file__, 1, "calling %s", (url,), None)
+    try:
+        raise ValueError(f"no route to {url}")
+    except ValueError:
+        import sys
+
+        record.exc_info = sys.exc_info()
+    assert handler.filter(record)
+    line = handler.format(record)
+    assert f"calling {redacted_url(url)}" in line and "no route to" in line
+    assert_none_of(secrets, line)
+    assert_none_of(secrets, JsonFormatter().format(record))
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_an_attempt_and_the_command_line_reading_it_quote_no_credential_in_any_spelling(
+    settings, caplog, spelling
+):
+    """A real webhook redirecting to its own whole URL, with a body echoing the request's Basic
+    authorization and the URL: the attempt log, lastError, the log line and `odal outbox show`
+    quote none of its credentials."""
+    import httpx
+    from django.core.management import call_command
+
+    settings.ODAL_BACKOFF_BASE_SECONDS = 0
+    template, secrets = SPELLINGS[spelling]
+    with WebhookServer() as server:
+        url = template.format(host=server.url.removeprefix("http://").removesuffix("/hooks"))
+        parsed = httpx.URL(url)
+        basic = base64.b64encode(f"{parsed.username}:{parsed.password}".encode()).decode()
+        secrets = [*secrets, basic] if parsed.userinfo else secrets
+        server.script = [Answer(301, f"you sent Basic {basic} to {url}".encode(), [("location", url)])]
+        WebhookConsumerFactory(url=url, timeout_seconds=1)
+        emit("passport.published", {"n": 1})
+        with caplog.at_level(logging.WARNING, logger="outbox"):
+            assert sweep_once().failed == 1
+        assert server.received  # the whole URL was called
+        if parsed.userinfo:
+            assert server.received[0].headers["authorization"] == f"Basic {basic}"
+    delivery = Delivery.objects.get()
+    line = delivery.attempt_log.get()
+    assert line.error.startswith("HTTP 301 redirect to ")
+    shown = io.StringIO()
+    call_command("outbox", "show", str(delivery.pk), stdout=shown, stderr=io.StringIO())
+    assert "HTTP 301 redirect" in shown.getvalue()
+    for text in (line.error, line.answer, delivery.last_error, caplog.text, shown.getvalue()):
+        assert_none_of(secrets, text)
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_an_echo_of_any_credential_is_hidden(spelling):
+    url, secrets = stored(spelling)
+    echo = " ".join(secrets) + " and " + " ".join(urllib.parse.unquote(s) for s in secrets)
+    assert_none_of(secrets, without_secrets_of(url, echo))

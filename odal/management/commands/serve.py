@@ -3,8 +3,12 @@
 `odal serve` collects first."""
 
 import ipaddress
+import json
+import logging
 import socket
+import uuid
 
+import gunicorn.util
 from django.conf import settings
 from django.contrib.staticfiles.storage import staticfiles_storage
 from django.core.management import call_command
@@ -15,6 +19,8 @@ from gunicorn.app.base import BaseApplication
 from odal import rules
 from odal.cli import serving, usage_error
 from odal.settings import DEFAULT_SECRET_KEY
+
+logger = logging.getLogger(__name__)
 
 # A worker answering abandon waits for the registry's whole task list (ODAL_REGISTRY_LOOKUP_SECONDS);
 # gunicorn must not take that silence for a hung worker.
@@ -30,14 +36,72 @@ def admin_registry_seconds(web_timeout: float) -> int:
     return max(1, min(settings.ODAL_ADMIN_REGISTRY_SECONDS, int(web_timeout * 2 // 3)))
 
 
+# What gunicorn answers itself (a request it cannot read never reaches Django), as the API's
+# `{detail, code}`: status -> (code, detail). gunicorn's own message names the rule broken; it goes
+# to gunicorn's log ("Invalid request from ip=…"), not back to the client.
+GUNICORNS_OWN = {
+    400: ("bad_request", "The request was refused as malformed: its request line, method, a header "
+          "or its body's framing (Content-Length, Transfer-Encoding) is not HTTP/1.1 as RFC 9112 reads it"),
+    403: ("forbidden", "The request was refused: its proxy line or forwarded scheme came from an "
+          "address this server does not believe"),
+    414: ("uri_too_long", "The request line is longer than this server reads (gunicorn's "
+          "limit_request_line, 4,094 bytes): send long values in a body"),
+    417: ("expectation_failed", "The request's Expect header asks for what this server does not do"),
+    431: ("headers_too_large", "The request has more headers, or longer ones, than this server reads "
+          "(gunicorn's limit_request_fields and limit_request_field_size)"),
+    501: ("not_implemented", "The request's Transfer-Encoding is one this server does not read: send "
+          "the body with a Content-Length, or chunked"),
+}  # fmt: skip
+
+
+def json_error(status: int, reason: str) -> bytes:
+    """The whole answer to a request gunicorn refused itself: `{detail, code}`, as every error of
+    the API is (a 500 with an `errorId` the log names too), and the connection closed."""
+    if status in GUNICORNS_OWN:
+        code, detail = GUNICORNS_OWN[status]
+        body = {"detail": f"{detail}.", "code": code}
+    elif status >= 500:
+        error_id = uuid.uuid4().hex[:12]
+        logger.error(
+            "unexpected error %s: gunicorn answered %s %s (its traceback is above)", error_id, status, reason
+        )
+        body = {
+            "detail": f"Something went wrong on our side; it was logged as error {error_id}. "
+            "Try again later, or quote that id to the node's operator.",
+            "code": "internal_error",
+            "errorId": error_id,
+        }
+    else:
+        body = {"detail": f"{reason}.", "code": "http_error"}
+    content = json.dumps(body).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(content)}\r\n\r\n"
+    )
+    return head.encode("latin-1") + content
+
+
+def write_json_error(sock, status_int, reason, mesg):
+    """gunicorn's util.write_error (its HTML page), as JSON: see OdalApplication."""
+    gunicorn.util.write_nonblock(sock, json_error(status_int, reason))
+
+
 class OdalApplication(BaseApplication):
     """gunicorn's documented way to run an application from Python ("Custom Application"). Its
     configuration, each layer over the one before: odal's (ODAL_BIND, ODAL_WEB_WORKERS and the
-    timeouts), then gunicorn's own GUNICORN_CMD_ARGS, then this command's --bind and --workers."""
+    timeouts), then gunicorn's own GUNICORN_CMD_ARGS, then this command's --bind and --workers.
+
+    A request gunicorn cannot read (a request line over 4 KB, a raw non-ASCII byte in the path,
+    `Content-Length: -1`, a lower-case method…) is answered by gunicorn itself, before any path
+    is trusted: its workers' handle_error writes it with `gunicorn.util.write_error`, an HTML
+    page, and gunicorn has no setting or hook for it. odal serve puts write_json_error in its
+    place before the workers are forked (every worker class calls it), so that those answers are
+    the API's JSON `{detail, code}` too (docs/scaling.md)."""
 
     def __init__(self, defaults: dict, overrides: dict):
         self.defaults, self.overrides = defaults, overrides
         super().__init__(prog="odal serve")
+        gunicorn.util.write_error = write_json_error
 
     def load_config(self):
         for name, value in self.defaults.items():

@@ -36,13 +36,6 @@ from registry.models import Registration, RegistrationAttempt, StalledRegistrati
 
 BUSY_SECONDS = 3
 REST_SECONDS = 30
-# A count in a stamp stops here: past it the page still refreshes on the other parts (the newest
-# attempt, the next claim), and the count costs no more at ten million rows than at ten thousand.
-CAP = 1000
-
-# The list actions whose first pass waits on something slow, with what the page says meanwhile.
-SLOW_ACTIONS = {"abandon_selected": "Asking the registry…"}
-
 # Readonly fields of object pages that change while work is in flight: live.js swaps each
 # `.field-<name> .readonly` (Django's own field markup, kept) as a live part.
 LIVE_FIELDS = {
@@ -63,25 +56,31 @@ LIST_PARTS = ["#result_list", "#changelist-form .paginator", "#changelist-form .
 
 
 class CappedCount(Subquery):
-    """count(*) of a queryset's first CAP rows: (SELECT count(*) FROM (... LIMIT CAP) c)."""
+    """count(*) of a queryset's first rows, as far as the admin's lists count (CappedPaginator:
+    CAP + 1, "more than CAP"): (SELECT count(*) FROM (… LIMIT CAP + 1) capped). Past it a stamp
+    still moves on its other parts (the newest attempt, the next claim), and the count costs no
+    more at ten million rows than at ten thousand."""
 
     template = "(SELECT count(*) FROM (%(subquery)s) capped)"
     output_field = IntegerField()
 
     def __init__(self, queryset: QuerySet):
-        super().__init__(queryset.order_by().values("pk")[:CAP])
+        from odal.admin import CappedPaginator  # (odal.admin mixes LiveAdmin in: imported late)
+
+        super().__init__(queryset.order_by().values("pk")[: CappedPaginator.CAP + 1])
 
 
 def newest(queryset: QuerySet, field: str = "pk") -> Subquery:
-    """The greatest `field` of a queryset, as a subquery (ORDER BY field DESC LIMIT 1: one probe
-    of the index that leads with it)."""
-    return Subquery(queryset.order_by(f"-{field}").values(field)[:1])
+    """The greatest `field` of a queryset: MAX(field), which PostgreSQL reads as one probe of the
+    end of the index that leads with it."""
+    meta = queryset.model._meta
+    return aggregate(queryset, "MAX", field, output_field=meta.pk if field == "pk" else meta.get_field(field))
 
 
-def aggregate(queryset: QuerySet, function: str, field: str = "pk") -> Subquery:
+def aggregate(queryset: QuerySet, function: str, field: str = "pk", output_field=None) -> Subquery:
     """function(field) over a queryset, as a scalar subquery: SELECT COUNT(id) FROM … WHERE …
     (a plain function to Django, so no GROUP BY: one row whatever the queryset matches)."""
-    value = Func(F(field), function=function, output_field=BigIntegerField())
+    value = Func(F(field), function=function, output_field=output_field or BigIntegerField())
     return Subquery(queryset.order_by().annotate(aggregated=value).values("aggregated")[:1])
 
 
@@ -313,7 +312,6 @@ def page_config(request, kind: str, pk=None) -> dict:
         "restSeconds": REST_SECONDS,
         "fields": LIVE_FIELDS.get(kind, []),
         "parts": LIST_PARTS if pk is None and kind != "dashboard" else LIVE_PARTS.get(kind, []),
-        "slowActions": SLOW_ACTIONS,
     }
 
 

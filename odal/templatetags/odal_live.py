@@ -1,7 +1,7 @@
 """{% odal_live %}: the head of a live page (odal.live): live.js and live.css, and the page's
 config as JSON (json_script: data, not a script, so a Content-Security-Policy without inline
 scripts lets it be). Pages that are not live get only the two files: the busy state of a slow
-action's page (SLOW_ACTIONS) and of any form or link marked data-busy works everywhere."""
+action (live.js) and of any form or link marked data-busy works everywhere."""
 
 from django import template
 from django.urls import resolve
@@ -19,6 +19,4 @@ def odal_live(context):
         match = request.resolver_match or resolve(request.path_info)
         if match.view_name == "admin:index" and request.user.is_active and request.user.is_staff:
             config = live.page_config(request, "dashboard")  # (before the dashboard's figures are read)
-    if config is None:
-        config = {"slowActions": live.SLOW_ACTIONS}
     return {"config": config}

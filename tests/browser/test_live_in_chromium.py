@@ -129,7 +129,8 @@ def test_a_delivery_page_goes_from_pending_to_delivered_in_place(page):
     sweep_once()
     assert Delivery.objects.get(pk=delivery.pk).status == "delivered"
     page.wait_for_function(
-        "document.querySelector('.field-status .readonly').innerText.toLowerCase() === 'delivered'", timeout=SWAP_MS
+        "document.querySelector('.field-status .readonly').innerText.toLowerCase() === 'delivered'",
+        timeout=SWAP_MS,
     )
     still_the_same_page(page)
     assert "delivered" in page.locator("#attempt_log-group").inner_text()  # its attempt log too

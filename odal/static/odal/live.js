@@ -8,14 +8,16 @@
    same id in the new page. The page is not reloaded: scroll, focus, anything typed and the rows
    ticked in a list stay as they were.
 
-   Also, on every page: a form or link marked data-busy="text" (or a list action named in the
-   config's slowActions) shows a spinner and that text while its page is being made, and cannot
+   Also, on every page: a form or link marked data-busy="text" (or a list action named in
+   SLOW_ACTIONS) shows a spinner and that text while its page is being made, and cannot
    be sent twice. */
 (function () {
   "use strict";
 
   const configNode = document.getElementById("odal-live");
   const config = configNode ? JSON.parse(configNode.textContent) : {};
+  // The list actions whose page is slow to come (it asks the registry first), and what to say.
+  const SLOW_ACTIONS = { abandon_selected: "Asking the registry…" };
 
   /* ---- the busy state of slow actions ---------------------------------------------------- */
 
@@ -23,7 +25,7 @@
     if (submitter && submitter.dataset.busy) return submitter.dataset.busy;
     if (form.dataset.busy) return form.dataset.busy;
     const action = form.querySelector("[name=action]");
-    return (action && (config.slowActions || {})[action.value]) || "";
+    return (action && SLOW_ACTIONS[action.value]) || "";
   }
 
   function showBusy(anchor, text) {

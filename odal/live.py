@@ -52,7 +52,12 @@ LIVE_FIELDS = {
 }  # fmt: skip
 # Other parts of object pages that are live as a whole: the attempt logs (inline groups).
 LIVE_PARTS = {"registration": ["#attempt_log-group"], "delivery": ["#attempt_log-group"]}
-LIST_PARTS = ["#result_list", "#changelist-form .paginator", "#changelist-form .action-counter"]
+LIST_PARTS = [
+    "#result_list",
+    "#changelist-form .paginator",
+    "#changelist-form .action-counter",
+    "#changelist-search .quiet",  # ("3 results (Show all)")
+]
 
 
 class CappedCount(Subquery):
@@ -276,22 +281,22 @@ def read(kind: str, pk=None) -> dict:
 def stamp_view(request, kind: str, pk: str | None = None):
     """GET /admin/odal/live/<kind>/[<pk>/]: the stamp of one page, for staff who may view what it
     shows (the dashboard: every staff member, as its page). Behind the admin's login
-    (admin.site.admin_view, in odal.urls)."""
+    (admin.site.admin_view, in odal.urls). Refusals are JSON {detail, code}, as the API's."""
     if kind not in KINDS or (pk is None) == KINDS[kind][2]:
-        raise Http404(f"No live page of kind {kind!r}.")
+        return refusal(404, "not_found", f"No live page of kind {kind!r}{' with an id' if pk else ''}.")
     model = KINDS[kind][0]
     if model is not None:
         model_admin = admin.site._registry.get(model)
         if model_admin is None or not model_admin.has_view_permission(request):
-            return JsonResponse(
-                {"detail": "You may not view these.", "code": "permission_denied"}, status=403
-            )
-        if pk is not None:
-            try:
-                model._meta.pk.to_python(pk)
-            except ValidationError:
-                raise Http404(f"No {model._meta.verbose_name} {pk}.") from None
-    return JsonResponse(read(kind, pk))
+            return refusal(403, "permission_denied", f"You may not view {model._meta.verbose_name_plural}.")
+    try:
+        return JsonResponse(read(kind, None if pk is None else model._meta.pk.to_python(pk)))
+    except (ValidationError, Http404):
+        return refusal(404, "not_found", f"No {model._meta.verbose_name} {pk}: it may have been deleted.")
+
+
+def refusal(status: int, code: str, detail: str) -> JsonResponse:
+    return JsonResponse({"detail": detail, "code": code}, status=status)
 
 
 def url_of(kind: str, pk=None) -> str:

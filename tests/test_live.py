@@ -94,6 +94,8 @@ def test_staff_without_the_view_permission_get_403(client):
         "/admin/odal/live/passport/not-a-uuid/",
         "/admin/odal/live/consumer/999999/",
         "/admin/odal/live/consumer/abc/",
+        "/admin/odal/live/consumer/99999999999999999999999999/",  # (past a bigint)
+        "/admin/odal/live/consumer/-1/",
         "/admin/odal/live/nothing/",
         "/admin/odal/live/passport/",  # (a kind of one object, without its id)
         "/admin/odal/live/dashboard/1/",
@@ -102,7 +104,8 @@ def test_staff_without_the_view_permission_get_403(client):
 def test_what_names_nothing_is_404(client, path):
     objects()
     client.force_login(viewer())
-    assert client.get(path).status_code == 404
+    response = client.get(path)
+    assert response.status_code == 404 and response.json()["code"] == "not_found"
 
 
 def test_a_registration_stamp_moves_with_the_drain_and_rests_when_settled(registry_sim):

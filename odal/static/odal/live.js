@@ -32,7 +32,7 @@
     const note = document.createElement("span");
     note.className = "odal-busy";
     note.setAttribute("role", "status");
-    const spinner = document.createElement("span");
+    const spinner = document.createElement("i");  // (not a span: Django's narrow list bar stretches those)
     spinner.className = "odal-spinner";
     spinner.setAttribute("aria-hidden", "true");
     note.append(spinner, text);
@@ -43,7 +43,7 @@
   document.addEventListener("submit", function (event) {
     const form = event.target;
     const text = busyText(form, event.submitter);
-    if (!text) return;
+    if (!text || event.defaultPrevented) return;  // (another script kept the form from going)
     if (form.dataset.busyNow) {  // sent already: its page is on the way
       event.preventDefault();
       return;
@@ -210,7 +210,7 @@
   line.className = "odal-live";
   line.setAttribute("role", "status");
   line.setAttribute("aria-live", "off");  // (a clock read out every second would be noise)
-  const dot = document.createElement("span");
+  const dot = document.createElement("i");
   dot.className = "odal-live-dot";
   dot.setAttribute("aria-hidden", "true");
   const words = document.createElement("span");

@@ -172,3 +172,18 @@ def test_live_pages_carry_their_stamp_and_live_js(admin_client):
 def test_a_page_that_is_not_live_gets_the_script_and_no_config(admin_client):
     html = admin_client.get("/admin/odal/auditentry/").content.decode()
     assert "odal/live.js" in html and 'id="odal-live"' not in html
+
+
+def test_a_page_reads_its_stamp_before_what_it_shows(admin_client):
+    """A change landing between the two reads makes the page newer than its stamp (one refetch too
+    many), never older (a page that would sit stale, its stamp already the new one)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    reg = objects()["registration"]
+    with CaptureQueriesContext(connection) as queries:
+        admin_client.get(f"/admin/registry/registration/{reg}/change/")
+    sqls = [q["sql"] for q in queries.captured_queries]
+    stamp = next(i for i, sql in enumerate(sqls) if '"lastAttempt"' in sql)
+    shown = next(i for i, sql in enumerate(sqls) if 'FROM "registry_registration"' in sql and i != stamp)
+    assert stamp < shown, sqls

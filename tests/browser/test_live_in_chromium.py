@@ -59,6 +59,12 @@ LET_GO = """() => {
 }"""
 
 
+SET_HIDDEN = """(hidden) => {
+    Object.defineProperty(document, "hidden", { value: hidden, configurable: true });
+    document.dispatchEvent(new Event("visibilitychange"));
+}"""
+
+
 def superuser():
     return UserFactory(username="admin-lead", is_superuser=True, is_staff=True)
 
@@ -221,3 +227,18 @@ def test_a_viewer_sees_the_stamp_and_an_anonymous_is_sent_to_sign_in(page):
     page.context.clear_cookies()
     log_in(page, bare)
     assert page.request.get(stamp).status == 403
+
+
+def test_a_hidden_tab_does_not_poll_and_polls_at_once_when_shown(page):
+    delivery = DeliveryFactory()  # in flight: every 3 s while shown
+    log_in(page, person("Viewers"))
+    page.goto(f"/admin/outbox/delivery/{delivery.pk}/change/")
+    polls = []
+    page.on(
+        "request", lambda request: polls.append(request.url) if "/admin/odal/live/" in request.url else None
+    )
+    page.evaluate(SET_HIDDEN, True)
+    page.wait_for_timeout(7_000)  # (more than two periods in flight)
+    assert polls == []
+    with page.expect_request(lambda request: "/admin/odal/live/delivery/" in request.url, timeout=2_000):
+        page.evaluate(SET_HIDDEN, False)

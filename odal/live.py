@@ -41,17 +41,17 @@ REST_SECONDS = 30
 LIVE_FIELDS = {
     "passport": ["status", "published_at", "suspended_at", "registration_panel", "events_panel"],
     "registration": [
-        "passport", "status", "operation", "attempts", "next_attempt_at", "correlation_id", "handle",
+        "passport", "status", "operation", "attempts", "next_attempt_shown", "correlation_id", "handle",
         "last_error", "note", "submitted_at", "registered_at", "abandoned_at", "last_unknown_at", "settles",
     ],
     "delivery": [
-        "status", "attempts", "max_attempts", "next_attempt_at", "last_error", "delivered_at", "dead_at",
-        "late_success_at",
+        "status", "attempts", "max_attempts", "next_attempt_shown", "last_error", "delivered_at", "dead_at",
+        "late_success_at", "attempt_log_shown",
     ],
     "consumer": ["paused", "paused_by", "paused_reason"],
 }  # fmt: skip
-# Other parts of object pages that are live as a whole: the attempt logs (inline groups).
-LIVE_PARTS = {"registration": ["#attempt_log-group"], "delivery": ["#attempt_log-group"]}
+# Other parts of object pages that are live as a whole: the registration's attempt log (an inline).
+LIVE_PARTS = {"registration": ["#attempt_log-group"]}
 LIST_PARTS = [
     "#result_list",
     "#changelist-form .paginator",
@@ -220,6 +220,13 @@ def consumer_stamp(pk) -> dict:
         dead=CappedCount(of.filter(status=Delivery.Status.DEAD)),
         parked=CappedCount(of.filter(status=Delivery.Status.PAUSED)),
         nextClaim=newest(of.filter(status=Delivery.Status.PENDING), "next_attempt_at"),
+        # Its attempts' ends, each a probe of attempt_by_consumer_idx (consumer, outcome, finished_at).
+        **{
+            f"last_{outcome}": newest(
+                DeliveryAttempt.objects.filter(consumer=OuterRef("pk"), outcome=outcome), "finished_at"
+            )
+            for outcome in DeliveryAttempt.Outcome.values
+        },
         delivered=tally_sum("outbox.delivered", Cast(OuterRef("pk"), output_field=CharField())),
     )  # fmt: skip
     state["busy"] = bool(state["pending"])

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from odal import lifecycle
 from outbox.models import Delivery
@@ -149,7 +150,7 @@ def test_a_delivery_page_goes_from_pending_to_delivered_in_place(page):
         timeout=SWAP_MS,
     )
     still_the_same_page(page)
-    assert "delivered" in page.locator("#attempt_log-group").inner_text()  # its attempt log too
+    assert "delivered" in page.locator(".field-attempt_log_shown").inner_text()  # its attempt log too
 
 
 def test_a_list_of_owed_work_keeps_the_ticked_rows(page):
@@ -242,3 +243,40 @@ def test_a_hidden_tab_does_not_poll_and_polls_at_once_when_shown(page):
     assert polls == []
     with page.expect_request(lambda request: "/admin/odal/live/delivery/" in request.url, timeout=2_000):
         page.evaluate(SET_HIDDEN, False)
+
+
+def test_the_consumer_health_and_the_object_buttons_follow_in_place(page):
+    """The other parts of issue 38 become live by their data-live: the consumer's health panel,
+    and the object's buttons (shown as its status allows) follow the work."""
+    consumer = ConsumerFactory(name="billing")
+    DeliveryFactory(consumer=consumer)
+    log_in(page, person("Operators"))
+    page.goto(f"/admin/outbox/consumer/{consumer.pk}/change/")
+    assert page.locator(".odal-health .n-delivered").inner_text() == "0"
+    mark_the_window(page)
+    sweep_once()
+    page.wait_for_function(
+        "document.querySelector('.odal-health .n-delivered').innerText === '1'", timeout=SWAP_MS
+    )
+    still_the_same_page(page)
+
+    waiting = DeliveryFactory(consumer=consumer)  # pending: no button yet; polled every 3 s
+    page.goto(f"/admin/outbox/delivery/{waiting.pk}/change/")
+    assert page.locator(".odal-buttons button").count() == 0
+    mark_the_window(page)
+    Delivery.objects.filter(pk=waiting.pk).update(status="dead", dead_at=timezone.now())
+    page.wait_for_selector(".odal-buttons button:has-text('Replay')", timeout=SWAP_MS)
+    still_the_same_page(page)
+
+
+def test_the_abandon_button_of_a_registration_page_shows_that_it_asks(page, registry_sim):
+    reg = backed_off_registration(passport__upi="https://id.example.eu/01/04012345000018/21/SLOW-2", attempts=6,
+                                  last_error="registry answered HTTP 503")  # fmt: skip
+    registry_sim.faults["task_list_latency"] = 1.2
+    log_in(page, person("Operators"))
+    page.goto(f"/admin/registry/registration/{reg.pk}/change/")
+    with page.expect_navigation(timeout=15_000):
+        busy, disabled = page.evaluate(PRESS_AND_LOOK, ".odal-buttons button[data-action=abandon_selected]")
+        assert busy == "Asking the registry…" and disabled
+    page.wait_for_selector("textarea[name=reason]")
+    assert "holds no submission" in page.locator("#content-main").inner_text()

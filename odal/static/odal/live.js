@@ -24,8 +24,10 @@
   function busyText(form, submitter) {
     if (submitter && submitter.dataset.busy) return submitter.dataset.busy;
     if (form.dataset.busy) return form.dataset.busy;
+    // A list's action menu, a reason page's hidden action, or an object page's button (data-action).
     const action = form.querySelector("[name=action]");
-    return (action && SLOW_ACTIONS[action.value]) || "";
+    const named = (submitter && submitter.dataset.action) || (action && action.value);
+    return SLOW_ACTIONS[named] || "";
   }
 
   function showBusy(anchor, text) {

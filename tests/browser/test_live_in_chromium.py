@@ -259,6 +259,7 @@ def test_the_consumer_health_and_the_object_buttons_follow_in_place(page):
         "document.querySelector('.odal-health .n-delivered').innerText === '1'", timeout=SWAP_MS
     )
     still_the_same_page(page)
+    shoot(page, "consumer-health")
 
     waiting = DeliveryFactory(consumer=consumer)  # pending: no button yet; polled every 3 s
     page.goto(f"/admin/outbox/delivery/{waiting.pk}/change/")
@@ -275,6 +276,7 @@ def test_the_abandon_button_of_a_registration_page_shows_that_it_asks(page, regi
     registry_sim.faults["task_list_latency"] = 1.2
     log_in(page, person("Operators"))
     page.goto(f"/admin/registry/registration/{reg.pk}/change/")
+    shoot(page, "registration")
     with page.expect_navigation(timeout=15_000):
         busy, disabled = page.evaluate(PRESS_AND_LOOK, ".odal-buttons button[data-action=abandon_selected]")
         assert busy == "Asking the registry…" and disabled

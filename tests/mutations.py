@@ -5207,6 +5207,28 @@ GUARDS = [
         '    operation_id="bulkCreatePassports",\n',
         "tests/test_openapi.py -k fixed_operation_id",
     ),
+    # issue 38 item 2: live pages (odal/live.py)
+    Guard(
+        "live stamps: read only by staff who may view what the page shows",
+        "odal/live.py",
+        "        if model_admin is None or not model_admin.has_view_permission(request):\n",
+        "        if model_admin is None:\n",
+        "tests/test_live.py::test_staff_without_the_view_permission_get_403",
+    ),
+    Guard(
+        "live stamps: a stamp that names nothing is a 404, not a stamp of nothing",
+        "odal/live.py",
+        "    if row is None:\n        raise Http404",
+        "    if False:\n        raise Http404",
+        "tests/test_live.py::test_what_names_nothing_is_404",
+    ),
+    Guard(
+        "live pages: an object page reads its stamp before the object it shows",
+        "odal/live.py",
+        '        if kind and object_id and request.method == "GET":\n',
+        "        if False:\n",
+        "tests/test_live.py::test_a_page_reads_its_stamp_before_what_it_shows",
+    ),
 ]
 
 

@@ -4198,7 +4198,7 @@ GUARDS = [
     Guard(
         "stopping: the clock ends a process still running at ODAL_STOP_SECONDS",
         "odal/stopping.py",
-        "    timer.start()\n",
+        '    threading.Thread(target=_clock, args=(signum, grace), name="odal-stop-clock", daemon=True).start()\n',
         "",
         "tests/test_bounds.py -k database_went_silent",
     ),
@@ -5010,6 +5010,14 @@ GUARDS = [
         "                    if self.abandoned:\n                        return  # (the watcher gave the list",
         "                    if False:\n                        return  # (the watcher gave the list",
         "tests/test_sweep_python.py::test_a_list_handed_to_a_runner_that_never_takes_it_goes_to_a_new_runner",
+    ),
+    # issue 37 item 8: stopping.ask is safe in a signal handler that lands inside it
+    Guard(
+        "stopping: one ask counts, by a counter no handler can land inside (a handler inside ask starts no second clock)",
+        "odal/stopping.py",
+        "    if next(_asked):\n        return  # asked already",
+        "    if _here:\n        return  # asked already",
+        "tests/test_stopping.py -k landing_inside_ask",
     ),
 ]
 

@@ -46,6 +46,11 @@ def requested() -> bool:
     return _here or (_shared is not None and _shared.value)
 
 
+def asked() -> bool:
+    """Whether this process itself was asked to stop (a signal to it: a second one ends it)."""
+    return _here
+
+
 def share() -> None:
     """Make the stop one that every process forked from now on sees (`odal qcluster`, before its
     cluster forks): a byte of shared memory, which this process raises when it is asked to stop and
@@ -54,6 +59,13 @@ def share() -> None:
     global _shared, _sharer
     _shared = multiprocessing.RawValue(ctypes.c_bool, _here)
     _sharer = os.getpid()
+
+
+def sleep(seconds: float) -> None:
+    """time.sleep, ended early once the process is asked to stop (looked at every 0.1 s)."""
+    until = time.monotonic() + seconds
+    while not requested() and (left := until - time.monotonic()) > 0:
+        time.sleep(min(left, 0.1))
 
 
 def remaining() -> float | None:
@@ -73,7 +85,7 @@ def on_signals(then=None, signals=(signal.SIGINT, signal.SIGTERM)) -> None:
     `then(signum)`, if given, is called on the first one (e.g. to pass it on to children)."""
 
     def handler(signum, frame):
-        if requested():
+        if asked():  # (in a cluster's worker, its own: the group's signal reaches the main process too)
             end(signum, "a second signal came")
             return
         ask(signum)

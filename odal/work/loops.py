@@ -14,7 +14,8 @@ A kind is a `Work`: it says what one pass of it does (`one_pass`), what a run of
 - `task`: the body of the django-q2 task a kick enqueues (odal.work.wake.run_kicked_task).
 
 Every run rides out a lost database (odal.reconnect): it waits for it, reopens its listener and
-goes on; a run with a deadline gives up at the deadline.
+goes on; a run with a deadline gives up at the deadline. Every run starts no more passes once
+its process is asked to stop (odal.stopping: in `odal qcluster`, its main process).
 """
 
 import time
@@ -25,7 +26,7 @@ from dataclasses import dataclass, fields
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
-from odal import reconnect
+from odal import reconnect, stopping
 from odal.work.wake import POLL_SECONDS, Listener, Wake, open_listener, run_kicked_task
 
 
@@ -103,7 +104,7 @@ class Work(ABC):
         deadline = time.monotonic() + max_seconds
         outage = reconnect.Outage(self.name, deadline=deadline)
         with self.tools() as tools:
-            while True:
+            while not stopping.requested():
                 one = outage.attempt(lambda: self.one_pass(batch=batch or self.batch, **tools))
                 if one is None:
                     continue
@@ -117,7 +118,8 @@ class Work(ABC):
                 wait = self.idle_wait(tools, linger)
                 if wait is None:
                     return report
-                time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+                stopping.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+            return report
 
     def idle_wait(self, tools: dict, linger: float) -> float | None:
         """After a pass that claimed nothing: how long until there may be more (a pause the kind
@@ -152,7 +154,7 @@ class Work(ABC):
         report = self.Report()
         self.claimed = False
         with self.tools() as tools:
-            if lead is not None:
+            if lead is not None and not stopping.requested():
                 try:
                     report.add(self.one_pass(batch=batch or self.batch, **tools))
                 except reconnect.ERRORS as exc:
@@ -164,7 +166,7 @@ class Work(ABC):
             outage = reconnect.Outage(
                 self.name, should_stop=should_stop, deadline=deadline, reopen=listener and listener.reopen
             )
-            while not should_stop():
+            while not (should_stop() or stopping.requested()):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     break

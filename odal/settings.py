@@ -279,11 +279,16 @@ SESSION_COOKIE_SECURE = PRODUCTION
 CSRF_COOKIE_SECURE = PRODUCTION
 
 # django-q2: its ORM broker on the same database unless ODAL_BROKER_URL names Redis.
+# django-q2 ends a task at its timeout wherever its code is; a pass in a task starts no attempt that
+# could not end before it (odal.work.deadline), and odal.checks refuses a timeout too short for the
+# longest attempt (docs/runbook.md, "Task timeouts"). A task still running at `retry` would be
+# presented to another worker: retry stays above the timeout.
+ODAL_Q_TIMEOUT_SECONDS = env_int("ODAL_Q_TIMEOUT_SECONDS", 90, minimum=1, maximum=86400)
 Q_CLUSTER = {
     "name": "odal",
     "workers": env_int("ODAL_Q_WORKERS", 2, minimum=1),
-    "timeout": 90,
-    "retry": 120,
+    "timeout": ODAL_Q_TIMEOUT_SECONDS,
+    "retry": ODAL_Q_TIMEOUT_SECONDS + 30,
     "max_attempts": 1,
     "queue_limit": 50,
     "catch_up": False,

@@ -20,6 +20,7 @@ from django.utils import timezone
 from odal import reconnect, stopping, tally
 from odal.lookups import Ids
 from odal.text import error_text, storable
+from odal.work import deadline
 from odal.work.claims import backoff_delay
 from odal.work.loops import Report, Work
 from odal.work.passes import AttemptFuture, Pass, write_in_sets
@@ -44,7 +45,8 @@ class SweepReport(Report):
             f"{self.late} late, {self.dead_lettered} dead-lettered (never reported)"
         )
         if self.not_started:
-            text += f", {self.not_started} not started (hold ran out)"
+            why = "given back: the task's time was up" if self.out_of_time else "hold ran out"
+            text += f", {self.not_started} not started ({why})"
         if self.write_errors:
             text += f", {self.write_errors} not written (database refused; see the attempt log)"
         return text
@@ -308,7 +310,7 @@ async def attempt_webhook(
 
 
 def _may_start(claim) -> bool:
-    return claim.holds() and not stopping.requested()
+    return claim.holds() and deadline.now() < claim.start_by and not stopping.requested()
 
 
 def _ids(consumer, delivery: "Claimed", claim) -> dict:
@@ -383,7 +385,7 @@ class SweepPass(Pass):
     look_seconds = FLUSH_SECONDS  # (see __init__)
     not_started_line = (
         "%s claimed deliveries not started: the claim's hold ran out first, their consumer was paused, "
-        "or this process is stopping"
+        "this process is stopping, or its task's time is up"
     )
 
     def __init__(self, claim, report: SweepReport, client: WebhookClient, python: ThreadPoolExecutor):
@@ -403,6 +405,9 @@ class SweepPass(Pass):
             else:
                 self.python_jobs.append((self.consumers[d.consumer_id], d, AttemptFuture()))
         self.handed: dict[int, list] = {}  # those handed to the client's loop, not all ended
+
+    def longest_attempt(self) -> float:
+        return max(consumer.timeout_seconds for consumer in self.consumers.values())
 
     def refresh(self) -> None:
         """Re-read what a person may change under a running pass, at most every REFRESH_SECONDS:

@@ -31,6 +31,7 @@ from django.utils import timezone
 from odal import reconnect, stopping, tally
 from odal.models import Passport
 from odal.text import error_text, storable
+from odal.work import deadline as task_deadline
 from odal.work.claims import backoff_delay
 from odal.work.loops import Report, Work
 from odal.work.passes import Pass, write_in_sets
@@ -68,7 +69,8 @@ class DrainReport(Report):
         if self.write_errors:
             text += f", {self.write_errors} not written (database refused)"
         if self.not_started:
-            text += f", {self.not_started} not started (hold ran out)"
+            why = "given back: the task's time was up" if self.out_of_time else "hold ran out"
+            text += f", {self.not_started} not started ({why})"
         if self.rate_limited:
             text += f", {self.rate_limited} rate-limited (429; given back)"
         return text
@@ -544,6 +546,16 @@ def run_deactivate(attempt: Attempt, adapter) -> None:
 
 # -- a pass -------------------------------------------------------------------------------------------
 
+
+def longest_attempt_seconds(*, finds: bool = False) -> float:
+    """The longest an attempt of the drain may take: one request (ODAL_REGISTRY_TIMEOUT_SECONDS),
+    or, for a deactivation that first finds what the registry holds (registry.finding), the lookup
+    of the task list (ODAL_REGISTRY_LOOKUP_SECONDS) then a check and a deactivation of the
+    submission it finds (one each; a lookup that finds several makes as many more)."""
+    timeout = settings.ODAL_REGISTRY_TIMEOUT_SECONDS
+    return settings.ODAL_REGISTRY_LOOKUP_SECONDS + 2 * timeout if finds else timeout
+
+
 # The request never went out (a pause came while it waited for its slot, the hold ran out, the
 # process is stopping): the row is given back.
 GIVEN_BACK = Reply()
@@ -578,16 +590,25 @@ class DrainPass(Pass):
     )
     not_started_line = (
         "%s claimed registrations not started: the claim's hold ran out first, the registry asked every "
-        "drain to wait (429), or this process is stopping"
+        "drain to wait (429), this process is stopping, or its task's time is up"
     )
 
     def __init__(self, claim, report: DrainReport, adapter, pace: Pace, pool: ThreadPoolExecutor):
         super().__init__(claim, report)
         self.adapter, self.pace, self.pool = adapter, pace, pool
         self.waiting = deque(claim.rows)
-        self.deadline = monotonic_at(claim.held_until)
-        self.out_of_time = False  # a row's slot came after the hold: the pass books no more
+        self.held_until = monotonic_at(claim.held_until)
+        self.no_more_slots = False  # a row's slot came after its deadline: the pass books no more
         self.rechecked_at = float("-inf")
+
+    @property
+    def deadline(self) -> float:
+        """No request starts after this (time.monotonic()): the claim's hold, or the pass's
+        deadline in its task (odal.work.deadline), whichever comes first."""
+        return min(self.held_until, self.claim.start_by)
+
+    def longest_attempt(self) -> float:
+        return longest_attempt_seconds()  # (a row that finds first has a deadline of its own: begin)
 
     def guarded(self, attempt: Attempt, step, *args):
         """A step of this thread for one attempt: a bug of ours (or a statement the database
@@ -610,23 +631,37 @@ class DrainPass(Pass):
     def begin(self, reg: Registration) -> None:
         """Plan one row's attempt and put its request on the pool in its slot of the pace; or
         give the row back (not_started); or end the attempt here, if it owes no request."""
-        if self.out_of_time or self.pace.paused_for():
+        if self.no_more_slots or self.pace.paused_for():
             self.not_started.append(reg.pk)  # the registry asked every drain to wait: given back, not held
             return
-        slot = self.pace.next_slot(self.deadline)  # (now, without a rate limit; a withdrawn row's unused)
-        if slot is None or slot >= self.deadline:
-            # The hold has run out, or will before this row's turn (the rate limit's schedule
-            # has no slot for it before then, and booked none): the row is due again and may be
-            # another drain's already. Nothing is sent for it, nor written. Nor for the rows after
-            # it, whose turns would come later still: they do not even try to book.
-            self.out_of_time = True
+        until = self.deadline
+        if reg.status == Registration.Status.PENDING and reg.finds_first:
+            # Its lookup and requests take longer than one request: it starts only if they can
+            # end within its task's time; if not, it is given back for a task with time for it.
+            finds_by = task_deadline.start_by(longest_attempt_seconds(finds=True))
+            if task_deadline.now() >= finds_by:
+                self.report.out_of_time = 1
+                self.not_started.append(reg.pk)
+                return
+            until = min(until, finds_by)
+        slot = self.pace.next_slot(until)  # (now, without a rate limit; a withdrawn row's unused)
+        if slot is None or slot >= until:
+            # The hold has run out, or the task's time will, before this row's turn (the rate
+            # limit's schedule has no slot for it before then, and booked none): the row is due
+            # again and may be another drain's already. Nothing is sent for it, nor written. Nor
+            # for the rows after it, whose turns would come later still: they do not even try to book.
+            self.no_more_slots = True
+            if (
+                until < self.held_until
+            ):  # (the task's time, not the hold: its run ends, a fresh task takes them)
+                self.report.out_of_time = 1
             self.not_started.append(reg.pk)
             return
         attempt = Attempt(reg, self.claim.token, self.report, self.pending)
         plan, settle = operation_of(reg)
         request = self.guarded(attempt, plan)
         if request is not None:
-            future = self.pool.submit(send_in_turn, request, self.adapter, self.pace, slot, self.deadline)
+            future = self.pool.submit(send_in_turn, request, self.adapter, self.pace, slot, until)
             self.track(future, reg, (attempt, settle, request))
 
     def look(self) -> None:

@@ -238,8 +238,8 @@ GUARDS = [
     Guard(
         "sweep: no webhook attempt starts after the claim's hold ran out (before its request, or once its host is looked up)",
         "outbox/sweep.py",
-        "    return claim.holds() and not stopping.requested()\n",
-        "    return not stopping.requested()\n",
+        "    return claim.holds() and deadline.now() < claim.start_by and not stopping.requested()\n",
+        "    return deadline.now() < claim.start_by and not stopping.requested()\n",
         "tests/test_outbox_sweep.py -k hold_ran_out",
     ),
     Guard(
@@ -504,7 +504,7 @@ GUARDS = [
     Guard(
         "drain: no attempt starts after the claim's hold ran out (nor one whose slot comes after it)",
         "registry/drain.py",
-        "        if slot is None or slot >= self.deadline:\n",
+        "        if slot is None or slot >= until:\n",
         "        if slot is None:\n",
         "tests/test_registry_drain.py tests/test_registry_concurrency.py -k hold_ran_out or slot_comes_after or not_even_planned",
     ),
@@ -3022,8 +3022,8 @@ GUARDS = [
     Guard(
         "wake: a task that cannot lead helps only while batches are full",
         "odal/work/loops.py",
-        "            helping=lambda: self.until_idle(max_seconds=50, while_full=True),\n",
-        "            helping=lambda: self.until_idle(max_seconds=50),\n",
+        "                helping=lambda: self.until_idle(max_seconds=TASK_SECONDS, while_full=True),\n",
+        "                helping=lambda: self.until_idle(max_seconds=TASK_SECONDS),\n",
         "tests/test_outbox_wake.py::test_a_sweep_task_that_cannot_lead_helps_only_while_batches_are_full",
     ),
     Guard(
@@ -3093,8 +3093,8 @@ GUARDS = [
     Guard(
         "drain: a pass starts no request once a pause holds (the rows are given back, not held through it)",
         "registry/drain.py",
-        "        if self.out_of_time or self.pace.paused_for():\n",
-        "        if self.out_of_time:\n",
+        "        if self.no_more_slots or self.pace.paused_for():\n",
+        "        if self.no_more_slots:\n",
         "tests/test_registry_concurrency.py::test_a_pass_starts_no_request_once_a_429_pauses_the_drain",
     ),
     Guard(
@@ -4177,8 +4177,8 @@ GUARDS = [
     Guard(
         "stopping: an attempt whose turn comes after SIGTERM is not started (its row is given back)",
         "outbox/sweep.py",
-        "    return claim.holds() and not stopping.requested()\n",
-        "    return claim.holds()\n",
+        "    return claim.holds() and deadline.now() < claim.start_by and not stopping.requested()\n",
+        "    return claim.holds() and deadline.now() < claim.start_by\n",
         "tests/test_bounds.py -k told_to_stop_starts_nothing",
     ),
     Guard(
@@ -4198,7 +4198,7 @@ GUARDS = [
     Guard(
         "stopping: the clock ends a process still running at ODAL_STOP_SECONDS",
         "odal/stopping.py",
-        "    timer.start()\n",
+        '    threading.Thread(target=_clock, args=(signum, grace), name="odal-stop-clock", daemon=True).start()\n',
         "",
         "tests/test_bounds.py -k database_went_silent",
     ),
@@ -4226,15 +4226,15 @@ GUARDS = [
     Guard(
         "stopping: a sweep told to stop gives back its queued rows at once, not when the running attempts end",
         "odal/work/passes.py",
-        "                if stopping.requested():\n                    self.give_back_unstarted(",
-        "                if False:\n                    self.give_back_unstarted(",
+        "                if stopping.requested() or self.out_of_time():\n                    self.give_back_unstarted(",
+        "                if self.out_of_time():\n                    self.give_back_unstarted(",
         "tests/test_stop_gives_back.py -k sweep_ended",
     ),
     Guard(
         "stopping: a pass told to stop starts nothing more (it looks at the stop before it starts more)",
         "odal/work/passes.py",
-        "                if stopping.requested():\n                    self.give_back_unstarted()\n                self.start_more()\n",
-        "                self.start_more()\n                if stopping.requested():\n                    self.give_back_unstarted()\n",
+        "                if stopping.requested() or self.out_of_time():\n                    self.give_back_unstarted()\n                self.start_more()\n",
+        "                self.start_more()\n                if stopping.requested() or self.out_of_time():\n                    self.give_back_unstarted()\n",
         "tests/test_work_pass.py -k stop_during_a_request",
     ),
     Guard(
@@ -5228,6 +5228,143 @@ GUARDS = [
         '        if kind and object_id and request.method == "GET":\n',
         "        if False:\n",
         "tests/test_live.py::test_a_page_reads_its_stamp_before_what_it_shows",
+    ),
+    # issue 37 item 8: stopping.ask is safe in a signal handler that lands inside it
+    Guard(
+        "stopping: one ask counts, by a counter no handler can land inside (a handler inside ask starts no second clock)",
+        "odal/stopping.py",
+        "    if next(_asked):\n        return  # asked already",
+        "    if _here:\n        return  # asked already",
+        "tests/test_stopping.py -k landing_inside_ask",
+    ),
+    # issue 37 item 1: a stop that reaches django-q2's workers
+    Guard(
+        "qcluster: the stop is shared with the processes the cluster forks (its workers' passes see it)",
+        "odal/__main__.py",
+        "    stopping.share()\n",
+        "",
+        "tests/test_cluster_stop.py -k sigterm_to_the_main_process",
+    ),
+    Guard(
+        "qcluster: the sentinel is forked with SIGTERM blocked (a SIGTERM to the group does not end it and its workers)",
+        "odal/__main__.py",
+        "    os.register_at_fork(\n",
+        "    (lambda **_: None)(\n",
+        "tests/test_cluster_stop.py -k sigterm_to_the_process_group",
+    ),
+    Guard(
+        "qcluster: each worker takes SIGTERM as odal's stop of its own pass (post_spawn)",
+        "odal/__main__.py",
+        "    post_spawn.connect(a_worker_stops_as_odal_does, weak=False)\n",
+        "",
+        "tests/test_cluster_stop.py -k sent_sigterm_alone",
+    ),
+    Guard(
+        "qcluster: a worker's first SIGTERM is its own first, even when the main process already shared its stop",
+        "odal/stopping.py",
+        "        if asked():  # (in a cluster's worker",
+        "        if requested():  # (in a cluster's worker",
+        "tests/test_cluster_stop.py -k sigterm_to_the_process_group",
+    ),
+    Guard(
+        "stopping: a task's run of passes (until_idle) starts no pass once the process is asked to stop",
+        "odal/work/loops.py",
+        "            while not stopping.requested():\n                one = outage.attempt(",
+        "            while True:\n                one = outage.attempt(",
+        "tests/test_cluster_stop.py -k sigterm_to_the_main_process",
+    ),
+    # issue 37 item 2: a pass longer than its task
+    Guard(
+        "task deadline: a pass sets its deadline for starting attempts from its task's, less its longest attempt",
+        "odal/work/passes.py",
+        "        self.claim.start_by = min(self.claim.start_by, deadline.start_by(self.longest_attempt()))\n",
+        "",
+        "tests/test_task_deadline.py -k sweep_pass_whose_task or drain_pass_whose_task or never_lands",
+    ),
+    Guard(
+        "task deadline: a pass past its deadline gives back at once what it did not start, as on a stop",
+        "odal/work/passes.py",
+        "                if stopping.requested() or self.out_of_time():\n                    self.give_back_unstarted(",
+        "                if stopping.requested():\n                    self.give_back_unstarted(",
+        "tests/test_task_deadline.py -k sweep_pass_whose_task",
+    ),
+    Guard(
+        "task deadline: a webhook whose turn comes after the deadline is not sent (before the pass looks again)",
+        "outbox/sweep.py",
+        "    return claim.holds() and deadline.now() < claim.start_by and not stopping.requested()\n",
+        "    return claim.holds() and not stopping.requested()\n",
+        "tests/test_task_deadline.py -k even_before_the_pass_looks",
+    ),
+    Guard(
+        "task deadline: the drain books no request slot past its task's deadline (given back)",
+        "registry/drain.py",
+        "        return min(self.held_until, self.claim.start_by)\n",
+        "        return self.held_until\n",
+        "tests/test_task_deadline.py -k rate_limit",
+    ),
+    Guard(
+        "task deadline: a deactivation that finds first starts only if its lookup can end within the task",
+        "registry/drain.py",
+        "            if task_deadline.now() >= finds_by:\n",
+        "            if False:\n",
+        "tests/test_task_deadline.py -k must_find_first",
+    ),
+    Guard(
+        "task deadline: a run of passes (until_idle) ends when a pass met its task's deadline",
+        "odal/work/loops.py",
+        "                if one.out_of_time or time.monotonic() >= deadline:\n",
+        "                if time.monotonic() >= deadline:\n",
+        "tests/test_task_deadline.py -k never_lands",
+    ),
+    Guard(
+        "task deadline: a leader's run of passes (listening) ends when a pass met its task's deadline",
+        "odal/work/loops.py",
+        "                    if one.out_of_time:\n                        break",
+        "                    if False:\n                        break",
+        "tests/test_task_deadline.py -k never_lands",
+    ),
+    Guard(
+        "task deadline: a django-q2 task runs under its deadline",
+        "odal/work/loops.py",
+        "        with task_deadline():\n",
+        "        with nullcontext():\n",
+        "tests/test_task_deadline.py -k never_lands",
+    ),
+    Guard(
+        "task deadline: it is read from the alarm django-q2 set for the task",
+        "odal/work/deadline.py",
+        "        left = signal.getitimer(signal.ITIMER_REAL)[0]\n",
+        "        left = 0.0\n",
+        "tests/test_task_deadline.py -k never_lands",
+    ),
+    Guard(
+        "odal.E001: a task timeout too short for the longest attempt is refused",
+        "odal/checks.py",
+        "        if timeout <= seconds + MARGIN_SECONDS:\n",
+        "        if False:\n",
+        "tests/test_task_deadline.py -k refused",
+    ),
+    Guard(
+        "odal.E002: a django-q2 retry not longer than its timeout is refused",
+        "odal/checks.py",
+        "    if retry is not None and retry <= timeout:\n",
+        "    if False:\n",
+        "tests/test_task_deadline.py -k refused",
+    ),
+    # issue 37 item 9(d): odal up
+    Guard(
+        "odal up: a child that died makes odal up exit 1, naming it",
+        "odal/management/commands/up.py",
+        "        if died:\n            named",
+        "        if False:\n            named",
+        "tests/test_up.py",
+    ),
+    Guard(
+        "odal up: its processes do not run the system checks again (odal.W001 printed once)",
+        "odal/management/commands/up.py",
+        '("worker", [python, "-m", "odal", "qcluster", "--skip-checks"]),',
+        '("worker", [python, "-m", "odal", "qcluster"]),',
+        "tests/test_up.py",
     ),
 ]
 

@@ -326,7 +326,7 @@ from django.core.management import call_command
 from odal.management.commands.up import Command
 
 class Up(Command):
-    def processes(self, addr):
+    def processes(self, addr, *ports):
         return [("obedient", [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]),
                 ("stubborn", [sys.executable, "-c", {STUBBORN!r}])]
 

@@ -16,6 +16,7 @@ Only the current claim may end an attempt: terminal writes filter on `claim_toke
 the expected status and clear the token. A late writer takes 0 rows and writes nothing.
 """
 
+import math
 import random
 import uuid
 from dataclasses import dataclass, field
@@ -36,6 +37,9 @@ class Claim:
     at: datetime
     rows: list = field(default_factory=list)
     held_until: datetime | None = None  # after this the rows are due again, for any claimer
+    # odal.work.deadline.now() from which no attempt of this claim starts (its pass sets it: its
+    # task's deadline less its longest attempt); infinity: only the hold bounds them.
+    start_by: float = math.inf
 
     def holds(self) -> bool:
         """Whether the hold still runs: an attempt started later may overlap another claim's."""

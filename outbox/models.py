@@ -702,6 +702,12 @@ class Delivery(models.Model):
     def __str__(self) -> str:
         return f"{self.event.type} → {self.consumer.name} ({self.status})"
 
+    @property
+    def number(self) -> int:
+        """Its current attempt's number in the attempt log, on across replays (as the sweep's
+        Claimed has it): a row read whole may stand where a claimed one does."""
+        return self.attempts_before + self.attempts
+
 
 class DeadLetter(Delivery):
     """Dead deliveries, as their own list in the admin (the dead-letter list)."""

@@ -18,6 +18,8 @@ def main() -> None:
         sys.exit(f"odal cannot start: {exc}")
     from odal import database, reconnect
 
+    if needs_the_database(sys.argv):
+        start_the_embedded_database()
     if sys.argv[1:2] == ["migrate"]:
         database.role = database.UNBOUNDED  # a migration may rewrite a big table; an operator watches it
     try:
@@ -39,6 +41,36 @@ def main() -> None:
         # (else it would raise again, as "Exception ignored"), and the exit says it did not finish.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+
+
+def needs_the_database(argv: list[str]) -> bool:
+    """A command, not a request for help."""
+    return (
+        bool(argv[1:])
+        and argv[1] not in ("help", "version")
+        and not {"-h", "--help", "--version"} & set(argv[2:])
+    )
+
+
+def start_the_embedded_database() -> None:
+    """DATABASE_URL unset: the embedded PostgreSQL under var/pg runs (started here unless it
+    answers already); a one-shot command leaves it running, `odal up` stops it as it stops."""
+    from django.conf import settings
+
+    from odal.database import embedded
+
+    if settings.ODAL_EMBEDDED_DATABASE is None:
+        return
+    server = embedded.Server(settings.ODAL_EMBEDDED_DATABASE)
+    try:
+        if server.start():
+            print(
+                f"odal: started the embedded PostgreSQL in {server.root} (DATABASE_URL is unset); "
+                "`odal up` stops it when it stops",
+                file=sys.stderr,
+            )
+    except embedded.EmbeddedError as exc:
+        sys.exit(f"odal cannot start the embedded PostgreSQL: {exc}")
 
 
 def not_migrated(exc: BaseException) -> str:

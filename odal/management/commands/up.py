@@ -1,3 +1,4 @@
+import fcntl
 import os
 import signal
 import subprocess
@@ -9,6 +10,7 @@ from django.core.management.base import BaseCommand
 
 from odal import rules, stopping
 from odal.cli import usage_error
+from odal.database import embedded
 
 
 class Command(BaseCommand):
@@ -50,6 +52,7 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise usage_error("--addr", addr, exc) from None
         children = []
+        owns_database = self.own_the_embedded_database()
         stopping.on_signals()  # (past ODAL_STOP_SECONDS it ends the children that are left, and itself)
         env = {**os.environ, "ODAL_STOP_SECONDS": str(child_stop_seconds())}
         for name, argv in self.processes(addr):
@@ -79,7 +82,27 @@ class Command(BaseCommand):
                     self.stderr.write(f"{name} did not stop in time; ending it.")
                     os.killpg(child.pid, signal.SIGKILL)
                     child.wait()
+            if owns_database:
+                embedded.Server(settings.ODAL_EMBEDDED_DATABASE).stop()
+                self.stdout.write(f"stopped the embedded PostgreSQL in {settings.ODAL_EMBEDDED_DATABASE}.")
             self.stdout.write("stopped.")
+
+    def own_the_embedded_database(self) -> bool:
+        """DATABASE_URL unset: this `odal up` stops the embedded server as it stops (odal's command
+        line started it, or found it running), unless another `odal up` uses it: the first holds
+        var/pg/up.lock for its life."""
+        if settings.ODAL_EMBEDDED_DATABASE is None:
+            return False
+        # (held open, with its lock, for the life of this command)
+        self.up_lock = open(embedded.Server(settings.ODAL_EMBEDDED_DATABASE).root / "up.lock", "a")  # noqa: SIM115
+        try:
+            fcntl.flock(self.up_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.stderr.write(
+                "another `odal up` uses the embedded PostgreSQL: it stays running after this one."
+            )
+            return False
+        return True
 
 
 def child_stop_seconds() -> int:

@@ -75,7 +75,7 @@ def start_the_embedded_database() -> None:
 
 def not_migrated(exc: BaseException) -> str:
     """The table a statement missed when the database has not been migrated (PostgreSQL's
-    undefined table, SQLite's "no such table"), or ""."""
+    undefined table), or ""."""
     import re
 
     import psycopg
@@ -84,8 +84,7 @@ def not_migrated(exc: BaseException) -> str:
     if isinstance(error, psycopg.errors.UndefinedTable):
         found = re.search(r'relation "([^"]+)" does not exist', str(error))
         return found.group(1) if found else "(one of odal's)"
-    found = re.match(r"no such table: (\S+)", str(exc))
-    return found.group(1) if found else ""
+    return ""
 
 
 def starts_the_cluster(argv: list[str]) -> bool:

@@ -245,9 +245,11 @@ TEMPLATES = [
 ]
 
 # DATABASE_URL (and ODAL_DB_CONN_MAX_AGE, the seconds a connection is kept: 60); unset, the
-# embedded PostgreSQL under var/pg (odal.database.embedded), which odal's command line starts.
-ODAL_EMBEDDED_DATABASE = None if env_str("DATABASE_URL", "").strip() else VAR_DIR / "pg"
-DATABASES = {"default": database_from_env(embedded.url(VAR_DIR / "pg"))}
+# embedded PostgreSQL in ODAL_PG_DIR (var/pg; odal.database.embedded), which odal's command line
+# starts.
+ODAL_PG_DIR = Path(env_str("ODAL_PG_DIR", "").strip() or VAR_DIR / "pg").resolve()
+ODAL_EMBEDDED_DATABASE = None if env_str("DATABASE_URL", "").strip() else ODAL_PG_DIR
+DATABASES = {"default": database_from_env(embedded.url(ODAL_PG_DIR))}
 if os.environ.get("ODAL_TEST_DATABASE"):  # lets two suites (make test, make fuzz) run side by side
     DATABASES["default"]["TEST"] = {"NAME": os.environ["ODAL_TEST_DATABASE"]}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

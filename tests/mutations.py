@@ -4990,6 +4990,37 @@ GUARDS = [
         "                    if False:\n                        return  # (the watcher gave the list",
         "tests/test_sweep_python.py::test_a_list_handed_to_a_runner_that_never_takes_it_goes_to_a_new_runner",
     ),
+    # issue 39 item 3: SQLite gone, its URL refused with a sentence
+    Guard(
+        "settings (39): a SQLite DATABASE_URL is refused, saying what to use",
+        "odal/env.py",
+        '    if url.lower().startswith("sqlite"):\n',
+        "    if False:\n",
+        "tests/test_embedded.py -k sqlite_url",
+    ),
+    # issue 39 item 1: the embedded server is reused, recovered
+    Guard(
+        "embedded (39): a server that answers is reused, not started again",
+        "odal/database/embedded.py",
+        "            if self.answers():\n                self.create_database()\n                return False\n",
+        "            if False:\n                self.create_database()\n                return False\n",
+        "tests/test_embedded.py -k second_start",
+    ),
+    Guard(
+        "embedded (39): a postmaster.pid naming a live process that is not PostgreSQL is removed",
+        "odal/database/embedded.py",
+        '        if name not in ("postgres", "postmaster"):\n',
+        "        if False:\n",
+        "tests/test_embedded.py -k reused",
+    ),
+    # issue 39 item 2: make test on the embedded server when told
+    Guard(
+        "make test (39): ODAL_TEST_SERVER=embedded passes over the server on 5432",
+        "tests/pg.py",
+        'and os.environ.get("ODAL_TEST_SERVER", "").strip() != "embedded":',
+        ":",
+        "tests/test_embedded.py -k when_told",
+    ),
 ]
 
 

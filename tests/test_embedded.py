@@ -147,7 +147,8 @@ def test_a_lock_left_by_a_killed_server_is_recovered(folder, migrated, left):
     lock = folder / "data" / "postmaster.pid"
     if left == "a pid since reused":  # (a container restarted: the pid is now another program's)
         lines = lock.read_text().split("\n")
-        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        # The server's own user's (PostgreSQL takes over a lock whose pid it may not signal).
+        sleeper = subprocess.Popen(["sleep", "120"], **embedded.as_user(embedded.server_user()))
         lock.write_text("\n".join([str(sleeper.pid), *lines[1:]]))
     try:
         started = time.monotonic()
@@ -173,3 +174,23 @@ def test_a_sqlite_url_is_refused_with_a_sentence_naming_the_variable(tmp_path):
         "to a postgres://user@host:port/odal URL, or unset it to use the embedded PostgreSQL under var/pg"
     )
     assert not database.exists() and not (tmp_path / "pg").exists()
+
+
+def test_make_test_runs_on_the_embedded_server_when_told_even_where_a_server_answers():
+    """ODAL_TEST_SERVER=embedded: tests/pg.py starts a throwaway embedded PostgreSQL (18, the
+    wheel's) rather than take the server on 127.0.0.1:5432, and names it in DATABASE_URL."""
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env["ODAL_TEST_SERVER"] = "embedded"
+    probe = (
+        "import os, psycopg; url = os.environ['DATABASE_URL']; "
+        "print(url, psycopg.connect(url.rsplit('/', 1)[0] + '/postgres').info.server_version)"
+    )
+    done = subprocess.run(
+        [sys.executable, "tests/pg.py", "--", sys.executable, "-c", probe],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "starting a throwaway embedded PostgreSQL" in done.stdout
+    url, version = done.stdout.strip().splitlines()[-1].split()
+    assert url.startswith("postgres://postgres@127.0.0.1:") and ":5432/" not in url
+    assert int(version) // 10000 == 18

@@ -19,6 +19,8 @@ def main() -> None:
         sys.exit(f"odal cannot start: {exc}")
     from odal import database, reconnect
 
+    if needs_the_database(sys.argv):
+        start_the_embedded_database()
     if sys.argv[1:2] == ["migrate"]:
         database.role = database.UNBOUNDED  # a migration may rewrite a big table; an operator watches it
     try:
@@ -42,9 +44,39 @@ def main() -> None:
         sys.exit(1)
 
 
+def needs_the_database(argv: list[str]) -> bool:
+    """A command, not a request for help."""
+    return (
+        bool(argv[1:])
+        and argv[1] not in ("help", "version")
+        and not {"-h", "--help", "--version"} & set(argv[2:])
+    )
+
+
+def start_the_embedded_database() -> None:
+    """DATABASE_URL unset: the embedded PostgreSQL under var/pg runs (started here unless it
+    answers already); a one-shot command leaves it running, `odal up` stops it as it stops."""
+    from django.conf import settings
+
+    from odal.database import embedded
+
+    if settings.ODAL_EMBEDDED_DATABASE is None:
+        return
+    server = embedded.Server(settings.ODAL_EMBEDDED_DATABASE)
+    try:
+        if server.start():
+            print(
+                f"odal: started the embedded PostgreSQL in {server.root} (DATABASE_URL is unset); "
+                "`odal up` stops it when it stops",
+                file=sys.stderr,
+            )
+    except embedded.EmbeddedError as exc:
+        sys.exit(f"odal cannot start the embedded PostgreSQL: {exc}")
+
+
 def not_migrated(exc: BaseException) -> str:
     """The table a statement missed when the database has not been migrated (PostgreSQL's
-    undefined table, SQLite's "no such table"), or ""."""
+    undefined table), or ""."""
     import re
 
     import psycopg
@@ -53,8 +85,7 @@ def not_migrated(exc: BaseException) -> str:
     if isinstance(error, psycopg.errors.UndefinedTable):
         found = re.search(r'relation "([^"]+)" does not exist', str(error))
         return found.group(1) if found else "(one of odal's)"
-    found = re.match(r"no such table: (\S+)", str(exc))
-    return found.group(1) if found else ""
+    return ""
 
 
 def starts_the_cluster(argv: list[str]) -> bool:

@@ -24,8 +24,6 @@ odal.work.deadline.MARGIN_SECONDS, so:
 A surface, like odal.dashboard: it reads the outbox's consumers (see docs/architecture.md).
 """
 
-from pathlib import Path
-
 from django.conf import settings
 from django.core.checks import ERROR, Tags, Warning, register
 from django.core.checks import Error as CheckError
@@ -208,9 +206,6 @@ def consumers_timing_out_after(hold: int) -> tuple[list[tuple[str, int]], int]:
     how many in all. None (0) when there is no database to read, one that does not answer, or
     one without odal's tables yet (`odal check` on a build machine, `odal migrate` on a new
     database): the settings are then all there is to check, and the start goes on."""
-    where = connection.settings_dict["NAME"]
-    if connection.vendor == "sqlite" and not Path(where).exists():
-        return [], 0  # (SQLite would make an empty file of it, just to find no table in it)
     opened = connection.connection is None
     try:
         rows = Consumer.objects.filter(timeout_seconds__gte=hold)

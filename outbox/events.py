@@ -41,8 +41,8 @@ def share_lock(consumers: list) -> None:
     to, until it commits: a removal (outbox.service.remove_consumer locks the row for update)
     then waits for the publish and sees its deliveries, instead of the publish failing on the
     deferred foreign key at commit. Key-share locks block neither one another nor updates of the
-    consumer. PostgreSQL only (SQLite has one writer at a time)."""
-    if not consumers or connection.vendor != "postgresql":
+    consumer."""
+    if not consumers:
         return
     with connection.cursor() as cursor:
         cursor.execute(

@@ -114,17 +114,12 @@ ATTEMPT_COLUMNS = (
 
 
 def log_attempts(lines: list[tuple]) -> None:
-    """Append attempt-log lines (tuples in ATTEMPT_COLUMNS order). On PostgreSQL one COPY of all
+    """Append attempt-log lines (tuples in ATTEMPT_COLUMNS order). One COPY of all
     the lines, whatever their number (the driver writes the rows in C; an INSERT … SELECT FROM
     unnest had each array element quoted in Python): the log costs one statement per flush, not
     one model object per attempt. The COPY goes through the connection's execute wrappers, so
     what counts or logs statements sees it."""
     if not lines:
-        return
-    if connection.vendor != "postgresql":
-        DeliveryAttempt.objects.bulk_create(
-            DeliveryAttempt(**dict(zip(ATTEMPT_COLUMNS, line, strict=True))) for line in lines
-        )
         return
     statement = f"COPY {DeliveryAttempt._meta.db_table} ({', '.join(ATTEMPT_COLUMNS)}) FROM STDIN"
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.db import models, transaction
 from django.db.models import Case, F, Q, Value, When
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from odal.ids import uuid7
@@ -25,8 +25,8 @@ def settled(now: datetime) -> Q:
 
 
 def later_unknown(at: datetime):
-    """last_unknown_at moved to `at`, never back (SQLite's MAX() of a NULL is NULL: Coalesce)."""
-    return Greatest(Coalesce(F("last_unknown_at"), Value(at)), Value(at))
+    """last_unknown_at moved to `at`, never back (PostgreSQL's GREATEST passes over a NULL)."""
+    return Greatest(F("last_unknown_at"), Value(at))
 
 
 def owed_afresh(operation: str, now: datetime) -> dict:

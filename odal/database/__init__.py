@@ -18,7 +18,6 @@ twice, by the same figure:
 The figure is ODAL_DB_STATEMENT_SECONDS when set (0: no bound), else the role's: WEB_SECONDS
 for a process serving web requests (odal.wsgi says so), WORKER_SECONDS for everything else.
 `odal migrate` runs unbounded: a migration may rewrite a big table, and an operator watches it.
-SQLite, the embedded default, keeps its busy timeout.
 """
 
 from django.conf import settings

@@ -46,12 +46,6 @@ class Claim:
         return self.held_until is not None and timezone.now() < self.held_until
 
 
-def updates_return_rows(db: str) -> bool:
-    """Whether the database answers an UPDATE with the rows it wrote (UPDATE … RETURNING, see
-    ClaimQuerySet.update_returning_ids). PostgreSQL does; on SQLite odal reads, then updates."""
-    return connections[db].vendor == "postgresql"
-
-
 class ClaimQuerySet(models.QuerySet):
     """Mixed into the QuerySet of a model with status, attempts, next_attempt_at and claim_token."""
 
@@ -108,8 +102,8 @@ class ClaimQuerySet(models.QuerySet):
             )
             if not ids:
                 return claim
-            # The WHERE restates "still claimable": on a database without row locks (SQLite),
-            # a row another claimer took in between no longer matches and is not taken twice.
+            # The WHERE restates "still claimable": should a row not be locked (a read without
+            # FOR UPDATE), a row another claimer took in between no longer matches, not taken twice.
             self.model._default_manager.filter(pk__any=ids).claimable(now).update(
                 claim_token=claim.token,
                 next_attempt_at=held_until,

@@ -1,3 +1,4 @@
+import fcntl
 import os
 import signal
 import subprocess
@@ -9,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from odal import rules, stopping
 from odal.cli import argument, usage_error
+from odal.database import embedded
 
 
 class Command(BaseCommand):
@@ -71,6 +73,7 @@ class Command(BaseCommand):
             raise usage_error("--addr", addr, exc) from None
         children = []
         died = []  # (name, how) of the children that exited on their own
+        owns_database = self.own_the_embedded_database()
         stopping.on_signals()  # (past ODAL_STOP_SECONDS it ends the children that are left, and itself)
         env = {**os.environ, "ODAL_STOP_SECONDS": str(child_stop_seconds())}
         for name, argv in self.processes(addr, receiver_port, registry_port):
@@ -104,10 +107,30 @@ class Command(BaseCommand):
                     self.stderr.write(f"{name} did not stop in time; ending it.")
                     os.killpg(child.pid, signal.SIGKILL)
                     child.wait()
+            if owns_database:
+                embedded.Server(settings.ODAL_EMBEDDED_DATABASE).stop()
+                self.stdout.write(f"stopped the embedded PostgreSQL in {settings.ODAL_EMBEDDED_DATABASE}.")
             self.stdout.write("stopped.")
         if died:
             named = ", ".join(f"the {name} ({how})" for name, how in died)
             raise CommandError(f"{named} exited on its own; odal up stopped the others.", returncode=1)
+
+    def own_the_embedded_database(self) -> bool:
+        """DATABASE_URL unset: this `odal up` stops the embedded server as it stops (odal's command
+        line started it, or found it running), unless another `odal up` uses it: the first holds
+        var/pg/up.lock for its life."""
+        if settings.ODAL_EMBEDDED_DATABASE is None:
+            return False
+        # (held open, with its lock, for the life of this command)
+        self.up_lock = open(embedded.Server(settings.ODAL_EMBEDDED_DATABASE).root / "up.lock", "a")  # noqa: SIM115
+        try:
+            fcntl.flock(self.up_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.stderr.write(
+                "another `odal up` uses the embedded PostgreSQL: it stays running after this one."
+            )
+            return False
+        return True
 
 
 def exited(returncode: int) -> str:

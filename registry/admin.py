@@ -160,7 +160,10 @@ class RegistrationAdmin(ReadOnlyAdmin):
             return "not checked, try again: the registry did not answer in time (nothing is written for it)"
         return "the registry holds no submission for it (every page of its task list read): can be abandoned"
 
-    @admin.action(description="Record handle… (a submitted registration)", permissions=["record_handle"])
+    @admin.action(
+        description="Record handle… (a submitted registration, or a deactivation that cannot search the registry)",
+        permissions=["record_handle"],
+    )
     def record_handle_selected(self, request, queryset):
         if queryset.count() != 1:
             self.message_user(
@@ -171,22 +174,31 @@ class RegistrationAdmin(ReadOnlyAdmin):
 
         def perform(data):
             try:
-                service.record_handle(
+                done = service.record_handle(
                     reg.passport_id, handle=data["handle"], actor=actor_of(request), reason=data["reason"]
                 )
             except Refused as exc:
                 self.message_user(request, exc.detail, messages.ERROR)
                 return
-            self.message_user(
-                request, f"Recorded handle {data['handle']} for {reg.passport.upi}: registered."
-            )
+            if done.status == Registration.Status.PENDING:
+                said = "the drain deactivates the registration by it"
+            else:
+                said = "registered"
+            self.message_user(request, f"Recorded handle {data['handle']} for {reg.passport.upi}: {said}.")
 
+        intro = f"{reg.passport.upi} is {reg.status} (correlation id {reg.correlation_id or '—'})."
+        if reg.finds_first and reg.status == Registration.Status.PENDING:
+            intro = (
+                f"{reg.passport.upi} owes a deactivation whose finding looks for what the registry holds; its "
+                f"last attempt: {reg.last_error or '—'}. Record the handle you found in the registry's portal: "
+                "the drain then deactivates the registration by it."
+            )
         return reason_action(
             self,
             request,
             queryset,
             title="Record handle",
-            intro=f"{reg.passport.upi} is {reg.status} (correlation id {reg.correlation_id or '—'}).",
+            intro=intro,
             rows=[],
             perform=perform,
             form_class=HandleForm,
@@ -200,7 +212,7 @@ class StalledRegistrationAdmin(RegistrationAdmin):
     list_display = ["passport", "operation", "attempts", "queued_at", "next_attempt_at", "short_error"]
     list_filter = ["operation"]
     ordering = ["-attempts"]
-    actions = ["abandon_selected"]
+    actions = ["abandon_selected", "record_handle_selected"]
 
     def get_queryset(self, request):
         return super().get_queryset(request).stalled()

@@ -126,6 +126,7 @@ ANSWERS = [
     ("deactivate", 200, body(JSON, {"registrationId": "reg-1", "active": False}), "deactivated"),
     ("deactivate", 200, (HTML, b"<h1>OK</h1>"), "unknown"),
     ("deactivate", 202, body(JSON, {"queued": True}), "unknown"),  # not the protocol's 200 or 204
+    ("deactivate", 202, own("QUEUED"), "unknown"),  # accepted, to be done: it may land
     ("deactivate", 404, own("NOT_FOUND"), "already gone"),
     ("deactivate", 404, (HTML, b"<h1>404 Not Found</h1>"), "unknown"),
     ("deactivate", 404, EMPTY, "unknown"),

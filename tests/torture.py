@@ -344,7 +344,13 @@ def main() -> int:
     parser.add_argument("--sweeps", type=int, default=4)
     parser.add_argument("--drains", type=int, default=2)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--database", default="odal_torture")
+    parser.add_argument(
+        "--database",
+        default=f"{os.environ['ODAL_TEST_DATABASE']}_torture"
+        if os.environ.get("ODAL_TEST_DATABASE")
+        else "odal_torture",
+        help="the run's own database, made afresh (default: ODAL_TEST_DATABASE's name + _torture, else odal_torture)",
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument(
         "--late-landings", action=argparse.BooleanOptionalAction, default=invariants.LATE_LANDINGS,

@@ -59,9 +59,9 @@ class Retryable(Exception):
 
 class OutcomeUnknown(Retryable):
     """The request may have reached the registry and no answer of the registry's own came back: a
-    timeout or a broken connection after the request was sent, a 502 or 504 (a gateway that may
-    have passed it on), or an answer to register that is not the protocol's JSON. A register may
-    still land: until ODAL_REGISTRY_SETTLE_SECONDS have passed, absence in the task list proves
+    timeout or a broken connection after the request was sent, a redirect, a gateway's status (502,
+    504, 520-527, 530), or, whatever the status, an answer that is not the registry's own JSON (a
+    gateway's or a proxy's page, an empty body, JSON of another shape). A register may still land: until ODAL_REGISTRY_SETTLE_SECONDS have passed, absence in the task list proves
     nothing (registry.service.ask_registry, the drain's find)."""
 
 

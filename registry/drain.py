@@ -248,8 +248,8 @@ class Attempt:
 
     def unknown(self, operation: str, error: str) -> None:
         """No answer of the registry's own came back, and the request may have reached it (a
-        timeout or a broken connection after sending, a 502 or 504, an answer that is not the
-        protocol's): it fails and backs off as any failure, and the row remembers when it ended
+        timeout or a broken connection after sending, a gateway's status, an answer that is not the
+        registry's own JSON, whatever its status): it fails and backs off as any failure, and the row remembers when it ended
         (last_unknown_at), so no abandon or suspend takes the task list's silence for proof until
         ODAL_REGISTRY_SETTLE_SECONDS after. A late one (its claim superseded) writes no outcome
         but is remembered all the same: its request may land too."""

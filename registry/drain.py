@@ -39,7 +39,7 @@ from odal.work.wake import DRAIN
 from outbox.events import emit_many
 from registry import adapters, service
 from registry.finding import find_held
-from registry.models import Registration, RegistrationAttempt
+from registry.models import NOT_ADOPTED, Registration, RegistrationAttempt
 from registry.pace import PAUSE_REFRESH_SECONDS, Pace, monotonic_at
 
 log = logging.getLogger(__name__)
@@ -250,8 +250,8 @@ class Attempt:
 
     def unknown(self, operation: str, error: str) -> None:
         """No answer of the registry's own came back, and the request may have reached it (a
-        timeout or a broken connection after sending, a 502 or 504, an answer that is not the
-        protocol's): it fails and backs off as any failure, and the row remembers when it ended
+        timeout or a broken connection after sending, a gateway's status, an answer that is not the
+        registry's own JSON, whatever its status): it fails and backs off as any failure, and the row remembers when it ended
         (last_unknown_at), so no abandon or suspend takes the task list's silence for proof until
         ODAL_REGISTRY_SETTLE_SECONDS after. A late one (its claim superseded) writes no outcome
         but is remembered all the same: its request may land too."""
@@ -302,6 +302,8 @@ class Request:
         try:
             if self.call == "find":
                 return Reply(answer=find_held(adapter, self.arg))
+            if self.call == "register":
+                return Reply(answer=register(adapter, self.arg))
             return Reply(answer=getattr(adapter, self.call)(self.arg))
         except Exception as exc:  # a Retryable, or a bug of ours: the attempt fails, not the drain
             return Reply(error=exc)
@@ -331,6 +333,38 @@ class Reply:
             )  # fmt: skip
             attempt.failed(operation, error_text(self.error))
         return True
+
+
+@dataclass
+class NotAdopted:
+    """register answered DUPLICATE_UPI naming `request_id`, whose registration the registry has
+    deactivated (`registration_id`): a deactivated registration is not held, so it is not taken
+    for this row's."""
+
+    request_id: str
+    registration_id: str
+
+
+def register(adapter, reg: Registration):
+    """On a pool thread: the register, and for a DUPLICATE_UPI a check of the request it names
+    before it is adopted (NotAdopted if the registry has deactivated its registration). A check
+    that fails leaves the duplicate undecided: the attempt fails (the registry kept nothing of
+    this register), or is given back if the check was rate-limited."""
+    answer = adapter.register(reg)
+    if not isinstance(answer, adapters.Duplicate):
+        return answer
+    try:
+        named = adapter.check(answer.request_id)
+    except adapters.RateLimited:
+        raise
+    except adapters.Retryable as exc:
+        raise adapters.Retryable(
+            f"the registry answered DUPLICATE_UPI naming request {answer.request_id}, and its check failed "
+            f"(it is adopted once a check shows it is not deactivated): {exc}"
+        ) from None
+    if named.status == "registered" and named.deactivated:
+        return NotAdopted(answer.request_id, named.registration_id)
+    return answer
 
 
 def plan_register(attempt: Attempt) -> Request | None:
@@ -385,6 +419,19 @@ def settle_register(attempt: Attempt, reply: Reply) -> None:
                 token=token, correlation_id=answer.request_id, note=note, next_check_at=next_check_at(1)
             ),
             counts="submitted",
+        )  # fmt: skip
+    elif isinstance(answer, NotAdopted):
+        error = (
+            f"{NOT_ADOPTED}the registry answered DUPLICATE_UPI naming request {answer.request_id}, whose "
+            f"registration {answer.registration_id} it has deactivated: a deactivated registration is not "
+            "held, so it is not this passport's. Ask the registry to let the UPI go (or to register it "
+            "afresh); the drain keeps trying"
+        )
+        retry_at = timezone.now() + backoff_delay(reg.attempts)
+        attempt.finish(
+            "register", "not_adopted", error,
+            lambda: rows.mark_attempt_failed(token=token, error=error, retry_at=retry_at),
+            counts="failed",
         )  # fmt: skip
     else:
         attempt.finish(

@@ -5011,6 +5011,28 @@ GUARDS = [
         "                    if False:\n                        return  # (the watcher gave the list",
         "tests/test_sweep_python.py::test_a_list_handed_to_a_runner_that_never_takes_it_goes_to_a_new_runner",
     ),
+    # issue 37 item 6: every wait before a first statement comes out of ODAL_DB_STATEMENT_SECONDS
+    Guard(
+        "issue 37 item 6: a reused connection's health check waits at most a quarter of the bound",
+        "odal/database/__init__.py",
+        "    return min(HEALTH_CHECK_SECONDS, bound / 4) if bound else HEALTH_CHECK_SECONDS\n",
+        "    return HEALTH_CHECK_SECONDS\n",
+        "tests/test_bounds.py -k small_bound",
+    ),
+    Guard(
+        "issue 37 item 6: a new connection waits at most half of the bound",
+        "odal/database/__init__.py",
+        "    return bound / 2 if bound else None\n",
+        "    return None\n",
+        "tests/test_bounds.py -k small_bound",
+    ),
+    Guard(
+        "issue 37 item 6: the connect gives up at its deadline (psycopg's connect_timeout is whole seconds, at least 2)",
+        "odal/database/base.py",
+        "            if time.monotonic() >= deadline:\n",
+        "            if False:\n",
+        "tests/test_bounds.py -k small_bound",
+    ),
 ]
 
 

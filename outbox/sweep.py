@@ -550,15 +550,14 @@ def sweep_once(
     # The hold runs from the claim's own clock reading, not from before the dead-lettering.
     claim = Delivery.objects.claim(limit=batch, read=read_claimed, skip=OVERRUNS.skip())
     report.claimed = len(claim.rows)
-    if not claim.rows:
-        tally.beat(tally.SWEEP)
-        return report
-    with ExitStack() as stack:
-        if client is None or python is None:  # a pass on its own
-            shared = stack.enter_context(sweeper())
-            client, python = client or shared["client"], python or shared["python"]
-        SweepPass(claim, report, client, python).run()
+    if claim.rows:
+        with ExitStack() as stack:
+            if client is None or python is None:  # a pass on its own
+                shared = stack.enter_context(sweeper())
+                client, python = client or shared["client"], python or shared["python"]
+            SweepPass(claim, report, client, python).run()
     tally.beat(tally.SWEEP)
+    OVERRUNS.report()  # (no statement unless it holds a consumer back, or did)
     return report
 
 

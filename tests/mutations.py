@@ -5033,6 +5033,35 @@ GUARDS = [
         "            if False:\n",
         "tests/test_bounds.py -k small_bound",
     ),
+    # issue 37 item 8: an overrunning thread is counted no more once it returns, whatever its late write met
+    Guard(
+        "issue 37 item 8: a thread whose late write lost the database no longer counts as overrunning",
+        "outbox/python_consumers.py",
+        "                    finally:\n                        OVERRUNS.done(consumer, threading.current_thread())\n",
+        "                    else:\n                        OVERRUNS.done(consumer, threading.current_thread())\n",
+        "tests/test_sweep_python.py::test_a_late_write_that_loses_the_database_does_not_leave_its_thread_counted",
+    ),
+    Guard(
+        "issue 37 item 8: a sweep says after each pass which consumers it holds back (outbox_python_consumer_held_back)",
+        "outbox/sweep.py",
+        "    OVERRUNS.report()  # (no statement unless it holds a consumer back, or did)\n",
+        "",
+        "tests/test_sweep_python.py::test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consumers_rows",
+    ),
+    Guard(
+        "issue 37 item 8: a sweep that takes a consumer's rows again says it holds it back no more",
+        "outbox/python_consumers.py",
+        '                role__in=[f"{HELD_BACK}{pk}" for pk in held]\n            ).delete()\n',
+        '                role__in=[f"{HELD_BACK}{pk}" for pk in held]\n            ).none()\n',
+        "tests/test_sweep_python.py::test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consumers_rows",
+    ),
+    Guard(
+        "issue 37 item 8: outbox_python_consumer_held_back counts only processes that said so lately",
+        "outbox/metrics.py",
+        "filter(role__startswith=HELD_BACK, at__gte=since)",
+        "filter(role__startswith=HELD_BACK)",
+        "tests/test_sweep_python.py::test_a_process_that_stopped_saying_it_holds_a_consumer_back_is_not_counted",
+    ),
 ]
 
 

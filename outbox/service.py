@@ -490,11 +490,13 @@ def send_test_event(consumer: Consumer, *, actor: str) -> Delivery:
     """An `odal.test` event to this consumer alone, subscribed or not: a delivery like any other
     (parked while the consumer is paused). Audited."""
     with transaction.atomic():
-        event, _ = emit(
+        event, made = emit(
             TEST_EVENT,
             {"consumer": consumer.name, "sentBy": actor, "note": "A test event from odal: no action needed."},
             only=consumer,
         )
+        if not made:  # removed since it was read (emit locks the consumers it sends to)
+            raise Refused(f"No consumer named {rules.shown(consumer.name)}.", code="not_found", status=404)
         delivery = Delivery.objects.get(event=event, consumer=consumer)
         AuditEntry.objects.record(
             actor=actor, action="consumer_test_event", obj=consumer, details={"deliveryId": str(delivery.pk)}

@@ -5062,6 +5062,35 @@ GUARDS = [
         "filter(role__startswith=HELD_BACK)",
         "tests/test_sweep_python.py::test_a_process_that_stopped_saying_it_holds_a_consumer_back_is_not_counted",
     ),
+    # issue 37 item 8: a publish leaves out a consumer removed between its read and its lock
+    Guard(
+        "issue 37 item 8: share_lock answers only the consumers it locked",
+        "outbox/events.py",
+        "    return [c for c in consumers if c.pk in locked]\n",
+        "    return consumers\n",
+        "tests/test_consumer_races.py -k between_emits_read",
+    ),
+    Guard(
+        "issue 37 item 8: emit sends only to the consumers it locked",
+        "outbox/events.py",
+        "            consumers = [c for c in consumers if c.pk != exclude.pk]\n        consumers = share_lock(consumers)\n",
+        "            consumers = [c for c in consumers if c.pk != exclude.pk]\n        share_lock(consumers)\n",
+        "tests/test_consumer_races.py::test_a_removal_committed_between_emits_read_and_its_lock_drops_that_consumer[emit]",
+    ),
+    Guard(
+        "issue 37 item 8: emit_many sends only to the consumers it locked",
+        "outbox/events.py",
+        "        consumers = [c for c in Consumer.objects.all() if c.wants(event_type)]\n        consumers = share_lock(consumers)\n",
+        "        consumers = [c for c in Consumer.objects.all() if c.wants(event_type)]\n        share_lock(consumers)\n",
+        "tests/test_consumer_races.py::test_a_removal_committed_between_emits_read_and_its_lock_drops_that_consumer[emit_many]",
+    ),
+    Guard(
+        "issue 37 item 8: a test event to a consumer removed meanwhile is 404, not a failed commit",
+        "outbox/service.py",
+        "        if not made:  # removed since it was read",
+        "        if False:  # removed since it was read",
+        "tests/test_consumer_races.py::test_a_test_event_to_a_consumer_removed_since_it_was_read_is_404_and_writes_nothing",
+    ),
 ]
 
 

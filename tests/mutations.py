@@ -2900,8 +2900,8 @@ GUARDS = [
     Guard(
         "remove: a publish fanning out to the consumer holds it (key-share lock)",
         "outbox/events.py",
-        '    if not consumers or connection.vendor != "postgresql":\n        return\n',
-        "    return\n",
+        '    if not consumers or connection.vendor != "postgresql":\n        return consumers\n',
+        "    return consumers\n",
         "tests/test_consumer_races.py::test_a_publish_committing_while_a_consumer_is_removed_does_not_fail",
     ),
     Guard(

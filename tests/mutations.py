@@ -5091,6 +5091,21 @@ GUARDS = [
         "        if False:  # removed since it was read",
         "tests/test_consumer_races.py::test_a_test_event_to_a_consumer_removed_since_it_was_read_is_404_and_writes_nothing",
     ),
+    # issue 37 item 8: a webhook URL's host lookup in a web request runs under a deadline
+    Guard(
+        "issue 37 item 8: storing a webhook URL looks its host up under URL_LOOKUP_SECONDS",
+        "outbox/consumers.py",
+        '        _checked_addresses(parsed.raw_host.decode("ascii"), _addresses_within)\n',
+        '        _checked_addresses(parsed.raw_host.decode("ascii"))\n',
+        "tests/test_webhook_pinning.py -k lookup_hangs",
+    ),
+    Guard(
+        "issue 37 item 8: the host lookup of a stored webhook URL is waited for no longer than its deadline",
+        "outbox/consumers.py",
+        "        return pending.result(timeout=URL_LOOKUP_SECONDS)\n",
+        "        return pending.result()\n",
+        "tests/test_webhook_pinning.py -k lookup_hangs",
+    ),
 ]
 
 

@@ -24,9 +24,11 @@ def settled(now: datetime) -> Q:
     )
 
 
-def later_unknown(at: datetime):
-    """last_unknown_at moved to `at`, never back (SQLite's MAX() of a NULL is NULL: Coalesce)."""
-    return Greatest(Coalesce(F("last_unknown_at"), Value(at)), Value(at))
+def later_unknown(at):
+    """last_unknown_at moved to `at` (a datetime, or an expression: the database's now), never
+    back (SQLite's MAX() of a NULL is NULL: Coalesce)."""
+    at = at if hasattr(at, "resolve_expression") else Value(at)
+    return Greatest(Coalesce(F("last_unknown_at"), at), at)
 
 
 def owed_afresh(operation: str, now: datetime) -> dict:
@@ -47,10 +49,10 @@ def owed_afresh(operation: str, now: datetime) -> dict:
 class RegistrationQuerySet(ClaimQuerySet):
     claimable_statuses = ("pending", "submitted")
 
-    def reclaim_updates(self, now: datetime) -> dict:
+    def reclaim_updates(self, now) -> dict:
         """A register whose claim ran out with no outcome written (its drain died or stalled
         mid-request) may have reached the registry: the claim that takes it over records an
-        outcome unknown, as of now."""
+        outcome unknown, as of the claim's now (the database's)."""
         took_over = Q(
             claim_token__isnull=False,
             status=Registration.Status.PENDING,

@@ -161,15 +161,15 @@ GUARDS = [
     Guard(
         "claim: counts the attempt relatively, at claim time",
         "odal/work/claims.py",
-        'attempts=F("attempts") + 1',
-        "attempts=1",
+        '"attempts": F("attempts") + 1',
+        '"attempts": 1',
         "tests/test_outbox_claims.py::test_overlapping_attempts_count_twice_so_the_bound_holds",
     ),
     Guard(
         "claim: pushes next_attempt_at past now by the hold",
         "odal/work/claims.py",
-        "        held_until = now + hold\n",
-        "        held_until = now\n",
+        '                "next_attempt_at": clock + hold,\n',
+        '                "next_attempt_at": clock,\n',
         "tests/test_outbox_claims.py::test_a_claimed_row_is_not_due_until_its_hold_expires",
     ),
     Guard(
@@ -497,8 +497,8 @@ GUARDS = [
     Guard(
         "python timeout: a claim takes no row its skip names",
         "odal/work/claims.py",
-        "self.claimable(now) if skip is None else self.claimable(now).exclude(skip)",
-        "self.claimable(now)",
+        "self.claimable(clock) if skip is None else self.claimable(clock).exclude(skip)",
+        "self.claimable(clock)",
         "tests/test_sweep_python.py::test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consumers_rows",
     ),
     Guard(
@@ -1369,8 +1369,8 @@ GUARDS = [
     Guard(
         "claim: the UPDATE restates 'still claimable' (without row locks, two claims never share a row)",
         "odal/work/claims.py",
-        "            self.model._default_manager.filter(pk__any=ids).claimable(now).update(\n",
-        "            self.model._default_manager.filter(pk__in=ids).update(\n",
+        "            taking = self.model._default_manager.filter(pk__any=ids).claimable(clock)\n",
+        "            taking = self.model._default_manager.filter(pk__in=ids)\n",
         "tests/test_guards.py::test_without_row_locks_two_claims_never_take_the_same_row",
     ),
     Guard(
@@ -3065,8 +3065,8 @@ GUARDS = [
     Guard(
         "drain wake: a leading drain relays while a registration falls due within the horizon",
         "registry/drain.py",
-        "        return Registration.objects.due(timezone.now() + RELAY_HORIZON).exists()\n",
-        "        return Registration.objects.due(timezone.now()).exists()\n",
+        "        return Registration.objects.due(database_now() + RELAY_HORIZON).exists()\n",
+        "        return Registration.objects.due(database_now()).exists()\n",
         "tests/test_kicks.py -k relays",
     ),
     Guard(
@@ -3580,8 +3580,8 @@ GUARDS = [
     Guard(
         "unknown outcomes: last_unknown_at only ever moves later",
         "registry/models.py",
-        '    return Greatest(Coalesce(F("last_unknown_at"), Value(at)), Value(at))',
-        "    return Value(at)",
+        '    return Greatest(Coalesce(F("last_unknown_at"), at), at)',
+        "    return at",
         "tests/test_registry_unknown.py::test_an_unknown_outcome_noted_late_never_moves_the_row_s_time_back",
     ),
     Guard(
@@ -5105,6 +5105,77 @@ GUARDS = [
         "        return pending.result(timeout=URL_LOOKUP_SECONDS)\n",
         "        return pending.result()\n",
         "tests/test_webhook_pinning.py -k lookup_hangs",
+    ),
+    # issue 37 item 8: claims, holds and "due" read the database's clock
+    Guard(
+        "issue 37 item 8: a claim is due and held by the database's clock",
+        "odal/work/claims.py",
+        "        clock = database_now(self.db) if now is None else now\n",
+        "        clock = timezone.now() if now is None else now\n",
+        "tests/test_clock_skew.py -k lags or runs_ahead_takes",
+    ),
+    Guard(
+        "issue 37 item 8: Claim.holds reads the monotonic clock from the claim's own statement",
+        "odal/work/claims.py",
+        "        return time.monotonic() < self.ends\n",
+        "        return self.held_until is not None and timezone.now() < self.held_until\n",
+        "tests/test_clock_skew.py::test_a_hold_still_holds_when_the_process_clock_steps_ahead tests/test_clock_skew.py::test_a_pass_whose_process_clock_steps_ahead_starts_every_attempt_it_holds",
+    ),
+    Guard(
+        "issue 37 item 8: a claim's at and held_until are the database's (its UPDATE answers its own instant)",
+        "odal/work/claims.py",
+        "                claim.at = taking.update_answering_now(values)\n",
+        "                taking.update(**values)\n                claim.at = timezone.now()\n",
+        "tests/test_clock_skew.py -k knows_its_hold",
+    ),
+    Guard(
+        "issue 37 item 8: due() reads the database's clock",
+        "odal/work/claims.py",
+        "        now = database_now(self.db) if now is None else now\n        return self.filter(status__in=self.claimable_statuses, next_attempt_at__lte=now)\n",
+        "        now = timezone.now() if now is None else now\n        return self.filter(status__in=self.claimable_statuses, next_attempt_at__lte=now)\n",
+        "tests/test_clock_skew.py -k databases_clock",
+    ),
+    Guard(
+        "issue 37 item 8: a run lingers for rows falling due soon by the database's clock",
+        "odal/work/claims.py",
+        "        now = database_now(self.db)\n        upcoming = (\n",
+        "        now = timezone.now()\n        upcoming = (\n",
+        "tests/test_clock_skew.py -k databases_clock",
+    ),
+    Guard(
+        "issue 37 item 8: rows given back are due at once by the database's clock",
+        "odal/work/claims.py",
+        "            next_attempt_at=database_now(self.db) if now is None else now,\n",
+        "            next_attempt_at=timezone.now() if now is None else now,\n",
+        "tests/test_clock_skew.py::test_a_row_given_back_by_a_process_whose_clock_runs_ahead_is_due_at_once",
+    ),
+    Guard(
+        "issue 37 item 8: dead-lettering reads due by the database's clock",
+        "outbox/models.py",
+        '        many it took."""\n        now = database_now(self.db) if now is None else now\n',
+        '        many it took."""\n        now = timezone.now() if now is None else now\n',
+        "tests/test_clock_skew.py::test_a_sweep_whose_clock_runs_ahead_does_not_dead_letter_a_row_whose_last_attempt_runs",
+    ),
+    Guard(
+        "issue 37 item 8: parking reads 'no live claim holds it' by the database's clock",
+        "outbox/models.py",
+        '        it parked."""\n        now = database_now(self.db) if now is None else now\n',
+        '        it parked."""\n        now = timezone.now() if now is None else now\n',
+        "tests/test_clock_skew.py::test_a_pause_in_a_process_whose_clock_runs_ahead_parks_no_row_a_live_claim_holds",
+    ),
+    Guard(
+        "issue 37 item 8: a leading drain relays for registrations falling due by the database's clock",
+        "registry/drain.py",
+        "        return Registration.objects.due(database_now() + RELAY_HORIZON).exists()\n",
+        "        return Registration.objects.due(timezone.now() + RELAY_HORIZON).exists()\n",
+        "tests/test_clock_skew.py -k databases_clock",
+    ),
+    Guard(
+        "issue 37 item 8: a drain pass times its hold from its claim (monotonic), not the wall clock",
+        "registry/drain.py",
+        "        self.deadline = claim.ends  # (monotonic: the database's hold, as the claim timed it)\n",
+        "        self.deadline = time.monotonic() + (claim.held_until - timezone.now()).total_seconds()\n",
+        "tests/test_clock_skew.py::test_a_drain_pass_whose_process_clock_runs_ahead_sends_what_it_claimed",
     ),
 ]
 

@@ -23,7 +23,6 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, fields
 
 from django.db import close_old_connections, connection
-from django.utils import timezone
 
 from odal import reconnect
 from odal.work.wake import POLL_SECONDS, Listener, Wake, open_listener, run_kicked_task
@@ -126,9 +125,8 @@ class Work(ABC):
             return paused
         if linger <= 0:
             return None
-        now = timezone.now()
-        upcoming = self.rows.next_due_within(now, linger)
-        return None if upcoming is None else max(0.05, (upcoming - now).total_seconds())
+        upcoming = self.rows.seconds_to_next_due(linger)  # (by the database's clock)
+        return None if upcoming is None else max(0.05, upcoming)
 
     def listening(
         self,

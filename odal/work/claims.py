@@ -60,8 +60,8 @@ def updates_return_rows(db: str) -> bool:
 
 
 def database_now(db: str = "default"):
-    """ "Now" for a due or hold filter, or a value written with one: the database's clock, as an
-    expression each statement evaluates (statement_timestamp(): one instant per statement, also
+    """The now of a due or hold filter, or of a value written with one: the database's clock, as
+    an expression each statement evaluates (statement_timestamp(): one instant per statement, also
     inside a long transaction). SQLite's database is this machine's: its clock is this process's."""
     return Now() if connections[db].vendor == "postgresql" else timezone.now()
 
@@ -172,9 +172,13 @@ class ClaimQuerySet(models.QuerySet):
         """PostgreSQL: `.update(**values)` of this queryset, in one statement that also answers its
         own instant, statement_timestamp() (the one its Now() expressions wrote: see claim)."""
         update = self._update_sql(values)
-        text, params = update if update is not None else ("SELECT 1 WHERE false", [])
+        text, params = (
+            ("SELECT statement_timestamp()", [])
+            if update is None
+            else (f"WITH updated AS ({update[0]} RETURNING 1) SELECT statement_timestamp()", update[1])
+        )
         with transaction.mark_for_rollback_on_error(self.db), connections[self.db].cursor() as cursor:
-            cursor.execute(f"WITH updated AS ({text} RETURNING 1) SELECT statement_timestamp()", params)
+            cursor.execute(text, params)
             return cursor.fetchone()[0]
 
     def update_returning_ids(self, values: dict) -> set:

@@ -23,7 +23,10 @@ Small sets (pending and dead deliveries, stalled registrations) are counted dire
 partial indexes; see outbox.service.outbox_counts and registry.service.registry_counts.
 
 Heartbeats: every pass of the sweep and of the drain calls ``beat(role)``, which writes the
-worker's own row at most once a second; ``last_pass(role)`` is the newest of them.
+worker's own row at most once a second; ``last_pass(role)`` is the newest of them. A sweep
+process that takes none of a Python consumer's rows (its overrunning threads piled up) also
+keeps a heartbeat of role ``outbox.held:<consumer id>`` while it does
+(outbox.python_consumers.Overruns.report).
 """
 
 import os

@@ -23,7 +23,7 @@ from odal.ids import uuid7
 from odal.models import AuditEntry
 from odal.reasons import clean_reason
 from odal.text import storable
-from odal.work.claims import ClaimQuerySet
+from odal.work.claims import ClaimQuerySet, database_now
 from odal.work.wake import SWEEP
 
 # Rows per transaction of a bulk write (replay, resend, unpark, a consumer's removal): a million
@@ -280,11 +280,13 @@ class DeliveryQuerySet(ClaimQuerySet):
             self.due(now).filter(attempts__lt=F("max_attempts")).exclude(consumer_id__in=paused_consumers())
         )
 
-    def park_paused(self, *, now: datetime) -> int:
-        """Park the pending rows of paused consumers (status paused) that no live claim holds:
-        rows made due again while their consumer was pausing, a failure written after it
-        paused, a replayed dead letter. Served by the (consumer, status) index; nothing to do
-        while no consumer is paused. Returns how many it parked."""
+    def park_paused(self, *, now=None) -> int:
+        """Park the pending rows of paused consumers (status paused) that no live claim holds
+        (by the database's clock, unless `now` says otherwise): rows made due again while their
+        consumer was pausing, a failure written after it paused, a replayed dead letter. Served by
+        the (consumer, status) index; nothing to do while no consumer is paused. Returns how many
+        it parked."""
+        now = database_now(self.db) if now is None else now
         return (
             self.filter(status=Delivery.Status.PENDING, consumer_id__in=paused_consumers())
             .filter(models.Q(claim_token__isnull=True) | models.Q(next_attempt_at__lte=now))
@@ -447,9 +449,11 @@ class DeliveryQuerySet(ClaimQuerySet):
         replay or resend preview warns about."""
         return self.filter(status=Delivery.Status.DEAD, late_success_at__isnull=False)
 
-    def dead_letter_exhausted(self, *, now: datetime) -> int:
+    def dead_letter_exhausted(self, *, now=None) -> int:
         """Dead-letter due rows whose last counted attempt never reported (its worker died or
-        hung past the hold). Returns how many it took."""
+        hung past the hold), due by the database's clock unless `now` says otherwise. Returns how
+        many it took."""
+        now = database_now(self.db) if now is None else now
         return (
             self.due(now)
             .filter(attempts__gte=F("max_attempts"))

@@ -514,13 +514,14 @@ def housekeep() -> int:
     # A Python consumer whose target ODAL_PYTHON_CONSUMERS does not allow is paused before any
     # of its rows can be claimed: on the first pass of every run, so at every start.
     service.pause_python_consumers_outside_allow_list(now=now)
-    Delivery.objects.park_paused(now=now)  # (one statement; takes nothing while none is paused)
+    # "No live claim holds it" and "due" by the database's clock (odal.work.claims).
+    Delivery.objects.park_paused()  # (one statement; takes nothing while none is paused)
     for consumer_id in Delivery.objects.resumed_consumers_with_parked_rows():  # (one statement)
         Delivery.objects.unpark(consumer_id=consumer_id)
     # A spent row is never claimed (the claim's filter), so dead-lettering it can wait for
     # the run's housekeeping: one statement less in every other pass (issue 26, item 7: a
     # pass of one webhook is mostly fixed cost, and at 50 events/s the next commit waits it).
-    return Delivery.objects.dead_letter_exhausted(now=now)
+    return Delivery.objects.dead_letter_exhausted()
 
 
 class Every:
@@ -555,15 +556,14 @@ def sweep_once(
     # The hold runs from the claim's own clock reading, not from before the dead-lettering.
     claim = Delivery.objects.claim(limit=batch, read=read_claimed, skip=OVERRUNS.skip())
     report.claimed = len(claim.rows)
-    if not claim.rows:
-        tally.beat(tally.SWEEP)
-        return report
-    with ExitStack() as stack:
-        if client is None or python is None:  # a pass on its own
-            shared = stack.enter_context(sweeper())
-            client, python = client or shared["client"], python or shared["python"]
-        SweepPass(claim, report, client, python).run()
+    if claim.rows:
+        with ExitStack() as stack:
+            if client is None or python is None:  # a pass on its own
+                shared = stack.enter_context(sweeper())
+                client, python = client or shared["client"], python or shared["python"]
+            SweepPass(claim, report, client, python).run()
     tally.beat(tally.SWEEP)
+    OVERRUNS.report()  # (no statement unless it holds a consumer back, or did)
     return report
 
 

@@ -32,7 +32,7 @@ from odal import reconnect, stopping, tally
 from odal.models import Passport
 from odal.text import error_text, storable
 from odal.work import deadline as task_deadline
-from odal.work.claims import backoff_delay
+from odal.work.claims import backoff_delay, database_now
 from odal.work.loops import Report, Work
 from odal.work.passes import Pass, write_in_sets
 from odal.work.wake import DRAIN
@@ -40,7 +40,7 @@ from outbox.events import emit_many
 from registry import adapters, service
 from registry.finding import find_held
 from registry.models import NOT_ADOPTED, Registration, RegistrationAttempt
-from registry.pace import PAUSE_REFRESH_SECONDS, Pace, monotonic_at
+from registry.pace import PAUSE_REFRESH_SECONDS, Pace
 
 log = logging.getLogger(__name__)
 
@@ -644,7 +644,7 @@ class DrainPass(Pass):
         super().__init__(claim, report)
         self.adapter, self.pace, self.pool = adapter, pace, pool
         self.waiting = deque(claim.rows)
-        self.held_until = monotonic_at(claim.held_until)
+        self.held_until = claim.ends  # (monotonic: the database's hold, as the claim timed it)
         self.no_more_slots = False  # a row's slot came after its deadline: the pass books no more
         self.rechecked_at = float("-inf")
 
@@ -816,7 +816,7 @@ class Drain(Work):
 
     def owed(self) -> bool:
         # The schedule's period: a row due later waits for it as well.
-        return Registration.objects.due(timezone.now() + RELAY_HORIZON).exists()
+        return Registration.objects.due(database_now() + RELAY_HORIZON).exists()
 
 
 RELAY_HORIZON = timedelta(seconds=60)  # a leading drain hands over while rows fall due this soon

@@ -31,9 +31,11 @@ def settled(now: datetime) -> Q:
     )
 
 
-def later_unknown(at: datetime):
-    """last_unknown_at moved to `at`, never back (PostgreSQL's GREATEST passes over a NULL)."""
-    return Greatest(F("last_unknown_at"), Value(at))
+def later_unknown(at):
+    """last_unknown_at moved to `at` (a datetime, or an expression: the database's now), never
+    back (PostgreSQL's GREATEST passes over a NULL)."""
+    at = at if hasattr(at, "resolve_expression") else Value(at)
+    return Greatest(F("last_unknown_at"), at)
 
 
 def owed_afresh(operation: str, now: datetime) -> dict:
@@ -54,10 +56,10 @@ def owed_afresh(operation: str, now: datetime) -> dict:
 class RegistrationQuerySet(ClaimQuerySet):
     claimable_statuses = ("pending", "submitted")
 
-    def reclaim_updates(self, now: datetime) -> dict:
+    def reclaim_updates(self, now) -> dict:
         """A register whose claim ran out with no outcome written (its drain died or stalled
         mid-request) may have reached the registry: the claim that takes it over records an
-        outcome unknown, as of now."""
+        outcome unknown, as of the claim's now (the database's)."""
         took_over = Q(
             claim_token__isnull=False,
             status=Registration.Status.PENDING,

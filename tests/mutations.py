@@ -154,15 +154,15 @@ GUARDS = [
     Guard(
         "claim: counts the attempt relatively, at claim time",
         "odal/work/claims.py",
-        'attempts=F("attempts") + 1',
-        "attempts=1",
+        '"attempts": F("attempts") + 1',
+        '"attempts": 1',
         "tests/test_outbox_claims.py::test_overlapping_attempts_count_twice_so_the_bound_holds",
     ),
     Guard(
         "claim: pushes next_attempt_at past now by the hold",
         "odal/work/claims.py",
-        "        held_until = now + hold\n",
-        "        held_until = now\n",
+        '                "next_attempt_at": clock + hold,\n',
+        '                "next_attempt_at": clock,\n',
         "tests/test_outbox_claims.py::test_a_claimed_row_is_not_due_until_its_hold_expires",
     ),
     Guard(
@@ -490,8 +490,8 @@ GUARDS = [
     Guard(
         "python timeout: a claim takes no row its skip names",
         "odal/work/claims.py",
-        "self.claimable(now) if skip is None else self.claimable(now).exclude(skip)",
-        "self.claimable(now)",
+        "self.claimable(clock) if skip is None else self.claimable(clock).exclude(skip)",
+        "self.claimable(clock)",
         "tests/test_sweep_python.py::test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consumers_rows",
     ),
     Guard(
@@ -1355,8 +1355,8 @@ GUARDS = [
     Guard(
         "claim: the UPDATE restates 'still claimable' (without row locks, two claims never share a row)",
         "odal/work/claims.py",
-        "            self.model._default_manager.filter(pk__any=ids).claimable(now).update(\n",
-        "            self.model._default_manager.filter(pk__in=ids).update(\n",
+        "            taking = self.model._default_manager.filter(pk__any=ids).claimable(clock)\n",
+        "            taking = self.model._default_manager.filter(pk__in=ids)\n",
         "tests/test_guards.py::test_without_row_locks_two_claims_never_take_the_same_row",
     ),
     Guard(
@@ -2886,8 +2886,8 @@ GUARDS = [
     Guard(
         "remove: a publish fanning out to the consumer holds it (key-share lock)",
         "outbox/events.py",
-        "    if not consumers:\n        return\n",
-        "    return\n",
+        "    if not consumers:\n        return consumers\n",
+        "    return consumers\n",
         "tests/test_consumer_races.py::test_a_publish_committing_while_a_consumer_is_removed_does_not_fail",
     ),
     Guard(
@@ -3051,8 +3051,8 @@ GUARDS = [
     Guard(
         "drain wake: a leading drain relays while a registration falls due within the horizon",
         "registry/drain.py",
-        "        return Registration.objects.due(timezone.now() + RELAY_HORIZON).exists()\n",
-        "        return Registration.objects.due(timezone.now()).exists()\n",
+        "        return Registration.objects.due(database_now() + RELAY_HORIZON).exists()\n",
+        "        return Registration.objects.due(database_now()).exists()\n",
         "tests/test_kicks.py -k relays",
     ),
     Guard(
@@ -3566,8 +3566,8 @@ GUARDS = [
     Guard(
         "unknown outcomes: last_unknown_at only ever moves later",
         "registry/models.py",
-        '    return Greatest(F("last_unknown_at"), Value(at))',
-        "    return Value(at)",
+        '    return Greatest(F("last_unknown_at"), at)',
+        "    return at",
         "tests/test_registry_unknown.py::test_an_unknown_outcome_noted_late_never_moves_the_row_s_time_back",
     ),
     Guard(
@@ -5604,6 +5604,172 @@ GUARDS = [
         "        and reg.last_error.startswith(UNSEARCHABLE)\n",
         "        and False\n",
         "tests/test_registry_deactivated.py -k page_offers",
+    ),
+    # issue 37 item 6: every wait before a first statement comes out of ODAL_DB_STATEMENT_SECONDS
+    Guard(
+        "issue 37 item 6: a reused connection's health check waits at most a quarter of the bound",
+        "odal/database/__init__.py",
+        "    return min(HEALTH_CHECK_SECONDS, bound / 4) if bound else HEALTH_CHECK_SECONDS\n",
+        "    return HEALTH_CHECK_SECONDS\n",
+        "tests/test_bounds.py -k small_bound",
+    ),
+    Guard(
+        "issue 37 item 6: a new connection waits at most half of the bound",
+        "odal/database/__init__.py",
+        "    return bound / 2 if bound else None\n",
+        "    return None\n",
+        "tests/test_bounds.py -k small_bound",
+    ),
+    Guard(
+        "issue 37 item 6: the connect gives up at its deadline (psycopg's connect_timeout is whole seconds, at least 2)",
+        "odal/database/base.py",
+        "            if time.monotonic() >= deadline:\n",
+        "            if False:\n",
+        "tests/test_bounds.py -k small_bound",
+    ),
+    # issue 37 item 8: an overrunning thread is counted no more once it returns, whatever its late write met
+    Guard(
+        "issue 37 item 8: a thread whose late write lost the database no longer counts as overrunning",
+        "outbox/python_consumers.py",
+        "                    finally:\n                        OVERRUNS.done(consumer, threading.current_thread())\n",
+        "                    else:\n                        OVERRUNS.done(consumer, threading.current_thread())\n",
+        "tests/test_sweep_python.py::test_a_late_write_that_loses_the_database_does_not_leave_its_thread_counted",
+    ),
+    Guard(
+        "issue 37 item 8: a sweep says after each pass which consumers it holds back (outbox_python_consumer_held_back)",
+        "outbox/sweep.py",
+        "    OVERRUNS.report()  # (no statement unless it holds a consumer back, or did)\n",
+        "",
+        "tests/test_sweep_python.py::test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consumers_rows",
+    ),
+    Guard(
+        "issue 37 item 8: a sweep that takes a consumer's rows again says it holds it back no more",
+        "outbox/python_consumers.py",
+        '                role__in=[f"{HELD_BACK}{pk}" for pk in held]\n            ).delete()\n',
+        '                role__in=[f"{HELD_BACK}{pk}" for pk in held]\n            ).none()\n',
+        "tests/test_sweep_python.py::test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consumers_rows",
+    ),
+    Guard(
+        "issue 37 item 8: outbox_python_consumer_held_back counts only processes that said so lately",
+        "outbox/metrics.py",
+        "filter(role__startswith=HELD_BACK, at__gte=since)",
+        "filter(role__startswith=HELD_BACK)",
+        "tests/test_sweep_python.py::test_a_process_that_stopped_saying_it_holds_a_consumer_back_is_not_counted",
+    ),
+    # issue 37 item 8: a publish leaves out a consumer removed between its read and its lock
+    Guard(
+        "issue 37 item 8: share_lock answers only the consumers it locked",
+        "outbox/events.py",
+        "    return [c for c in consumers if c.pk in locked]\n",
+        "    return consumers\n",
+        "tests/test_consumer_races.py -k between_emits_read",
+    ),
+    Guard(
+        "issue 37 item 8: emit sends only to the consumers it locked",
+        "outbox/events.py",
+        "            consumers = [c for c in consumers if c.pk != exclude.pk]\n        consumers = share_lock(consumers)\n",
+        "            consumers = [c for c in consumers if c.pk != exclude.pk]\n        share_lock(consumers)\n",
+        "tests/test_consumer_races.py::test_a_removal_committed_between_emits_read_and_its_lock_drops_that_consumer[emit]",
+    ),
+    Guard(
+        "issue 37 item 8: emit_many sends only to the consumers it locked",
+        "outbox/events.py",
+        "        consumers = [c for c in Consumer.objects.all() if c.wants(event_type)]\n        consumers = share_lock(consumers)\n",
+        "        consumers = [c for c in Consumer.objects.all() if c.wants(event_type)]\n        share_lock(consumers)\n",
+        "tests/test_consumer_races.py::test_a_removal_committed_between_emits_read_and_its_lock_drops_that_consumer[emit_many]",
+    ),
+    Guard(
+        "issue 37 item 8: a test event to a consumer removed meanwhile is 404, not a failed commit",
+        "outbox/service.py",
+        "        if not made:  # removed since it was read",
+        "        if False:  # removed since it was read",
+        "tests/test_consumer_races.py::test_a_test_event_to_a_consumer_removed_since_it_was_read_is_404_and_writes_nothing",
+    ),
+    # issue 37 item 8: a webhook URL's host lookup in a web request runs under a deadline
+    Guard(
+        "issue 37 item 8: storing a webhook URL looks its host up under URL_LOOKUP_SECONDS",
+        "outbox/consumers.py",
+        '        _checked_addresses(parsed.raw_host.decode("ascii"), _addresses_within)\n',
+        '        _checked_addresses(parsed.raw_host.decode("ascii"))\n',
+        "tests/test_webhook_pinning.py -k lookup_hangs",
+    ),
+    Guard(
+        "issue 37 item 8: the host lookup of a stored webhook URL is waited for no longer than its deadline",
+        "outbox/consumers.py",
+        "        return pending.result(timeout=URL_LOOKUP_SECONDS)\n",
+        "        return pending.result()\n",
+        "tests/test_webhook_pinning.py -k lookup_hangs",
+    ),
+    # issue 37 item 8: claims, holds and "due" read the database's clock
+    Guard(
+        "issue 37 item 8: a claim is due and held by the database's clock",
+        "odal/work/claims.py",
+        "        clock = database_now(self.db) if now is None else now\n",
+        "        clock = timezone.now() if now is None else now\n",
+        "tests/test_clock_skew.py -k lags or runs_ahead_takes",
+    ),
+    Guard(
+        "issue 37 item 8: Claim.holds reads the monotonic clock from the claim's own statement",
+        "odal/work/claims.py",
+        "        return time.monotonic() < self.ends\n",
+        "        return self.held_until is not None and timezone.now() < self.held_until\n",
+        "tests/test_clock_skew.py::test_a_hold_still_holds_when_the_process_clock_steps_ahead tests/test_clock_skew.py::test_a_pass_whose_process_clock_steps_ahead_starts_every_attempt_it_holds",
+    ),
+    Guard(
+        "issue 37 item 8: a claim's at and held_until are the database's (its UPDATE answers its own instant)",
+        "odal/work/claims.py",
+        "                claim.at = taking.update_answering_now(values)\n",
+        "                taking.update(**values)\n                claim.at = timezone.now()\n",
+        "tests/test_clock_skew.py -k knows_its_hold",
+    ),
+    Guard(
+        "issue 37 item 8: due() reads the database's clock",
+        "odal/work/claims.py",
+        "        now = database_now(self.db) if now is None else now\n        return self.filter(status__in=self.claimable_statuses, next_attempt_at__lte=now)\n",
+        "        now = timezone.now() if now is None else now\n        return self.filter(status__in=self.claimable_statuses, next_attempt_at__lte=now)\n",
+        "tests/test_clock_skew.py -k databases_clock",
+    ),
+    Guard(
+        "issue 37 item 8: a run lingers for rows falling due soon by the database's clock",
+        "odal/work/claims.py",
+        "        now = database_now(self.db)\n        upcoming = (\n",
+        "        now = timezone.now()\n        upcoming = (\n",
+        "tests/test_clock_skew.py -k databases_clock",
+    ),
+    Guard(
+        "issue 37 item 8: rows given back are due at once by the database's clock",
+        "odal/work/claims.py",
+        "            next_attempt_at=database_now(self.db) if now is None else now,\n",
+        "            next_attempt_at=timezone.now() if now is None else now,\n",
+        "tests/test_clock_skew.py::test_a_row_given_back_by_a_process_whose_clock_runs_ahead_is_due_at_once",
+    ),
+    Guard(
+        "issue 37 item 8: dead-lettering reads due by the database's clock",
+        "outbox/models.py",
+        '        many it took."""\n        now = database_now(self.db) if now is None else now\n',
+        '        many it took."""\n        now = timezone.now() if now is None else now\n',
+        "tests/test_clock_skew.py::test_a_sweep_whose_clock_runs_ahead_does_not_dead_letter_a_row_whose_last_attempt_runs",
+    ),
+    Guard(
+        "issue 37 item 8: parking reads 'no live claim holds it' by the database's clock",
+        "outbox/models.py",
+        '        it parked."""\n        now = database_now(self.db) if now is None else now\n',
+        '        it parked."""\n        now = timezone.now() if now is None else now\n',
+        "tests/test_clock_skew.py::test_a_pause_in_a_process_whose_clock_runs_ahead_parks_no_row_a_live_claim_holds",
+    ),
+    Guard(
+        "issue 37 item 8: a leading drain relays for registrations falling due by the database's clock",
+        "registry/drain.py",
+        "        return Registration.objects.due(database_now() + RELAY_HORIZON).exists()\n",
+        "        return Registration.objects.due(timezone.now() + RELAY_HORIZON).exists()\n",
+        "tests/test_clock_skew.py -k databases_clock",
+    ),
+    Guard(
+        "issue 37 item 8: a drain pass times its hold from its claim (monotonic), not the wall clock",
+        "registry/drain.py",
+        "        self.held_until = claim.ends  # (monotonic: the database's hold, as the claim timed it)\n",
+        "        self.held_until = time.monotonic() + (claim.held_until - timezone.now()).total_seconds()\n",
+        "tests/test_clock_skew.py::test_a_drain_pass_whose_process_clock_runs_ahead_sends_what_it_claimed",
     ),
 ]
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass, fields
 
 from django.conf import settings
 from django.db import close_old_connections, connection
-from django.utils import timezone
 
 from odal import reconnect, stopping
 from odal.work.deadline import task as task_deadline
@@ -138,9 +137,8 @@ class Work(ABC):
             return paused
         if linger <= 0:
             return None
-        now = timezone.now()
-        upcoming = self.rows.next_due_within(now, linger)
-        return None if upcoming is None else max(0.05, (upcoming - now).total_seconds())
+        upcoming = self.rows.seconds_to_next_due(linger)  # (by the database's clock)
+        return None if upcoming is None else max(0.05, upcoming)
 
     def listening(
         self,

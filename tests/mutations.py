@@ -772,8 +772,8 @@ GUARDS = [
     Guard(
         "passport admin: a registration found at delete time is a message",
         "odal/admin.py",
-        "        except ProtectedError:\n            self.refuse_protected(request)\n            return HttpResponseRedirect(",
-        "        except ZeroDivisionError:\n            self.refuse_protected(request)\n            return HttpResponseRedirect(",
+        "        except ProtectedError:\n            self.refuse_protected(request)\n        except PublishedNotDeleted",
+        "        except ZeroDivisionError:\n            self.refuse_protected(request)\n        except PublishedNotDeleted",
         "tests/test_security.py::test_a_registration_appearing_after_the_delete_check_is_a_message_not_a_500",
     ),
     Guard(
@@ -5206,6 +5206,21 @@ GUARDS = [
         '    operation_id="createPassports",\n',
         '    operation_id="bulkCreatePassports",\n',
         "tests/test_openapi.py -k fixed_operation_id",
+    ),
+    # issue 38 attack: no published passport is deleted from the admin, by any route
+    Guard(
+        "issue 38 attack: the list's delete_selected refuses a selection holding a published passport",
+        "odal/admin.py",
+        "        if published:\n            self.refuse_published(request, published)\n            return None\n",
+        "        if False:\n            self.refuse_published(request, published)\n            return None\n",
+        "tests/test_admin_hostile_38.py -k never_deleted_from_the_list",
+    ),
+    Guard(
+        "issue 38 attack: the delete itself (list or object page) refuses a passport published meanwhile",
+        "odal/admin.py",
+        "            if published:\n                raise PublishedNotDeleted(published)\n",
+        "            if False:\n                raise PublishedNotDeleted(published)\n",
+        "tests/test_admin_hostile_38.py -k published_after_the_confirmation",
     ),
 ]
 

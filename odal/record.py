@@ -4,6 +4,7 @@ without a next attempt, an audit trail that names its objects and finds them by 
 internals (claim tokens, django-q2's tables) kept for superusers."""
 
 import json
+import re
 import uuid
 
 from django.urls import NoReverseMatch, reverse
@@ -31,17 +32,35 @@ def when(moment) -> str:
 # -- JSON, ids, words -------------------------------------------------------------------------
 
 
+SHOWN_CAP = 64 * 1024  # characters of one payload or answer shown (an answer is kept up to 64 KiB)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def pretty_text(value, *, sort_keys: bool = False) -> str:
+    """`value` (JSON text, or what JSON text decodes to) indented for a person to read; text that
+    is not JSON as it is. Whatever was stored, never a 500 and never a page without end: JSON
+    nested deeper than Python recurses, or a number longer than Python reads, is shown as stored;
+    a lone surrogate (stored as the escape \\ud800, which PostgreSQL's text keeps but UTF-8 cannot
+    encode) is shown as that escape; past SHOWN_CAP characters the rest is counted, not shown."""
+    text = value if isinstance(value, str) else None
+    try:
+        if text is not None:
+            value = json.loads(text)
+        text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=sort_keys)
+    except (TypeError, ValueError, RecursionError):
+        text = text if text is not None else str(value)
+    text = _SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+    if len(text) > SHOWN_CAP:
+        text = f"{text[:SHOWN_CAP]}\n… ({len(text) - SHOWN_CAP:,} more characters not shown)"
+    return text
+
+
 def pretty_json(value) -> SafeString:
     """A payload or an answer as indented JSON in a wrapping <pre>; text that is not JSON as it
-    is (an answer may be anything)."""
-    if isinstance(value, str):
-        if not value:
-            return format_html('<span class="odal-quiet">{}</span>', "(empty)")
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return format_html('<pre class="odal-json">{}</pre>', value)
-    return format_html('<pre class="odal-json">{}</pre>', json.dumps(value, indent=2, ensure_ascii=False))
+    is (an answer may be anything), bounded (pretty_text)."""
+    if isinstance(value, str) and not value:
+        return format_html('<span class="odal-quiet">{}</span>', "(empty)")
+    return format_html('<pre class="odal-json">{}</pre>', pretty_text(value))
 
 
 SHORT = 8

@@ -5222,6 +5222,28 @@ GUARDS = [
         "            if False:\n                raise PublishedNotDeleted(published)\n",
         "tests/test_admin_hostile_38.py -k published_after_the_confirmation",
     ),
+    # issue 38 attack: a stored answer of any shape renders, escaped and bounded
+    Guard(
+        "issue 38 attack: JSON nested deeper than Python recurses is shown as stored, not a 500",
+        "odal/record.py",
+        "    except (TypeError, ValueError, RecursionError):\n",
+        "    except (TypeError, ValueError):\n",
+        "tests/test_admin_hostile_38.py -k recurses",
+    ),
+    Guard(
+        "issue 38 attack: a lone surrogate (a stored JSON escape) is shown as its escape, not a 500",
+        "odal/record.py",
+        '    text = _SURROGATE.sub(lambda found: f"\\\\u{ord(found.group()):04x}", text)\n',
+        "",
+        "tests/test_admin_hostile_38.py -k surrogate",
+    ),
+    Guard(
+        "issue 38 attack: a payload or answer is shown to SHOWN_CAP characters",
+        "odal/record.py",
+        "    if len(text) > SHOWN_CAP:\n",
+        "    if False:\n",
+        "tests/test_admin_hostile_38.py -k huge_answer",
+    ),
 ]
 
 

@@ -1,12 +1,20 @@
 """Issue 38's admin, attacked (a hostile staff member, a hostile peer): what broke, pinned."""
 
+import uuid
+
 import pytest
 from django.contrib import admin as django_admin
 from django.test import RequestFactory
 
 from odal.models import AuditEntry, Passport
-from tests.factories import PassportFactory, PublishedPassportFactory, UserFactory
-from tests.test_buttons import messages_of
+from tests.factories import (
+    DeadDeliveryFactory,
+    PassportFactory,
+    PublishedPassportFactory,
+    UserFactory,
+    WebhookConsumerFactory,
+)
+from tests.test_buttons import as_member, messages_of
 
 pytestmark = pytest.mark.django_db
 
@@ -51,3 +59,61 @@ def test_a_passport_published_after_the_confirmation_page_is_not_deleted(setting
         with pytest.raises(PublishedNotDeleted):
             delete()
         assert Passport.objects.filter(pk=passport.pk).exists()
+
+
+def attempt_line(delivery, **fields):
+    from django.utils import timezone
+
+    from outbox.models import DeliveryAttempt
+
+    now = timezone.now()
+    return DeliveryAttempt.objects.create(
+        delivery=delivery, consumer=delivery.consumer, number=1, claim_token=uuid.uuid4(),
+        started_at=now, finished_at=now, outcome="failed", http_status=500, **fields,
+    )  # fmt: skip
+
+
+HOSTILE_ANSWERS = {
+    # A lone surrogate, as a JSON escape: PostgreSQL's text keeps the escape, json.loads makes it a
+    # str that UTF-8 cannot encode (the page's answer was a 500: UnicodeEncodeError).
+    "lone surrogate": ('{"a": "\\ud800", "b": ["\\udfff"]}', "\\ud800"),
+    "nested deeper than Python recurses": ("[" * 3000 + "]" * 3000, "[[[["),
+    "a number longer than Python reads": ('{"n": ' + "9" * 5000 + "}", "99999"),
+    "HTML": ('{"x": "<script>alert(1)</script>\\"><img src=x onerror=alert(1)>"}', "&lt;script&gt;alert(1)"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE_ANSWERS)
+@pytest.mark.parametrize("who", ["superuser", "Viewers"])
+def test_a_hostile_answer_renders_on_the_delivery_and_consumer_pages(admin_client, client, case, who):
+    answer, shown = HOSTILE_ANSWERS[case]
+    viewer = admin_client if who == "superuser" else client
+    if who == "Viewers":
+        as_member(client, "Viewers")
+    delivery = DeadDeliveryFactory(consumer=WebhookConsumerFactory())
+    attempt_line(delivery, answer=answer, content_type="application/json")
+    for url in (
+        f"/admin/outbox/delivery/{delivery.pk}/change/",
+        f"/admin/outbox/consumer/{delivery.consumer.pk}/change/",
+    ):
+        page = viewer.get(url)
+        assert page.status_code == 200, url
+        body = page.content.decode()
+        assert shown in body, url
+        assert "<script>alert" not in body and "<img src=x" not in body
+
+
+def test_a_huge_answer_is_shown_bounded(admin_client):
+    """An answer is kept up to 64 KiB; a row holding more (written before the cap, or by hand) is
+    shown to SHOWN_CAP characters, the rest counted: the page stays a page."""
+    delivery = DeadDeliveryFactory(consumer=WebhookConsumerFactory())
+    for _ in range(3):
+        attempt_line(delivery, answer="x" * 3_000_000)
+    for url in (
+        f"/admin/outbox/delivery/{delivery.pk}/change/",
+        f"/admin/outbox/consumer/{delivery.consumer.pk}/change/",
+    ):
+        page = admin_client.get(url)
+        assert page.status_code == 200
+        assert len(page.content) < 1_000_000, (url, len(page.content))
+        assert "more characters not shown" in page.content.decode()

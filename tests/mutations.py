@@ -5244,6 +5244,13 @@ GUARDS = [
         "    if False:\n",
         "tests/test_admin_hostile_38.py -k huge_answer",
     ),
+    Guard(
+        "issue 38 attack: event types typed as a JSON list nested deeper than Python recurses are a form error",
+        "outbox/admin.py",
+        "            except (ValueError, RecursionError):  # (a list nested deeper than Python recurses)\n",
+        "            except ValueError:\n",
+        "tests/test_admin_hostile_38.py -k hostile_event_types",
+    ),
 ]
 
 

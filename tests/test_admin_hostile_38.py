@@ -117,3 +117,26 @@ def test_a_huge_answer_is_shown_bounded(admin_client):
         assert page.status_code == 200
         assert len(page.content) < 1_000_000, (url, len(page.content))
         assert "more characters not shown" in page.content.decode()
+
+
+@pytest.mark.parametrize(
+    "typed, refused",
+    [
+        ("[" * 100_000 + "]" * 100_000, "as names separated by commas"),  # (was a 500: RecursionError)
+        ("passport.*，outbox.test", "is not an event pattern"),  # a full-width comma is no comma
+        ('["\\u0000"]', "NUL character"),
+        ("a" * 100_000, "is not an event pattern"),
+    ],
+)
+def test_hostile_event_types_are_a_form_error(admin_client, typed, refused):
+    consumer = WebhookConsumerFactory(event_types=["outbox.test"])
+    form = {
+        "name": consumer.name, "kind": consumer.kind, "url": consumer.url, "target": "", "event_types": typed,
+        "max_attempts": consumer.max_attempts, "timeout_seconds": consumer.timeout_seconds,
+        "opened_at_version": consumer.version,
+    }  # fmt: skip
+    page = admin_client.post(f"/admin/outbox/consumer/{consumer.pk}/change/", form)
+    assert page.status_code == 200
+    assert refused in str(page.context["adminform"].form.errors["event_types"])
+    consumer.refresh_from_db()
+    assert consumer.event_types == ["outbox.test"]

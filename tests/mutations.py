@@ -5251,6 +5251,21 @@ GUARDS = [
         "            except ValueError:\n",
         "tests/test_admin_hostile_38.py -k hostile_event_types",
     ),
+    # issue 38 attack: no replayable signature kept from an answer echoing the request
+    Guard(
+        "issue 38 attack: an answer (and a 5xx's error) echoing the request keeps no signature",
+        "outbox/consumers.py",
+        '    return tuple(dict.fromkeys(form for sig in sent if sig for form in (sig, sig.replace("/", "\\\\/"))))\n',
+        "    return ()\n",
+        "tests/test_admin_hostile_38.py -k echoing",
+    ),
+    Guard(
+        "issue 38 attack: a signature echoed with its slashes JSON-escaped is hidden too",
+        "outbox/consumers.py",
+        '    return tuple(dict.fromkeys(form for sig in sent if sig for form in (sig, sig.replace("/", "\\\\/"))))\n',
+        "    return tuple(dict.fromkeys(form for sig in sent if sig for form in (sig,)))\n",
+        "tests/test_admin_hostile_38.py -k slashes_escaped",
+    ),
 ]
 
 

@@ -140,3 +140,52 @@ def test_hostile_event_types_are_a_form_error(admin_client, typed, refused):
     assert refused in str(page.context["adminform"].form.errors["event_types"])
     consumer.refresh_from_db()
     assert consumer.event_types == ["outbox.test"]
+
+
+@pytest.mark.parametrize("status", [200, 500])
+@pytest.mark.parametrize("escaped", [False, True])
+def test_an_answer_echoing_the_request_keeps_no_replayable_signature(client, settings, status, escaped):
+    """An echo endpoint (httpbin's /anything, a request bin) answers with the request's headers:
+    the signature was kept in the attempt's answer (and a 5xx's error) and shown to a Viewer on the
+    delivery's page and the consumer's, who could replay the signed request within its tolerance."""
+    import json
+
+    from outbox.events import emit
+    from outbox.models import Delivery
+    from outbox.sweep import sweep_once
+    from tests.webhook_server import Answer, WebhookServer
+
+    settings.ODAL_BACKOFF_BASE_SECONDS = 0
+
+    def echo(received):
+        text = json.dumps({"headers": received.headers, "data": received.body})
+        if escaped:  # (PHP's json_encode writes "/" as "\/")
+            text = text.replace("/", "\\/")
+        return Answer(status, text.encode(), [("content-type", "application/json")])
+
+    with WebhookServer([echo]) as server:
+        consumer = WebhookConsumerFactory(url=server.url, timeout_seconds=2)
+        emit("passport.published", {"n": 1})
+        assert sweep_once().claimed == 1
+    signature = server.received[0].headers["webhook-signature"].partition(",")[2]
+    assert len(signature) == 44 and "webhook-signature" in Delivery.objects.get().attempt_log.get().answer
+    line = Delivery.objects.get().attempt_log.get()
+    for kept in (line.answer, line.error, Delivery.objects.get().last_error):
+        assert signature not in kept and signature.replace("/", "\\/") not in kept
+    as_member(client, "Viewers")
+    for url in (
+        f"/admin/outbox/delivery/{line.delivery_id}/change/",
+        f"/admin/outbox/consumer/{consumer.pk}/change/",
+    ):
+        body = client.get(url).content.decode()
+        assert signature not in body and signature.replace("/", "\\/") not in body, url
+
+
+def test_every_signature_is_hidden_as_sent_and_with_its_slashes_escaped():
+    """Deterministic (a live signature holds a "/" about half the time): both signatures of a
+    rotation's grace, raw and as PHP's json_encode writes them."""
+    from outbox.consumers import _signatures_in, without_signatures
+
+    sent = {"webhook-signature": "v1,ab/cd+ef/gh= v1,zz/yy+xx=="}
+    echoed = 'v1,ab/cd+ef/gh= "v1,ab\\/cd+ef\\/gh=" v1,zz/yy+xx== v1,zz\\/yy+xx=='
+    assert without_signatures(echoed, _signatures_in(sent)) == 'v1,*** "v1,***" v1,*** v1,***'

@@ -5266,6 +5266,21 @@ GUARDS = [
         "    return tuple(dict.fromkeys(form for sig in sent if sig for form in (sig,)))\n",
         "tests/test_admin_hostile_38.py -k slashes_escaped",
     ),
+    # issue 38 attack: a registry echoing our bearer token shows it to no one
+    Guard(
+        "issue 38 attack: the registry's answer keeps no ODAL_REGISTRY_TOKEN it echoes",
+        "registry/adapters.py",
+        "                body = self._without_token(read_answer(response, ANSWER_CAP, now + timeout))\n",
+        "                body = read_answer(response, ANSWER_CAP, now + timeout)\n",
+        "tests/test_admin_hostile_38.py -k registry_echoing",
+    ),
+    Guard(
+        "issue 38 attack: the registry's echo of our bearer token with its slashes JSON-escaped is hidden too",
+        "registry/adapters.py",
+        '        for spelling in dict.fromkeys((self.token, self.token.replace("/", "\\\\/"))):\n',
+        "        for spelling in (self.token,):\n",
+        "tests/test_admin_hostile_38.py -k registry_echoing",
+    ),
 ]
 
 

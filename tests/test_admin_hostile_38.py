@@ -189,3 +189,47 @@ def test_every_signature_is_hidden_as_sent_and_with_its_slashes_escaped():
     sent = {"webhook-signature": "v1,ab/cd+ef/gh= v1,zz/yy+xx=="}
     echoed = 'v1,ab/cd+ef/gh= "v1,ab\\/cd+ef\\/gh=" v1,zz/yy+xx== v1,zz\\/yy+xx=='
     assert without_signatures(echoed, _signatures_in(sent)) == 'v1,*** "v1,***" v1,*** v1,***'
+
+
+@pytest.mark.parametrize("status", [500, 400])
+def test_a_registry_echoing_our_bearer_token_shows_it_to_no_one(settings, client, status):
+    """A registry (or a gateway before it) answering with the request's headers: the bearer token
+    was kept in the registration's last error and attempt log, and shown to a Viewer on the
+    passport's story and the registration's page."""
+    import json
+
+    from odal import lifecycle
+    from registry.drain import drain_once
+    from registry.models import Registration
+    from tests.webhook_server import Answer, WebhookServer
+
+    token = "reg/token+s3cr3t-value"
+
+    def echo(received):
+        text = json.dumps({"headers": received.headers}).replace("/", "\\/")  # (and with "/" escaped)
+        return Answer(
+            status,
+            (text + " " + received.headers["authorization"]).encode(),
+            [("content-type", "application/json")],
+        )
+
+    with WebhookServer([echo]) as server:
+        settings.ODAL_REGISTRY_ADAPTER = "http"
+        settings.ODAL_REGISTRY_URL = server.url.rsplit("/", 1)[0]
+        settings.ODAL_REGISTRY_TOKEN = token
+        settings.ODAL_REGISTRY_TIMEOUT_SECONDS = 2
+        passport = PassportFactory()
+        lifecycle.publish(passport.pk, actor="test")
+        assert drain_once().failed == 1
+    assert server.received[0].headers["authorization"] == f"Bearer {token}"
+    registration = Registration.objects.get()
+    kept = [registration.last_error, *registration.attempt_log.values_list("answer", flat=True)]
+    assert "Bearer ***" in " ".join(kept)
+    as_member(client, "Viewers")
+    for url in (
+        f"/admin/odal/passport/{passport.pk}/change/",
+        f"/admin/registry/registration/{registration.pk}/change/",
+    ):
+        kept.append(client.get(url).content.decode())
+    for text in kept:
+        assert "s3cr3t" not in text

@@ -233,3 +233,20 @@ def test_a_registry_echoing_our_bearer_token_shows_it_to_no_one(settings, client
         kept.append(client.get(url).content.decode())
     for text in kept:
         assert "s3cr3t" not in text
+
+
+def test_redacting_a_long_run_of_letters_takes_linear_time():
+    """A consumer's page for a Viewer redacts every error it shows: 100,000 letters without "://"
+    took 25 s (the scheme's unbounded repeat tried from each letter to the run's end). The bound
+    is generous: linear time is milliseconds here, the square was minutes."""
+    import time
+
+    from odal.redact import redacted_urls_in
+
+    text = "x" * 200_000 + " https://user:pa55word@hooks.example.com/in?token=SECRETVALUE"
+    started = time.monotonic()
+    shown = redacted_urls_in(text)
+    assert time.monotonic() - started < 5
+    assert "pa55word" not in shown and "SECRETVALUE" not in shown
+    # A scheme longer than the bound is still found (from its last 32 characters): still redacted.
+    assert "pa55word" not in redacted_urls_in("a" * 40 + "://user:pa55word@host/")

@@ -702,6 +702,12 @@ class Delivery(models.Model):
     def __str__(self) -> str:
         return f"{self.event.type} → {self.consumer.name} ({self.status})"
 
+    @property
+    def number(self) -> int:
+        """Its latest attempt's number in the attempt log, on across replays: what the sweep's
+        Claimed carries, so a claimed row (Delivery.objects.claim) is a Finished's delivery too."""
+        return self.attempts_before + self.attempts
+
 
 class DeadLetter(Delivery):
     """Dead deliveries, as their own list in the admin (the dead-letter list)."""

@@ -5281,6 +5281,13 @@ GUARDS = [
         "        for spelling in (self.token,):\n",
         "tests/test_admin_hostile_38.py -k registry_echoing",
     ),
+    Guard(
+        "issue 38 attack: a URL's scheme in free text is bounded (linear time over a long run of letters)",
+        "odal/redact.py",
+        """URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\\s'\\"<>`]+")\n""",
+        """URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\\s'\\"<>`]+")\n""",
+        "tests/test_admin_hostile_38.py -k linear_time",
+    ),
 ]
 
 

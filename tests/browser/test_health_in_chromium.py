@@ -107,17 +107,11 @@ def test_a_consumers_page_shows_its_health_and_leads_to_its_pending_and_dead_del
     assert panel.locator("svg g.bar").count() == 24
     assert panel.locator("figcaption").inner_text().startswith("Attempts per hour (UTC)")
     assert "HTTP 422" in panel.locator("dd.last-failure").inner_text()
-    assert (
-        "s3cr3t" not in page.content() and "https://***@builder.example.net/in?t=***" in page.content()
-    )
+    assert "s3cr3t" not in page.content() and "https://***@builder.example.net/in?t=***" in page.content()
 
     first = panel.locator("li.attempt").first
     first.locator("summary").click()
-    assert (
-        first.locator(".request pre.head")
-        .inner_text()
-        .startswith("POST https://***@builder.example.net")
-    )
+    assert first.locator(".request pre.head").inner_text().startswith("POST https://***@builder.example.net")
     assert '"field": "upi"' in first.locator(".answer pre.json").inner_text()
     shots(page, "consumer")
 

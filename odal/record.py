@@ -91,21 +91,31 @@ def next_attempt(row, settled: tuple) -> str:
 SENT_AGAIN = {"delivery_replayed": "replayed", "delivery_resent": "resent"}
 
 
+LOG_LINES = 100  # of a delivery's attempt log and its replays, the newest shown on its page
+
+
 def delivery_log(delivery) -> SafeString:
     """The attempt log of `delivery` with each replay and resend (its audit entry: who, why) as a
     line of its own, in time order. Read by indexes: attempt_by_delivery_idx, the trail's
     object_id index."""
     from odal.models import AuditEntry
 
-    lines = [(a.started_at, 0, a.pk, a) for a in delivery.attempt_log.all()]
+    attempts = list(delivery.attempt_log.order_by("-started_at", "-id")[: LOG_LINES + 1])
     again = AuditEntry.objects.filter(
         object_type="outbox.delivery", object_id=str(delivery.pk), action__in=list(SENT_AGAIN)
-    )
-    lines += [(e.at, 1, e.pk, e) for e in again]
+    ).order_by("-at", "-id")[: LOG_LINES + 1]
+    lines = [(a.started_at, 0, a.pk, a) for a in attempts] + [(e.at, 1, e.pk, e) for e in again]
     if not lines:
         return format_html('<p class="odal-quiet">{}</p>', "No attempt yet.")
+    lines.sort(key=lambda t: t[:3])
     rows = []
-    for _, kind, _, line in sorted(lines, key=lambda t: t[:3]):
+    if len(lines) > LOG_LINES:  # (a delivery replayed again and again: the page stays a page)
+        lines = lines[-LOG_LINES:]
+        rows.append(format_html(
+            '<tr class="odal-again"><td colspan="6">{}</td></tr>',
+            f"Earlier lines not shown: these are the newest {LOG_LINES} of its attempts and replays.",
+        ))  # fmt: skip
+    for _, kind, _, line in lines:
         if kind == 1:
             before = line.details.get("previousAttempts")
             rows.append(format_html(

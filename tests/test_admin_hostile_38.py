@@ -1,5 +1,6 @@
 """Issue 38's admin, attacked (a hostile staff member, a hostile peer): what broke, pinned."""
 
+import re
 import uuid
 
 import pytest
@@ -250,3 +251,35 @@ def test_redacting_a_long_run_of_letters_takes_linear_time():
     assert "pa55word" not in shown and "SECRETVALUE" not in shown
     # A scheme longer than the bound is still found (from its last 32 characters): still redacted.
     assert "pa55word" not in redacted_urls_in("a" * 40 + "://user:pa55word@host/")
+
+
+def test_a_delivery_replayed_again_and_again_shows_its_newest_lines(admin_client):
+    """Each replay gives a fresh budget: a delivery's attempt log has no bound of its own. Its page
+    printed every line (60,000 lines: 159 MB, 6.5 s); it shows the newest LOG_LINES, in order."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from odal import record
+    from outbox.models import DeliveryAttempt
+
+    shown_at_most = 100  # (odal.record.LOG_LINES, checked last)
+
+    delivery = DeadDeliveryFactory(consumer=WebhookConsumerFactory())
+    now = timezone.now()
+    DeliveryAttempt.objects.bulk_create(
+        DeliveryAttempt(
+            delivery=delivery, consumer=delivery.consumer, number=n, claim_token=uuid.uuid4(),
+            started_at=now - timedelta(seconds=3000 - n), finished_at=now - timedelta(seconds=3000 - n),
+            outcome="failed", error=f"line {n:04d}",
+        )
+        for n in range(1, 3001)
+    )  # fmt: skip
+    AuditEntry.objects.record(
+        actor="user:ops", action="delivery_replayed", obj=delivery, reason="fixed at last"
+    )
+    body = admin_client.get(f"/admin/outbox/delivery/{delivery.pk}/change/").content.decode()
+    shown = [int(n) for n in re.findall(r"line (\d{4})", body)]
+    assert shown == list(range(3002 - shown_at_most, 3001))  # the newest, oldest first, the replay after them
+    assert "fixed at last" in body and "Earlier lines not shown" in body
+    assert shown_at_most == record.LOG_LINES

@@ -5295,6 +5295,13 @@ GUARDS = [
         "    if False:\n",
         "tests/test_admin_hostile_38.py -k again_and_again",
     ),
+    Guard(
+        "issue 38 attack: an admin address PostgreSQL cannot store is a 400 that says why",
+        "odal/middleware.py",
+        '            return HttpResponse(f"{sentence}\\n", status=400, content_type="text/plain; charset=utf-8")\n',
+        '            return HttpResponse("Bad Request (400)", status=400)\n',
+        "tests/test_admin_hostile_38.py -k says_why",
+    ),
 ]
 
 

@@ -283,3 +283,14 @@ def test_a_delivery_replayed_again_and_again_shows_its_newest_lines(admin_client
     assert shown == list(range(3002 - shown_at_most, 3001))  # the newest, oldest first, the replay after them
     assert "fixed at last" in body and "Earlier lines not shown" in body
     assert shown_at_most == record.LOG_LINES
+
+
+def test_a_nul_in_an_admin_search_is_a_400_that_says_why(admin_client):
+    """The audit trail searched for a NUL: Django's bare "Bad Request (400)" page, no sentence."""
+    answer = admin_client.get("/admin/odal/auditentry/", {"q": "upi\x00"})
+    assert answer.status_code == 400
+    assert answer["content-type"].startswith("text/plain")
+    assert (
+        "The request's q contains the NUL character (\\u0000), which cannot be stored."
+        in answer.content.decode()
+    )

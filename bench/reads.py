@@ -12,7 +12,10 @@ the passports beside them), each with its statements' plans.
 - a consumer's admin page with its health (issue 38: its attempts of 24 hours, last success and
   failure, recent attempts, pending and dead counts) and a passport's with its story;
 - `GET dpp` (10,000 and `passports` passports, with their registrations): a page of 50, the next
-  page, a page of 200, filtered by status; the statements per page.
+  page, a page of 200, filtered by status; the statements per page;
+- the polls of the admin's live pages (issue 38, item 2: odal.live), each a stamp read in one
+  query: the dashboard's, the deliveries' and registrations' lists', and a passport's, a
+  registration's, a pending delivery's and a consumer's.
 
 Each read is timed as a user meets it (Django's test client through the whole middleware stack,
 DEBUG off), median and p95 of 20 calls after 3 warm-ups; then one more call has its SELECTs run
@@ -191,6 +194,35 @@ def passport_reads() -> dict[str, tuple[str, str, dict]]:
     }
 
 
+def live_samples() -> dict:
+    """Objects whose pages poll: the newest passport with its registration, a pending delivery and
+    its consumer."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT r.passport_id, r.id FROM registry_registration r ORDER BY r.created_at DESC LIMIT 1"
+        )
+        passport, registration = cursor.fetchone()
+        cursor.execute("SELECT id, consumer_id FROM outbox_delivery WHERE status = 'pending' LIMIT 1")
+        delivery, consumer = cursor.fetchone()
+    return {"passport": passport, "registration": registration, "delivery": delivery, "consumer": consumer}
+
+
+def live_reads(s: dict) -> dict[str, tuple[str, str, dict]]:
+    """The polls of the admin's live pages (odal.live: /admin/odal/live/<kind>/[<pk>/])."""
+    poll = "/admin/odal/live"
+    return {
+        "live_dashboard": ("live poll: the dashboard's stamp", f"{poll}/dashboard/", {}),
+        "live_deliveries": ("live poll: the deliveries lists' stamp", f"{poll}/deliveries/", {}),
+        "live_registrations": ("live poll: the registrations lists' stamp", f"{poll}/registrations/", {}),
+        "live_passport": ("live poll: a passport's stamp", f"{poll}/passport/{s['passport']}/", {}),
+        "live_registration": ("live poll: a registration's stamp", f"{poll}/registration/{s['registration']}/", {}),
+        "live_delivery": ("live poll: a pending delivery's stamp", f"{poll}/delivery/{s['delivery']}/", {}),
+        "live_consumer": ("live poll: a consumer's stamp", f"{poll}/consumer/{s['consumer']}/", {}),
+    }  # fmt: skip
+
+
 def plan_of(sql: str, params: tuple) -> str:
     from django.db import connection
 
@@ -283,6 +315,7 @@ def run_at(size: int, passports: int) -> dict:
         "passports": passports,
         "reads": measure(reads(samples())),
         "passport_reads": measure(passport_reads()),
+        "live_reads": measure(live_reads(live_samples())),
     }
 
 
@@ -292,7 +325,9 @@ def report(c: dict) -> tuple[list, list, str]:
     small, big = c["sizes"][0], c["sizes"][-1]
     a, b = c[small]["reads"], c[big]["reads"]
     rows, targets, plans = [], [], []
-    for group, at in (("reads", (small, big)), ("passport_reads", (a["passports"], b["passports"]))):
+    groups = [("reads", (small, big)), ("passport_reads", (a["passports"], b["passports"]))]
+    groups += [("live_reads", (small, big))] if "live_reads" in a and "live_reads" in b else []
+    for group, at in groups:
         for name, x in a[group].items():
             y = b[group][name]
             ratio = y["median"] / x["median"]

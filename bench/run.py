@@ -26,10 +26,12 @@ docs/performance.md (and docs/performance.svg).
 - issue 23 (bench/retention.py): retention's progress per scheduled run over 10,000,000 deliveries
   with the oldest 1,000,000 kept;
 - issue 23 (bench/bounds.py): the no-op sweep's deliveries/s (2 processes) with the database
-  statement bounds on (ODAL_DB_STATEMENT_SECONDS unset) over off (=0), interleaved runs.
+  statement bounds on (ODAL_DB_STATEMENT_SECONDS unset) over off (=0), interleaved runs;
+- issue 39 (bench/embedded.py): the no-op sweep's deliveries/s (2 processes) on the embedded
+  PostgreSQL (`make run`'s) next to the system one, interleaved runs, and the embedded server's memory.
 
 Usage: python bench/run.py [--backlog 100000] [--processes 1,2,4] [--big-counts 10000000] [--quick]
-[--only counts|reads|drain|retention|bounds|pipeline|claim|latency]
+[--only counts|reads|drain|retention|bounds|pipeline|claim|latency|embedded]
 (DATABASE_URL must name a PostgreSQL server; `make bench` finds one.) Exits 1 when a target is
 missed.
 """
@@ -50,7 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import bounds, bulk, counts, drain, pipeline, reads, retention  # noqa: E402
+from bench import bounds, bulk, counts, drain, embedded, pipeline, reads, retention  # noqa: E402
 from odal.ids import uuid7  # noqa: E402
 
 # The bench's no-op consumer is a Python consumer: the allow-list names it (else the sweep pauses it).
@@ -514,10 +516,26 @@ def main() -> int:
         help="deliveries per measurement of the pipeline rows",
     )
     parser.add_argument("--pipeline-repeats", type=int, default=3, help="measurements of each pipeline row")
+    parser.add_argument(
+        "--embedded-repeats",
+        type=int,
+        default=3,
+        help="sweep measurements on the system and the embedded server",
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes, to try the benchmark itself")
     parser.add_argument(
         "--only",
-        choices=["counts", "reads", "drain", "retention", "bounds", "pipeline", "claim", "latency"],
+        choices=[
+            "counts",
+            "reads",
+            "drain",
+            "retention",
+            "bounds",
+            "pipeline",
+            "claim",
+            "latency",
+            "embedded",
+        ],
         help="run only this part (to work on it; the report then has only it)",
     )
     parser.add_argument(
@@ -534,6 +552,7 @@ def main() -> int:
         args.drain_registrations, args.publishes = 600, 1000
         args.retention_rows, args.retention_kept = 100_000, 10_000
         args.pipeline_backlog, args.pipeline_repeats = 5000, 1
+        args.embedded_repeats = 1
     if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
         print(
             "the benchmark needs DATABASE_URL naming PostgreSQL (run it through make bench)", file=sys.stderr
@@ -595,6 +614,12 @@ def main() -> int:
                 sweep_rate, env, consumer_id=consumer("python").pk, backlog=args.backlog,
                 repeats=args.bounds_repeats,
             )  # fmt: skip
+        if args.only in (None, "embedded"):
+            print(f"measuring the no-op sweep, 2 processes, {args.backlog:,} deliveries, on the system and the "
+                  f"embedded PostgreSQL, {args.embedded_repeats} times each…", flush=True)  # fmt: skip
+            r["embedded"] = embedded.run(
+                sweep_rate, consumer, env, backlog=args.backlog, repeats=args.embedded_repeats
+            )
         if args.only in (None, "pipeline"):
             print(f"measuring odal against its own SQL run in the database, {args.pipeline_backlog:,} deliveries, "
                   f"best of {args.pipeline_repeats}…", flush=True)  # fmt: skip
@@ -697,6 +722,10 @@ def report(args, processes: list[int], r: dict, server: str, fsync: str) -> int:
         rows += more
         targets_23 += more_23
         retention_doc += bounds_doc
+    if "embedded" in r:
+        more, embedded_doc = embedded.report(r["embedded"])
+        rows += more
+        retention_doc += embedded_doc
     if "pipeline" in r:
         more, more_26, pipeline_doc = pipeline.report(r["pipeline"])
         rows += more

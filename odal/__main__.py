@@ -2,6 +2,7 @@
 
 import importlib
 import os
+import signal
 import sys
 
 
@@ -18,6 +19,8 @@ def main() -> None:
         sys.exit(f"odal cannot start: {exc}")
     from odal import database, reconnect
 
+    if needs_the_database(sys.argv):
+        start_the_embedded_database()
     if sys.argv[1:2] == ["migrate"]:
         database.role = database.UNBOUNDED  # a migration may rewrite a big table; an operator watches it
     try:
@@ -41,9 +44,39 @@ def main() -> None:
         sys.exit(1)
 
 
+def needs_the_database(argv: list[str]) -> bool:
+    """A command, not a request for help."""
+    return (
+        bool(argv[1:])
+        and argv[1] not in ("help", "version")
+        and not {"-h", "--help", "--version"} & set(argv[2:])
+    )
+
+
+def start_the_embedded_database() -> None:
+    """DATABASE_URL unset: the embedded PostgreSQL under var/pg runs (started here unless it
+    answers already); a one-shot command leaves it running, `odal up` stops it as it stops."""
+    from django.conf import settings
+
+    from odal.database import embedded
+
+    if settings.ODAL_EMBEDDED_DATABASE is None:
+        return
+    server = embedded.Server(settings.ODAL_EMBEDDED_DATABASE)
+    try:
+        if server.start():
+            print(
+                f"odal: started the embedded PostgreSQL in {server.root} (DATABASE_URL is unset); "
+                "`odal up` stops it when it stops",
+                file=sys.stderr,
+            )
+    except embedded.EmbeddedError as exc:
+        sys.exit(f"odal cannot start the embedded PostgreSQL: {exc}")
+
+
 def not_migrated(exc: BaseException) -> str:
     """The table a statement missed when the database has not been migrated (PostgreSQL's
-    undefined table, SQLite's "no such table"), or ""."""
+    undefined table), or ""."""
     import re
 
     import psycopg
@@ -52,8 +85,7 @@ def not_migrated(exc: BaseException) -> str:
     if isinstance(error, psycopg.errors.UndefinedTable):
         found = re.search(r'relation "([^"]+)" does not exist', str(error))
         return found.group(1) if found else "(one of odal's)"
-    found = re.match(r"no such table: (\S+)", str(exc))
-    return found.group(1) if found else ""
+    return ""
 
 
 def starts_the_cluster(argv: list[str]) -> bool:
@@ -65,8 +97,6 @@ def database_answers(what: str) -> bool:
     """A worker started while its database is down waits for it (odal.reconnect.Outage), as
     `odal outbox sweep` does: django-q2's cluster with its ORM broker (the default) connects as
     it starts and ended with tracebacks and exit 1. False if SIGINT or SIGTERM came first."""
-    import signal
-
     import django
 
     from odal import reconnect
@@ -91,21 +121,57 @@ def database_answers(what: str) -> bool:
 
 def stop_the_cluster_in_time() -> None:
     """django-q2's cluster stops on SIGTERM or SIGINT once its workers have finished their tasks,
-    however long that takes: odal's clock (odal.stopping) ends it, its processes first, if it
-    has not stopped within ODAL_STOP_SECONDS."""
+    however long that takes, and hears the signal in its main process only. odal's stop reaches
+    every process of it, and its clock (odal.stopping) ends it, its processes first, if it has
+    not stopped within ODAL_STOP_SECONDS:
+
+    - the stop is shared (stopping.share, made before the cluster forks): the main process's
+      handler raises it, and every worker's pass sees it at once, as a sweep's or a drain's own
+      process does: it starts no new attempt, gives back the rows it did not start, lets the
+      attempts under way end, writes their outcomes and returns, and so does its task; then
+      django-q2's own stop sequence (the sentinel's poison pills) ends the workers;
+    - SIGTERM sent to the whole process group (systemd, a terminal's kill of the group) would end
+      the sentinel, its pusher, its monitor and the workers at once (django-q2 leaves SIGTERM at
+      its default in them): the sentinel is forked with SIGTERM blocked, so it and the processes
+      it starts stop only by that sequence, as django-q2 has them do on SIGINT (which it ignores
+      there); each worker takes SIGTERM back (post_spawn) as odal's own stop of that worker alone
+      (the sentinel ends a worker past its task's timeout with SIGTERM)."""
     from django_q.cluster import Cluster
+    from django_q.signals import post_spawn
 
     from odal import stopping
 
+    stopping.share()
     stop = Cluster.sig_handler
 
     def sig_handler(cluster, signum, frame):
-        if stopping.requested():  # a second signal
+        if stopping.asked():  # a second signal
             stopping.end(signum, "a second signal came")
         stopping.ask(signum)
         stop(cluster, signum, frame)
 
     Cluster.sig_handler = sig_handler
+    main = os.getpid()
+
+    def blocking_sigterm(block: bool):
+        if os.getpid() == main:  # (not in the sentinel as it forks the workers: they inherit it blocked)
+            signal.pthread_sigmask(signal.SIG_BLOCK if block else signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+    os.register_at_fork(
+        before=lambda: blocking_sigterm(True), after_in_parent=lambda: blocking_sigterm(False)
+    )
+    post_spawn.connect(a_worker_stops_as_odal_does, weak=False)
+
+
+def a_worker_stops_as_odal_does(sender, proc_name, **kwargs) -> None:
+    """In each django-q2 worker as it starts (its post_spawn): SIGTERM, sent to it alone or to
+    the whole group, is odal's stop of this worker (odal.stopping: its pass starts nothing more and
+    gives back what it did not start, its clock ends it within ODAL_STOP_SECONDS). SIGINT stays
+    ignored, as django-q2 has it: the main process stops the cluster."""
+    from odal import stopping
+
+    stopping.on_signals(signals=(signal.SIGTERM,))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 DATABASE_UNANSWERED = 4  # the exit code of a command whose database does not answer: safe to retry

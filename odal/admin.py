@@ -29,6 +29,7 @@ from odal.admin_actions import (
 )
 from odal.admin_buttons import Button, ObjectButtons
 from odal.errors import Refused
+from odal.live import LiveAdmin
 from odal.models import ApiToken, AuditEntry, Passport
 from odal.reasons import MAX_REASON_LENGTH, clean_reason
 from odal.record import audit_search, name_objects, object_link, pretty_json, titled, when
@@ -184,10 +185,11 @@ def view_on_site(request, content_type_id, object_id):
         raise Http404(f"There is no object {object_id} of content type {content_type_id}.") from None
 
 
-class OdalAdmin(CheckedLists, admin.ModelAdmin):
+class OdalAdmin(LiveAdmin, CheckedLists, admin.ModelAdmin):
     """Every odal admin: forms that refuse what PostgreSQL cannot store, actions that refuse a
     selection naming no row instead of failing on it, lists whose count stops at
-    CappedPaginator.CAP and that answer a typed URL with a list or a wrong lookup (CheckedLists)."""
+    CappedPaginator.CAP and that answer a typed URL with a list or a wrong lookup (CheckedLists);
+    pages that refresh their changing parts in place (LiveAdmin)."""
 
     form = StorableModelForm
     paginator = CappedPaginator

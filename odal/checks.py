@@ -8,13 +8,25 @@ meanwhile (the delivery or the registration is sent again), and the late outcome
 (the attempt log keeps it, marked late). That is seed 000's trade and it stands; the warning says
 that every slow attempt would pay it.
 
+odal.E001 and odal.E002: django-q2 settings (Q_CLUSTER) whose timeouts cannot add up, refused
+(docs/runbook.md, "Task timeouts"). django-q2 ends a task at its `timeout` wherever its code is;
+a pass in a task starts no attempt later than the task's deadline less the attempt's timeout and
+odal.work.deadline.MARGIN_SECONDS, so:
+- E001: the timeout must exceed the longest attempt plus the margin (a consumer's timeoutSeconds
+  may be 60; a deactivation that first finds what the registry holds takes
+  ODAL_REGISTRY_LOOKUP_SECONDS and two requests): else a task could never start such an attempt,
+  and every task would claim its rows only to give them back. (A task's run also waits, for rows
+  falling due or a lost database, until its budget, odal.work.loops.TASK_SECONDS: 50 s, shorter
+  than the longest webhook.)
+- E002: `retry` must exceed the timeout (django-q2 presents a task again to another worker when
+  it has not ended within `retry`: a task still running would run twice), so there must be one.
+
 A surface, like odal.dashboard: it reads the outbox's consumers (see docs/architecture.md).
 """
 
-from pathlib import Path
-
 from django.conf import settings
 from django.core.checks import ERROR, Tags, Warning, register
+from django.core.checks import Error as CheckError
 from django.core.checks.registry import registry
 from django.core.exceptions import ImproperlyConfigured
 from django.db import Error, connection
@@ -23,6 +35,8 @@ from odal.reconnect import close_connection
 from outbox.models import Consumer
 
 W001 = "odal.W001"
+E001 = "odal.E001"  # a task's timeout too short for the attempts it runs
+E002 = "odal.E002"  # django-q2's retry not longer than its timeout
 FEW = 5  # consumers named in the warning, the longest timeouts first; the rest are counted
 
 # What an attempt of the registry drain runs under its claim, each bounded by a setting. (Abandon's
@@ -47,6 +61,7 @@ def register_checks() -> None:
     line import this module for consumer_timeout_warning, and no import should be what registers."""
     register(claim_hold_outlasts_registry_requests, "odal")
     register(claim_hold_outlasts_consumer_timeouts, "odal", Tags.database)
+    register(task_timeouts_add_up, "odal")
 
 
 def refuse_deploy_errors() -> None:
@@ -113,6 +128,66 @@ def claim_hold_outlasts_consumer_timeouts(app_configs=None, **kwargs) -> list[Wa
     ]
 
 
+def task_timeouts_add_up(app_configs=None, **kwargs) -> list[CheckError]:
+    """odal.E001 and odal.E002 (see the module)."""
+    from odal import rules
+    from odal.work.deadline import MARGIN_SECONDS
+    from registry.drain import longest_attempt_seconds
+
+    timeout, retry = settings.Q_CLUSTER.get("timeout"), settings.Q_CLUSTER.get("retry")
+    if timeout is None:
+        return [
+            CheckError(
+                "Q_CLUSTER has no timeout: django-q2 presents a task that has not ended within its retry "
+                f"({retry} s) to another worker, and a pass in a task without one has no deadline but its "
+                "claim's hold.",
+                hint='Set Q_CLUSTER["timeout"] below Q_CLUSTER["retry"] (odal sets both from '
+                "ODAL_Q_TIMEOUT_SECONDS: leave them to it).",
+                id=E002,
+            )
+        ]
+    longest = [
+        (
+            rules.TIMEOUT_SECONDS[1],
+            f"a consumer's timeoutSeconds (up to {rules.TIMEOUT_SECONDS[1]} s) for a delivery",
+        ),
+    ]  # (the runs' own budget, odal.work.loops.TASK_SECONDS, is shorter than the first: covered)
+    if settings.ODAL_REGISTRY_ADAPTER != "none":
+        longest.append(
+            (
+                longest_attempt_seconds(finds=True),
+                f"a registry deactivation that first finds what the registry holds "
+                f"(ODAL_REGISTRY_LOOKUP_SECONDS={settings.ODAL_REGISTRY_LOOKUP_SECONDS} and two requests of "
+                f"ODAL_REGISTRY_TIMEOUT_SECONDS={settings.ODAL_REGISTRY_TIMEOUT_SECONDS})",
+            )
+        )
+    found = []
+    for seconds, what in longest:
+        if timeout <= seconds + MARGIN_SECONDS:
+            found.append(
+                CheckError(
+                    f"django-q2's task timeout (ODAL_Q_TIMEOUT_SECONDS={timeout}) is not longer than {what}, "
+                    f"{seconds:g} s, plus {MARGIN_SECONDS:g} s to write its outcome: django-q2 ends a task at "
+                    "its timeout wherever it is, so no task could start such an attempt (its rows would be "
+                    "claimed and given back, task after task).",
+                    hint=f"Raise ODAL_Q_TIMEOUT_SECONDS above {seconds + MARGIN_SECONDS:g}, or lower the bound "
+                    "named.",
+                    id=E001,
+                )
+            )
+    if retry is not None and retry <= timeout:
+        found.append(
+            CheckError(
+                f'Q_CLUSTER["retry"]={retry} is not longer than its timeout ({timeout} s): django-q2 would '
+                "present a task still running to another worker, and both would run it.",
+                hint='Raise Q_CLUSTER["retry"] above Q_CLUSTER["timeout"] (odal sets both from '
+                "ODAL_Q_TIMEOUT_SECONDS: leave them to it).",
+                id=E002,
+            )
+        )
+    return found
+
+
 def consumer_timeout_warning(consumer: Consumer) -> str:
     """odal.W001 for one consumer, for the person who just set its timeout (the command line, the
     admin): the checks ran as their process started, before it. "" when the hold is longer."""
@@ -131,9 +206,6 @@ def consumers_timing_out_after(hold: int) -> tuple[list[tuple[str, int]], int]:
     how many in all. None (0) when there is no database to read, one that does not answer, or
     one without odal's tables yet (`odal check` on a build machine, `odal migrate` on a new
     database): the settings are then all there is to check, and the start goes on."""
-    where = connection.settings_dict["NAME"]
-    if connection.vendor == "sqlite" and not Path(where).exists():
-        return [], 0  # (SQLite would make an empty file of it, just to find no table in it)
     opened = connection.connection is None
     try:
         rows = Consumer.objects.filter(timeout_seconds__gte=hold)

@@ -9,7 +9,6 @@ a terminal, a log, a CI run).
 
 import os
 import re
-from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlparse
 
 import dj_database_url
@@ -232,14 +231,17 @@ DJANGO_PG_OPTIONS = ("isolation_level", "assume_role", "server_side_binding", "p
 
 
 def database_from_env(default: str) -> dict:
-    """DATABASES["default"] from DATABASE_URL (`default` when unset), kept ODAL_DB_CONN_MAX_AGE
-    seconds (60): a postgres:// URL gets odal's engine (odal.database: the statement bounds),
-    a connect timeout and the keepalives; a sqlite:/// one WAL and a busy timeout."""
+    """DATABASES["default"] from DATABASE_URL (`default`, the embedded server's, when unset), kept
+    ODAL_DB_CONN_MAX_AGE seconds (60): odal's engine (odal.database: the statement bounds), a
+    connect timeout and the keepalives. odal runs on PostgreSQL only."""
     url = os.environ.get("DATABASE_URL", "").strip() or default
-    if not url.startswith(("postgres://", "postgresql://", "sqlite://")):
+    if url.lower().startswith("sqlite"):
         raise ImproperlyConfigured(
-            f"DATABASE_URL must be a postgres:// or sqlite:/// URL, got {without_password(url)!r}"
+            "DATABASE_URL is a SQLite URL, and odal runs on PostgreSQL only: set DATABASE_URL to a "
+            "postgres://user@host:port/odal URL, or unset it to use the embedded PostgreSQL under var/pg"
         )
+    if not url.startswith(("postgres://", "postgresql://")):
+        raise ImproperlyConfigured(f"DATABASE_URL must be a postgres:// URL, got {without_password(url)!r}")
     check_url_ports("DATABASE_URL", url)
     # Persistent connections (checked before reuse): a django-q2 worker or a sweep otherwise
     # opens a new connection for every task, which alone capped django-q2 near 40 tasks/s here.
@@ -250,27 +252,17 @@ def database_from_env(default: str) -> dict:
         raise ImproperlyConfigured(f"DATABASE_URL could not be read: {without_password(str(exc))}") from None
     if not config.get("NAME"):  # (postgres:// alone: Django refused it only when first connecting)
         raise ImproperlyConfigured(f"DATABASE_URL must name a database, got {without_password(url)!r}")
-    if config["ENGINE"] == "django.db.backends.sqlite3":
-        Path(config["NAME"]).parent.mkdir(parents=True, exist_ok=True)
-        # The web server, the sweep and the drain write at once: WAL, a busy timeout and
-        # IMMEDIATE transactions keep SQLite from answering "database is locked".
-        config["OPTIONS"] = {
-            "transaction_mode": "IMMEDIATE",
-            "timeout": 20,
-            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-        }
-    else:
-        # A database that does not answer fails a connection (and /readyz) within seconds, not
-        # after the TCP timeout of minutes. A connect_timeout given in DATABASE_URL wins.
-        config.setdefault("OPTIONS", {}).setdefault("connect_timeout", DB_CONNECT_TIMEOUT_SECONDS)
-        for name, value in DB_KEEPALIVES.items():
-            config["OPTIONS"].setdefault(name, value)
-        # The server's statement bounds (odal.database) ride with the keepalives, unless the URL
-        # has options of its own (a pooler that refuses them): the client's bound holds anyway.
-        config["SERVER_BOUNDS"] = "options" not in config["OPTIONS"]
-        config["OPTIONS"].setdefault("options", DB_SERVER_KEEPALIVES)
-        config["ENGINE"] = "odal.database"  # Django's, with the statement bounds
-        check_libpq_options(config["OPTIONS"])
+    # A database that does not answer fails a connection (and /readyz) within seconds, not
+    # after the TCP timeout of minutes. A connect_timeout given in DATABASE_URL wins.
+    config.setdefault("OPTIONS", {}).setdefault("connect_timeout", DB_CONNECT_TIMEOUT_SECONDS)
+    for name, value in DB_KEEPALIVES.items():
+        config["OPTIONS"].setdefault(name, value)
+    # The server's statement bounds (odal.database) ride with the keepalives, unless the URL
+    # has options of its own (a pooler that refuses them): the client's bound holds anyway.
+    config["SERVER_BOUNDS"] = "options" not in config["OPTIONS"]
+    config["OPTIONS"].setdefault("options", DB_SERVER_KEEPALIVES)
+    config["ENGINE"] = "odal.database"  # Django's, with the statement bounds
+    check_libpq_options(config["OPTIONS"])
     return config
 
 

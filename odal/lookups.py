@@ -1,8 +1,8 @@
-"""`field__any=[…]`: `field = ANY(%s)` with the values as one array parameter, on PostgreSQL.
+"""`field__any=[…]`: `field = ANY(%s)` with the values as one array parameter.
 
 `pk__in` of a claim's 500 ids sends 500 parameters: each quoted by the client and parsed by the
 server, a cost per row that the sweep paid four times a batch. One array is one parameter, and
-the same plan whatever the count. Elsewhere (SQLite) it is `IN`, as `__in` is. The values may
+the same plan whatever the count. The values may
 be an Ids: spelled once, however many filters they go to.
 """
 
@@ -60,7 +60,7 @@ class Any(In):
             return self.rhs if isinstance(self.rhs, Ids) else list(self.rhs)
         return super().get_prep_lookup()
 
-    def as_postgresql(self, compiler, connection):
+    def as_sql(self, compiler, connection):
         if not self.rhs_is_direct_value():  # (a subquery: IN (SELECT …) as `in` does)
             return super().as_sql(compiler, connection)
         lhs, lhs_params = self.process_lhs(compiler, connection)

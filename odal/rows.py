@@ -5,8 +5,7 @@ then one SQL parameter per value, each prepared by its field and quoted by the d
 PostgreSQL, insert_rows() sends the rows as one JSON document instead, which the server unpacks
 with `jsonb_to_recordset` into the table's column types; values every row shares are sent once,
 and a UUID primary key left to its default is made by the server (`odal_uuid7()` or
-`gen_random_uuid()`, see SERVER_MADE). About a third of bulk_create's time here. Elsewhere
-(SQLite, `make run`'s default) it is bulk_create.
+`gen_random_uuid()`, see SERVER_MADE). About a third of bulk_create's time here.
 """
 
 import json
@@ -63,14 +62,6 @@ def insert_rows(
     same = same or {}
     pk = model._meta.pk
     fixed, made = _left_out(model, [*rows[0], *same])
-    if connection.vendor != "postgresql":
-        objs = [model(**row, **same, **{name: make() for name, make in made.items()}) for row in rows]
-        model.objects.bulk_create(objs, ignore_conflicts=ignore_conflicts)
-        if pk.attname not in rows[0]:
-            return {o.pk for o in objs}
-        return set(
-            model.objects.filter(pk__in=[row[pk.attname] for row in rows]).values_list("pk", flat=True)
-        )
     fields = {f.attname: f for f in model._meta.concrete_fields}
     server_made = {name: SERVER_MADE[make] for name, make in made.items() if make in SERVER_MADE}
     made = {name: make for name, make in made.items() if name not in server_made}

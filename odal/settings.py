@@ -18,6 +18,7 @@ from django.core.checks.security.base import (
 from django.core.exceptions import ImproperlyConfigured
 
 from odal import rules
+from odal.database import embedded
 from odal.env import (
     database_from_env,
     env_address,
@@ -243,9 +244,12 @@ TEMPLATES = [
     },
 ]
 
-# DATABASE_URL (and ODAL_DB_CONN_MAX_AGE, the seconds a connection is kept: 60); unset, a SQLite
-# file under var/ for `make run`.
-DATABASES = {"default": database_from_env(f"sqlite:///{VAR_DIR / 'odal.sqlite3'}")}
+# DATABASE_URL (and ODAL_DB_CONN_MAX_AGE, the seconds a connection is kept: 60); unset, the
+# embedded PostgreSQL in ODAL_PG_DIR (var/pg; odal.database.embedded), which odal's command line
+# starts.
+ODAL_PG_DIR = Path(env_str("ODAL_PG_DIR", "").strip() or VAR_DIR / "pg").resolve()
+ODAL_EMBEDDED_DATABASE = None if env_str("DATABASE_URL", "").strip() else ODAL_PG_DIR
+DATABASES = {"default": database_from_env(embedded.url(ODAL_PG_DIR))}
 if os.environ.get("ODAL_TEST_DATABASE"):  # lets two suites (make test, make fuzz) run side by side
     DATABASES["default"]["TEST"] = {"NAME": os.environ["ODAL_TEST_DATABASE"]}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -279,11 +283,16 @@ SESSION_COOKIE_SECURE = PRODUCTION
 CSRF_COOKIE_SECURE = PRODUCTION
 
 # django-q2: its ORM broker on the same database unless ODAL_BROKER_URL names Redis.
+# django-q2 ends a task at its timeout wherever its code is; a pass in a task starts no attempt that
+# could not end before it (odal.work.deadline), and odal.checks refuses a timeout too short for the
+# longest attempt (docs/runbook.md, "Task timeouts"). A task still running at `retry` would be
+# presented to another worker: retry stays above the timeout.
+ODAL_Q_TIMEOUT_SECONDS = env_int("ODAL_Q_TIMEOUT_SECONDS", 90, minimum=1, maximum=86400)
 Q_CLUSTER = {
     "name": "odal",
     "workers": env_int("ODAL_Q_WORKERS", 2, minimum=1),
-    "timeout": 90,
-    "retry": 120,
+    "timeout": ODAL_Q_TIMEOUT_SECONDS,
+    "retry": ODAL_Q_TIMEOUT_SECONDS + 30,
     "max_attempts": 1,
     "queue_limit": 50,
     "catch_up": False,

@@ -23,7 +23,10 @@ Small sets (pending and dead deliveries, stalled registrations) are counted dire
 partial indexes; see outbox.service.outbox_counts and registry.service.registry_counts.
 
 Heartbeats: every pass of the sweep and of the drain calls ``beat(role)``, which writes the
-worker's own row at most once a second; ``last_pass(role)`` is the newest of them.
+worker's own row at most once a second; ``last_pass(role)`` is the newest of them. A sweep
+process that takes none of a Python consumer's rows (its overrunning threads piled up) also
+keeps a heartbeat of role ``outbox.held:<consumer id>`` while it does
+(outbox.python_consumers.Overruns.report).
 """
 
 import os
@@ -34,7 +37,7 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 
 from django.db import connection, transaction
-from django.db.models import Max, OuterRef, Q, Subquery, Sum
+from django.db.models import Max, OuterRef, Subquery, Sum
 from django.utils import timezone
 
 from odal.models import Heartbeat, Tally
@@ -51,11 +54,9 @@ def hour_of(moment: datetime) -> datetime:
 
 
 def _shard() -> int:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid()")
-            return cursor.fetchone()[0]
-    return 0
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
 
 
 UPSERT = (
@@ -120,36 +121,23 @@ def compact(*, now: datetime | None = None) -> int:
     cutoff, this_hour = hour_of(now - KEEP_HOURLY), hour_of(now)
     table = Tally._meta.db_table
     with transaction.atomic(), connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                f"""
-                WITH gone AS (
-                    DELETE FROM {table}
-                    WHERE hour > %(epoch)s AND (hour < %(cutoff)s OR (hour < %(this_hour)s AND shard <> 0))
-                    RETURNING metric, key, hour, value
-                ), folded AS (
-                    INSERT INTO {table} (metric, key, hour, shard, value)
-                    SELECT metric, key, CASE WHEN hour < %(cutoff)s THEN %(epoch)s ELSE hour END, 0, SUM(value)
-                    FROM gone GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
-                    ON CONFLICT (metric, key, hour, shard) DO UPDATE SET value = {table}.value + EXCLUDED.value
-                )
-                SELECT count(*) FROM gone
-                """,
-                {"epoch": EPOCH, "cutoff": cutoff, "this_hour": this_hour},
+        cursor.execute(
+            f"""
+            WITH gone AS (
+                DELETE FROM {table}
+                WHERE hour > %(epoch)s AND (hour < %(cutoff)s OR (hour < %(this_hour)s AND shard <> 0))
+                RETURNING metric, key, hour, value
+            ), folded AS (
+                INSERT INTO {table} (metric, key, hour, shard, value)
+                SELECT metric, key, CASE WHEN hour < %(cutoff)s THEN %(epoch)s ELSE hour END, 0, SUM(value)
+                FROM gone GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+                ON CONFLICT (metric, key, hour, shard) DO UPDATE SET value = {table}.value + EXCLUDED.value
             )
-            return cursor.fetchone()[0]
-        # SQLite: one writer at a time, so reading the sums and deleting them cannot interleave.
-        old = Tally.objects.filter(hour__gt=EPOCH).filter(
-            Q(hour__lt=cutoff) | (Q(hour__lt=this_hour) & ~Q(shard=0))
+            SELECT count(*) FROM gone
+            """,
+            {"epoch": EPOCH, "cutoff": cutoff, "this_hour": this_hour},
         )
-        sums: dict[tuple, int] = defaultdict(int)
-        for row in old.values("metric", "key", "hour", "value"):
-            sums[(row["metric"], row["key"], EPOCH if row["hour"] < cutoff else row["hour"])] += row["value"]
-        folded = old.count()
-        old.delete()
-        for (metric, key, hour), n in sorted(sums.items()):
-            _add(cursor, metric, key, hour, 0, n)
-        return folded
+        return cursor.fetchone()[0]
 
 
 # -- heartbeats ---------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ import uuid
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
-from django.db import connection
 from django.db.models import Q
 from django.db.models.fields.json import KT
 
@@ -446,10 +445,8 @@ def delivery_search(term: str) -> Q:
 
 def passport_events(passport_ids: list[str]) -> list[uuid.UUID]:
     """The ids of the events about these passports (their payload's dppId), by event_dpp_idx."""
-    if connection.vendor == "postgresql":  # (payload ->> 'dppId', the index's expression)
-        events = Event.objects.annotate(dpp=KT("payload__dppId")).filter(dpp__in=passport_ids)
-    else:  # (SQLite, `make run`'s: a key's IN compares JSON values there)
-        events = Event.objects.filter(payload__dppId__in=passport_ids)
+    # (payload ->> 'dppId', the index's expression)
+    events = Event.objects.annotate(dpp=KT("payload__dppId")).filter(dpp__in=passport_ids)
     return list(events.values_list("pk", flat=True)[:SEARCH_EVENTS])
 
 

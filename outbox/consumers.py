@@ -13,6 +13,7 @@ import socket
 import ssl
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import urlparse
@@ -320,14 +321,57 @@ class Answers:
         return addresses
 
 
+# How long storing a webhook URL (the API, the admin, the command line) waits for its host's
+# lookup: a resolver that hangs must not hold a web request (nor a gunicorn worker) for minutes.
+URL_LOOKUP_SECONDS = 5.0
+
+
 def check_webhook_url(url: str) -> str:
     """http(s) only; in production (unless ODAL_ALLOW_PRIVATE_WEBHOOKS) no host that resolves to
     a loopback, private, link-local, multicast or otherwise not public address, nor to an IPv6
-    address that carries one (NAT64, 6to4...: odal.addresses)."""
+    address that carries one (NAT64, 6to4...: odal.addresses). The host's lookup gets
+    URL_LOOKUP_SECONDS; past them, 503 host_lookup_timeout, and nothing is stored."""
     parsed = _webhook_url(url)
     if not settings.ODAL_ALLOW_PRIVATE_WEBHOOKS:
-        _checked_addresses(parsed.raw_host.decode("ascii"))
+        _checked_addresses(parsed.raw_host.decode("ascii"), _addresses_within)
     return url
+
+
+_url_lookups: dict[str, Future] = {}  # host -> its lookup under way (for check_webhook_url)
+_url_lookups_lock = threading.Lock()
+
+
+def _addresses_within(host: str) -> list:
+    """_addresses(host), waited for at most URL_LOOKUP_SECONDS: on a daemon thread of its own, so
+    that a lookup that hangs holds that thread (one per host at a time: a request for a host
+    already being looked up waits for that lookup), not the request, nor the process's exit."""
+    with _url_lookups_lock:
+        pending = _url_lookups.get(host)
+        if pending is None:
+            pending = _url_lookups[host] = Future()
+            threading.Thread(
+                target=_look_up, args=(host, pending), name="odal-url-lookup", daemon=True
+            ).start()
+    try:
+        return pending.result(timeout=URL_LOOKUP_SECONDS)
+    except TimeoutError:
+        raise Refused(
+            f"The webhook host {host} did not resolve within {URL_LOOKUP_SECONDS:g} s (its name servers do "
+            "not answer); nothing was saved. Try again later, or check the host's DNS.",
+            code="host_lookup_timeout",
+            status=503,
+        ) from None
+
+
+def _look_up(host: str, pending: Future) -> None:
+    try:
+        pending.set_result(_addresses(host))
+    except BaseException as exc:  # (Refused "does not resolve", or anything: the waiters get it)
+        pending.set_exception(exc)
+    finally:
+        with _url_lookups_lock:
+            if _url_lookups.get(host) is pending:
+                del _url_lookups[host]
 
 
 def _webhook_url(url: str) -> httpx.URL:

@@ -36,19 +36,23 @@ def check_event_pattern(value: str) -> str:
         ) from None
 
 
-def share_lock(consumers: list) -> None:
+def share_lock(consumers: list) -> list:
     """Hold a key-share lock (what a foreign key check takes) on the consumers a publish fans out
     to, until it commits: a removal (outbox.service.remove_consumer locks the row for update)
     then waits for the publish and sees its deliveries, instead of the publish failing on the
     deferred foreign key at commit. Key-share locks block neither one another nor updates of the
-    consumer. PostgreSQL only (SQLite has one writer at a time)."""
-    if not consumers or connection.vendor != "postgresql":
-        return
+    consumer. Returns those of `consumers` it locked: one removed since they were read (a
+    removal that committed in between, or one the lock waited for) is not there to lock, and
+    gets no delivery."""
+    if not consumers:
+        return consumers
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT id FROM {Consumer._meta.db_table} WHERE id = ANY(%s) ORDER BY id FOR KEY SHARE",
             [sorted(c.pk for c in consumers)],
         )
+        locked = {row[0] for row in cursor.fetchall()}
+    return [c for c in consumers if c.pk in locked]
 
 
 def emit(event_type: str, payload: dict, *, only=None, exclude=None) -> tuple[Event, int]:
@@ -63,7 +67,7 @@ def emit(event_type: str, payload: dict, *, only=None, exclude=None) -> tuple[Ev
         consumers = [only] if only is not None else [c for c in Consumer.objects.all() if c.wants(event_type)]
         if exclude is not None:
             consumers = [c for c in consumers if c.pk != exclude.pk]
-        share_lock(consumers)
+        consumers = share_lock(consumers)
         Delivery.objects.bulk_create(
             Delivery(
                 event=event,
@@ -93,7 +97,7 @@ def emit_many(event_type: str, payloads: list[dict]) -> tuple[list[uuid.UUID], i
         events = [{"id": uuid7(), "payload": p} for p in payloads]
         insert_rows(Event, events, same={"type": event_type, "created_at": now})
         consumers = [c for c in Consumer.objects.all() if c.wants(event_type)]
-        share_lock(consumers)
+        consumers = share_lock(consumers)
         insert_rows(
             Delivery,
             [

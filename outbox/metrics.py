@@ -2,6 +2,9 @@
 the tally the writes keep (odal.tally), the pending and dead rows (partial indexes) and the
 sweep's heartbeats. Counters here never go down: retention deletes rows, not figures."""
 
+from collections import Counter
+from datetime import timedelta
+
 from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -82,12 +85,21 @@ class OutboxCollector:
 
 def python_overruns(tally):
     """outbox_python_timeouts and outbox_python_consumer_blocked, per consumer: what the sweep
-    processes counted in the tally (outbox.python_consumers.count_overrun). Every Python consumer has both
-    series, at 0 until it overruns; a consumer since made a webhook keeps what it had."""
+    processes counted in the tally (outbox.python_consumers.count_overrun); and
+    outbox_python_consumer_held_back, the sweep processes that take none of a consumer's rows now
+    (their heartbeats, outbox.python_consumers.Overruns.report: one not written again within
+    ODAL_READYZ_SWEEP_SECONDS is a process gone, or one that no longer sweeps). Every Python consumer
+    has the three series, at 0 until it overruns; a consumer since made a webhook keeps what it had."""
+    from django.conf import settings
+
+    from odal.models import Heartbeat
     from outbox.models import Consumer
-    from outbox.python_consumers import PYTHON_BLOCKED, PYTHON_TIMEOUTS
+    from outbox.python_consumers import HELD_BACK, PYTHON_BLOCKED, PYTHON_TIMEOUTS
 
     figures = tally.totals(PYTHON_TIMEOUTS, PYTHON_BLOCKED)
+    since = timezone.now() - timedelta(seconds=settings.ODAL_READYZ_SWEEP_SECONDS)
+    held = Heartbeat.objects.filter(role__startswith=HELD_BACK, at__gte=since).values_list("role", flat=True)
+    held_by = Counter(role.removeprefix(HELD_BACK) for role in held)  # (consumer id: processes)
     timeouts = CounterMetricFamily(
         "outbox_python_timeouts",
         "Attempts of a Python consumer that ran past its timeoutSeconds (failed as timed out; the call "
@@ -100,10 +112,18 @@ def python_overruns(tally):
         "attempts (PYTHON_OVERRUNS_PER_CONSUMER, 4) still ran past their timeout.",
         labels=["consumer"],
     )
-    counted = set(figures[PYTHON_TIMEOUTS]) | set(figures[PYTHON_BLOCKED])
+    held_back = GaugeMetricFamily(
+        "outbox_python_consumer_held_back",
+        "Sweep processes that take none of a Python consumer's deliveries now, because that many of its "
+        "attempts (PYTHON_OVERRUNS_PER_CONSUMER, 4) still run past their timeout on each of them.",
+        labels=["consumer"],
+    )
+    counted = set(figures[PYTHON_TIMEOUTS]) | set(figures[PYTHON_BLOCKED]) | set(held_by)
     for pk, name, kind in Consumer.objects.order_by("name").values_list("pk", "name", "kind"):
         if kind == Consumer.Kind.PYTHON or str(pk) in counted:
             timeouts.add_metric([name], figures[PYTHON_TIMEOUTS].get(str(pk), 0))
             blocked.add_metric([name], figures[PYTHON_BLOCKED].get(str(pk), 0))
+            held_back.add_metric([name], held_by.get(str(pk), 0))
     yield timeouts
     yield blocked
+    yield held_back

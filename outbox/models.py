@@ -23,7 +23,7 @@ from odal.ids import uuid7
 from odal.models import AuditEntry
 from odal.reasons import clean_reason
 from odal.text import storable
-from odal.work.claims import ClaimQuerySet, updates_return_rows
+from odal.work.claims import ClaimQuerySet, database_now
 from odal.work.wake import SWEEP
 
 # Rows per transaction of a bulk write (replay, resend, unpark, a consumer's removal): a million
@@ -280,11 +280,13 @@ class DeliveryQuerySet(ClaimQuerySet):
             self.due(now).filter(attempts__lt=F("max_attempts")).exclude(consumer_id__in=paused_consumers())
         )
 
-    def park_paused(self, *, now: datetime) -> int:
-        """Park the pending rows of paused consumers (status paused) that no live claim holds:
-        rows made due again while their consumer was pausing, a failure written after it
-        paused, a replayed dead letter. Served by the (consumer, status) index; nothing to do
-        while no consumer is paused. Returns how many it parked."""
+    def park_paused(self, *, now=None) -> int:
+        """Park the pending rows of paused consumers (status paused) that no live claim holds
+        (by the database's clock, unless `now` says otherwise): rows made due again while their
+        consumer was pausing, a failure written after it paused, a replayed dead letter. Served by
+        the (consumer, status) index; nothing to do while no consumer is paused. Returns how many
+        it parked."""
+        now = database_now(self.db) if now is None else now
         return (
             self.filter(status=Delivery.Status.PENDING, consumer_id__in=paused_consumers())
             .filter(models.Q(claim_token__isnull=True) | models.Q(next_attempt_at__lte=now))
@@ -337,22 +339,15 @@ class DeliveryQuerySet(ClaimQuerySet):
     def mark_delivered_each(self, *, token: uuid.UUID, at: datetime) -> set:
         """The bulk form the sweep uses: mark_delivered for every row of this queryset, in one
         UPDATE, each row under the same guard. Returns the ids it took (the others were late).
-        On PostgreSQL one UPDATE … RETURNING: the ids are the rows it wrote, each checked against
-        the guard after any lock wait. Elsewhere the rows are read first (locked where the
-        database can) and the UPDATE restates the guard."""
+        One UPDATE … RETURNING: the ids are the rows it wrote, each checked against the guard
+        after any lock wait."""
         delivered = {
             "status": Delivery.Status.DELIVERED,
             "delivered_at": at,
             "claim_token": None,
             "last_error": "",
         }
-        if updates_return_rows(self.db):
-            return self._held(token).update_returning_ids(delivered)
-        with transaction.atomic(savepoint=False):
-            taken = set(self._held(token).select_for_update().values_list("pk", flat=True))
-            if taken:
-                Delivery.objects.filter(pk__in=taken)._held(token).update(**delivered)
-        return taken
+        return self._held(token).update_returning_ids(delivered)
 
     def mark_attempt_failed(self, *, token: uuid.UUID, error: str, retry_at: datetime, at: datetime) -> bool:
         """End the current attempt as failed: due again at `retry_at`, or dead once the attempts
@@ -380,19 +375,11 @@ class DeliveryQuerySet(ClaimQuerySet):
     def mark_attempts_failed_each(self, *, token: uuid.UUID, failures: "list[Failure]") -> set:
         """The bulk form the sweep uses: mark_attempt_failed for each row of `failures`, with its
         own error, retry time and end, under the same guard (_held, and this queryset's filter).
-        Returns the ids it took (the others were late). On PostgreSQL one UPDATE … FROM unnest(…)
+        Returns the ids it took (the others were late). One UPDATE … FROM unnest(…)
         whatever their number: the guard is stated on the row being updated, so a row that
         another writer settled while this one waited for its lock is checked again and left."""
         if not failures:
             return set()
-        if connection.vendor != "postgresql":
-            return {
-                f.delivery_id
-                for f in failures
-                if self.filter(pk=f.delivery_id).mark_attempt_failed(
-                    token=token, error=f.error, retry_at=f.retry_at, at=f.at
-                )
-            }
         # The claim's token is a column of the failures, not a constant: PostgreSQL estimates
         # one row for a constant token (no statistics know it), and for one row it joins by
         # scanning the 500 failures once per delivery (250,000 comparisons, 55 ms a flush of
@@ -462,9 +449,11 @@ class DeliveryQuerySet(ClaimQuerySet):
         replay or resend preview warns about."""
         return self.filter(status=Delivery.Status.DEAD, late_success_at__isnull=False)
 
-    def dead_letter_exhausted(self, *, now: datetime) -> int:
+    def dead_letter_exhausted(self, *, now=None) -> int:
         """Dead-letter due rows whose last counted attempt never reported (its worker died or
-        hung past the hold). Returns how many it took."""
+        hung past the hold), due by the database's clock unless `now` says otherwise. Returns how
+        many it took."""
+        now = database_now(self.db) if now is None else now
         return (
             self.due(now)
             .filter(attempts__gte=F("max_attempts"))
@@ -594,7 +583,7 @@ class DeliveryQuerySet(ClaimQuerySet):
                 delivered_at=None,
                 claim_token=None,
             )
-            if taken != len(before):  # only possible without row locks (SQLite): refuse, write nothing
+            if taken != len(before):  # (locked rows: should a lock not hold) refuse, write nothing
                 raise Refused(
                     "Some of these deliveries changed while they were being sent again; this batch "
                     f"was not changed ({done:,} sent again before it stay so). Try again.",
@@ -704,8 +693,8 @@ class Delivery(models.Model):
 
     @property
     def number(self) -> int:
-        """Its latest attempt's number in the attempt log, on across replays: what the sweep's
-        Claimed carries, so a claimed row (Delivery.objects.claim) is a Finished's delivery too."""
+        """Its current attempt's number in the attempt log, on across replays (as the sweep's
+        Claimed has it): a row read whole may stand where a claimed one does."""
         return self.attempts_before + self.attempts
 
 

@@ -4,7 +4,7 @@ left to finish: an attempt past its timeout is reported as such (the sweep fails
 is left to finish it (what it returns is then handed to `late`), and the next attempt gets a new
 runner. A consumer whose overrunning threads pile up (PYTHON_OVERRUNS_PER_CONSUMER) is taken no
 more by this process until one returns (OVERRUNS), and both are counted in the tally for
-/metrics."""
+/metrics; while it is held back the process says so at each pass (OVERRUNS.report)."""
 
 import logging
 import queue
@@ -16,8 +16,11 @@ from datetime import UTC, datetime, timedelta
 
 from django.db import close_old_connections, connections, transaction
 from django.db.models import Q
+from django.utils import timezone
 
 from odal import tally
+from odal.models import Heartbeat
+from odal.reconnect import DatabaseLost
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +28,9 @@ PYTHON_OVERRUNS_PER_CONSUMER = 4  # threads of one Python consumer left running 
 # before this process stops taking that consumer's rows (see Overruns)
 PYTHON_TIMEOUTS = "outbox.python_timeouts"  # tally figures, key the consumer's id (see odal.tally)
 PYTHON_BLOCKED = "outbox.python_blocked"
+# A heartbeat role per consumer a process holds back now (Overruns.report): outbox.held:<its id>.
+HELD_BACK = "outbox.held:"
+REPORT_SECONDS = 1.0  # a process holding a consumer back says so again this often (its passes do)
 
 
 class Overruns:
@@ -37,6 +43,8 @@ class Overruns:
     def __init__(self):
         self.lock = threading.Lock()
         self.threads: dict[int, set] = {}
+        self.reported: set = set()  # the consumers the database was last told this process holds back
+        self.reported_at = float("-inf")  # (time.monotonic())
 
     def add(self, consumer, thread: threading.Thread) -> bool:
         """Count one more overrunning thread; True if that one made the consumer's threads reach
@@ -71,11 +79,39 @@ class Overruns:
 
     def skip(self) -> Q | None:
         """The rows this process must not claim: those of consumers whose threads piled up."""
+        full = self.held_back()
+        return Q(consumer_id__in=sorted(full)) if full else None
+
+    def held_back(self) -> set:
+        """The consumers whose rows this process takes none of now."""
         with self.lock:
-            full = [
+            return {
                 pk for pk, running in self.threads.items() if len(running) >= PYTHON_OVERRUNS_PER_CONSUMER
-            ]
-        return Q(consumer_id__in=full) if full else None
+            }
+
+    def report(self) -> None:
+        """Tell the database which consumers this process holds back (for /metrics: the web process
+        cannot see this one's threads), on the sweep's thread after each pass: a heartbeat of role
+        HELD_BACK + the consumer's id for this worker, written again every REPORT_SECONDS while it
+        holds it back, deleted once it takes its rows again. No statement while it holds none back
+        and said none. A process that dies holding one back stops writing its heartbeat, which
+        /metrics then counts no more (outbox.metrics.python_overruns)."""
+        held = self.held_back()
+        now = time.monotonic()
+        if held == self.reported and (not held or now - self.reported_at < REPORT_SECONDS):
+            return
+        worker, at = tally.worker_name(), timezone.now()
+        with transaction.atomic():
+            Heartbeat.objects.filter(worker=worker, role__startswith=HELD_BACK).exclude(
+                role__in=[f"{HELD_BACK}{pk}" for pk in held]
+            ).delete()
+            Heartbeat.objects.bulk_create(
+                [Heartbeat(role=f"{HELD_BACK}{pk}", worker=worker, at=at) for pk in sorted(held)],
+                update_conflicts=True,
+                unique_fields=["role", "worker"],
+                update_fields=["at"],
+            )
+        self.reported, self.reported_at = held, now
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the overrunning threads to return (for tests)."""
@@ -190,13 +226,22 @@ class Batch:
                     OVERRUNS.done(consumer, threading.current_thread())
                     return
                 if not self.took():
+                    # Whatever the late write does, this thread no longer overruns: a lost database
+                    # (a BaseException) must not leave it counted, or after PYTHON_OVERRUNS_PER_CONSUMER
+                    # such blips this process would never take the consumer's rows again.
                     try:
                         jobs.late(result)
                     except Exception:
                         log.exception(
                             "Python consumer %s: a late outcome could not be written", consumer.name
                         )
-                    OVERRUNS.done(consumer, threading.current_thread())
+                    except DatabaseLost as lost:  # (this runner ends here: nothing to unwind)
+                        log.warning(
+                            "Python consumer %s: a late outcome could not be written: the database "
+                            "does not answer (%s)", consumer.name, lost, extra={"consumer": consumer.name},
+                        )  # fmt: skip
+                    finally:
+                        OVERRUNS.done(consumer, threading.current_thread())
                     return
                 future.set_result(result)
         finally:

@@ -20,8 +20,7 @@ with a DELETE that restates the rule; delete the attempt lines of the deliveries
 what went to the tally (`outbox.purged`) in the same transaction. So the purge never waits behind
 a long lock, no lock of its own outlasts one batch, and the counter moves exactly when the rows
 go. Deletes are single SQL statements (`_raw_delete`), never Django's Python-side collector,
-which would load every row it deletes. On SQLite (`make run`) the locks are simply absent: its
-transactions take the database's one write lock at their start.
+which would load every row it deletes.
 
 The walks, each over the rows that may hold candidates (the rule is checked when picking):
 - delivered: `delivery_listing_idx` (-created_at, -id) read backward, created_at below the cutoff
@@ -198,7 +197,7 @@ def registry_attempts_to_purge(before: datetime, evidence_before: datetime) -> Q
 class AmongIds(Func):
     """`field IN (ids)`, with the ids as one array parameter on PostgreSQL: a thousand
     placeholders cost more to build and parse than the statement takes to run (measured here:
-    a third of the purge's time). Elsewhere, an ordinary IN. Never given an empty list."""
+    a third of the purge's time). Never given an empty list."""
 
     output_field = BooleanField()
 
@@ -210,9 +209,7 @@ class AmongIds(Func):
         column, params = compiler.compile(self.source_expressions[0])
         field = self.source_expressions[0].output_field
         values = [field.get_db_prep_value(value, connection) for value in self.ids]
-        if connection.vendor == "postgresql":
-            return f"{column} = ANY(%s::{field.db_type(connection)}[])", [*params, values]
-        return f"{column} IN ({', '.join(['%s'] * len(values))})", [*params, *values]
+        return f"{column} = ANY(%s::{field.db_type(connection)}[])", [*params, values]
 
 
 def _walk_step(

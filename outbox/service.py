@@ -256,7 +256,7 @@ def pause(consumer: Consumer, *, actor: str, reason: str, now: datetime | None =
         if not Consumer.objects.filter(pk=consumer.pk).pause(by=actor, reason=reason, at=now):
             return False
         AuditEntry.objects.record(actor=actor, action="consumer_paused", obj=consumer, reason=reason)
-        Delivery.objects.filter(consumer_id=consumer.pk).park_paused(now=now)
+        Delivery.objects.filter(consumer_id=consumer.pk).park_paused()
     consumer.refresh_from_db()
     return True
 
@@ -490,11 +490,13 @@ def send_test_event(consumer: Consumer, *, actor: str) -> Delivery:
     """An `odal.test` event to this consumer alone, subscribed or not: a delivery like any other
     (parked while the consumer is paused). Audited."""
     with transaction.atomic():
-        event, _ = emit(
+        event, made = emit(
             TEST_EVENT,
             {"consumer": consumer.name, "sentBy": actor, "note": "A test event from odal: no action needed."},
             only=consumer,
         )
+        if not made:  # removed since it was read (emit locks the consumers it sends to)
+            raise Refused(f"No consumer named {rules.shown(consumer.name)}.", code="not_found", status=404)
         delivery = Delivery.objects.get(event=event, consumer=consumer)
         AuditEntry.objects.record(
             actor=actor, action="consumer_test_event", obj=consumer, details={"deliveryId": str(delivery.pk)}
@@ -559,7 +561,7 @@ def auto_pause(consumer: Consumer, errors: list[str]) -> bool:
              "failingSince": consumer.failing_since.isoformat(), "failures": consumer.failures},
             exclude=consumer,
         )  # fmt: skip
-        Delivery.objects.filter(consumer_id=consumer.pk).park_paused(now=now)
+        Delivery.objects.filter(consumer_id=consumer.pk).park_paused()
     log.warning(
         "consumer %s paused automatically: %s", consumer.name, reason, extra={"consumer": consumer.name}
     )
@@ -607,7 +609,7 @@ def pause_python_consumers_outside_allow_list(*, now: datetime | None = None) ->
                 },
                 exclude=consumer,
             )
-            Delivery.objects.filter(consumer_id=consumer.pk).park_paused(now=now)
+            Delivery.objects.filter(consumer_id=consumer.pk).park_paused()
     for consumer in paused:
         log.warning(
             "Python consumer %s paused: %s (its target is %s)", consumer.name, reason, taken[consumer.pk],

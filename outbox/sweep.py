@@ -20,6 +20,7 @@ from django.utils import timezone
 from odal import reconnect, stopping, tally
 from odal.lookups import Ids
 from odal.text import error_text, storable
+from odal.work import deadline
 from odal.work.claims import backoff_delay
 from odal.work.loops import Report, Work
 from odal.work.passes import AttemptFuture, Pass, write_in_sets
@@ -44,7 +45,8 @@ class SweepReport(Report):
             f"{self.late} late, {self.dead_lettered} dead-lettered (never reported)"
         )
         if self.not_started:
-            text += f", {self.not_started} not started (hold ran out)"
+            why = "given back: the task's time was up" if self.out_of_time else "hold ran out"
+            text += f", {self.not_started} not started ({why})"
         if self.write_errors:
             text += f", {self.write_errors} not written (database refused; see the attempt log)"
         return text
@@ -112,17 +114,12 @@ ATTEMPT_COLUMNS = (
 
 
 def log_attempts(lines: list[tuple]) -> None:
-    """Append attempt-log lines (tuples in ATTEMPT_COLUMNS order). On PostgreSQL one COPY of all
+    """Append attempt-log lines (tuples in ATTEMPT_COLUMNS order). One COPY of all
     the lines, whatever their number (the driver writes the rows in C; an INSERT … SELECT FROM
     unnest had each array element quoted in Python): the log costs one statement per flush, not
     one model object per attempt. The COPY goes through the connection's execute wrappers, so
     what counts or logs statements sees it."""
     if not lines:
-        return
-    if connection.vendor != "postgresql":
-        DeliveryAttempt.objects.bulk_create(
-            DeliveryAttempt(**dict(zip(ATTEMPT_COLUMNS, line, strict=True))) for line in lines
-        )
         return
     statement = f"COPY {DeliveryAttempt._meta.db_table} ({', '.join(ATTEMPT_COLUMNS)}) FROM STDIN"
 
@@ -308,7 +305,7 @@ async def attempt_webhook(
 
 
 def _may_start(claim) -> bool:
-    return claim.holds() and not stopping.requested()
+    return claim.holds() and deadline.now() < claim.start_by and not stopping.requested()
 
 
 def _ids(consumer, delivery: "Claimed", claim) -> dict:
@@ -383,7 +380,7 @@ class SweepPass(Pass):
     look_seconds = FLUSH_SECONDS  # (see __init__)
     not_started_line = (
         "%s claimed deliveries not started: the claim's hold ran out first, their consumer was paused, "
-        "or this process is stopping"
+        "this process is stopping, or its task's time is up"
     )
 
     def __init__(self, claim, report: SweepReport, client: WebhookClient, python: ThreadPoolExecutor):
@@ -403,6 +400,9 @@ class SweepPass(Pass):
             else:
                 self.python_jobs.append((self.consumers[d.consumer_id], d, AttemptFuture()))
         self.handed: dict[int, list] = {}  # those handed to the client's loop, not all ended
+
+    def longest_attempt(self) -> float:
+        return max(consumer.timeout_seconds for consumer in self.consumers.values())
 
     def refresh(self) -> None:
         """Re-read what a person may change under a running pass, at most every REFRESH_SECONDS:
@@ -514,13 +514,14 @@ def housekeep() -> int:
     # A Python consumer whose target ODAL_PYTHON_CONSUMERS does not allow is paused before any
     # of its rows can be claimed: on the first pass of every run, so at every start.
     service.pause_python_consumers_outside_allow_list(now=now)
-    Delivery.objects.park_paused(now=now)  # (one statement; takes nothing while none is paused)
+    # "No live claim holds it" and "due" by the database's clock (odal.work.claims).
+    Delivery.objects.park_paused()  # (one statement; takes nothing while none is paused)
     for consumer_id in Delivery.objects.resumed_consumers_with_parked_rows():  # (one statement)
         Delivery.objects.unpark(consumer_id=consumer_id)
     # A spent row is never claimed (the claim's filter), so dead-lettering it can wait for
     # the run's housekeeping: one statement less in every other pass (issue 26, item 7: a
     # pass of one webhook is mostly fixed cost, and at 50 events/s the next commit waits it).
-    return Delivery.objects.dead_letter_exhausted(now=now)
+    return Delivery.objects.dead_letter_exhausted()
 
 
 class Every:
@@ -555,15 +556,14 @@ def sweep_once(
     # The hold runs from the claim's own clock reading, not from before the dead-lettering.
     claim = Delivery.objects.claim(limit=batch, read=read_claimed, skip=OVERRUNS.skip())
     report.claimed = len(claim.rows)
-    if not claim.rows:
-        tally.beat(tally.SWEEP)
-        return report
-    with ExitStack() as stack:
-        if client is None or python is None:  # a pass on its own
-            shared = stack.enter_context(sweeper())
-            client, python = client or shared["client"], python or shared["python"]
-        SweepPass(claim, report, client, python).run()
+    if claim.rows:
+        with ExitStack() as stack:
+            if client is None or python is None:  # a pass on its own
+                shared = stack.enter_context(sweeper())
+                client, python = client or shared["client"], python or shared["python"]
+            SweepPass(claim, report, client, python).run()
     tally.beat(tally.SWEEP)
+    OVERRUNS.report()  # (no statement unless it holds a consumer back, or did)
     return report
 
 

@@ -1,12 +1,15 @@
 """Talking to the registry: the `http` adapter (CONTRACT.md's wire protocol, over httpx) and the
 `none` adapter (a node without registry queues).
 
-Every failure is mapped: 5xx, a redirect, a timeout, a connection error, or an answer that is
-not the protocol's on register/check/deactivate is `Retryable`, and `OutcomeUnknown` (a
-Retryable) when the request may have reached the registry without an answer of the registry's
-own coming back (a timeout or a broken connection after sending, a 502 or 504, a register
-answered with something that is not the protocol's JSON); anything odd while reading the
-task list makes `find_submission` raise `RegistryUnreadable` rather than guess. An answer that is
+Every failure is mapped (docs/reliability.md, "What an answer means", has the table): a refusal
+in the registry's own JSON error (CONTRACT's wire protocol: an object whose `code` is a string)
+is `Retryable`; anything else that is not the call's answer, whatever its status (HTML,
+an empty body, plain text, JSON of another shape: a gateway's page, a proxy's error), a redirect,
+a 502, 504 or another gateway's status, a timeout or a broken connection after sending, is
+`OutcomeUnknown` (a Retryable): the request may have reached the registry without an answer of
+the registry's own coming back. A 429 is `RateLimited`, whoever says it. Anything odd while
+reading the task list makes `find_submission` raise `RegistryUnreadable` rather than guess; 404,
+405 or 501 on its first page is `Unsupported` (the registry cannot be searched). An answer that is
 not the protocol's (not JSON, another content type, JSON nested deeper than the parser goes,
 values of the wrong type, ids longer than odal's columns or with control characters) is checked
 before anything is written, and its message starts with PROTOCOL_ERROR: the attempt log's lines
@@ -57,9 +60,9 @@ class Retryable(Exception):
 
 class OutcomeUnknown(Retryable):
     """The request may have reached the registry and no answer of the registry's own came back: a
-    timeout or a broken connection after the request was sent, a 502 or 504 (a gateway that may
-    have passed it on), or an answer to register that is not the protocol's JSON. A register may
-    still land: until ODAL_REGISTRY_SETTLE_SECONDS have passed, absence in the task list proves
+    timeout or a broken connection after the request was sent, a redirect, a gateway's status (502,
+    504, 520-527, 530), or, whatever the status, an answer that is not the registry's own JSON (a
+    gateway's or a proxy's page, an empty body, JSON of another shape). A register may still land: until ODAL_REGISTRY_SETTLE_SECONDS have passed, absence in the task list proves
     nothing (registry.service.ask_registry, the drain's find)."""
 
 
@@ -73,11 +76,19 @@ NOT_SENT_ERRORS = (
     httpx.LocalProtocolError,
     httpx.ProxyError,
 )
-UNKNOWN_STATUSES = (502, 504)  # a gateway's answer: the request may have been passed on
+# A gateway's own statuses (Bad Gateway, Gateway Timeout, Cloudflare's 520-527 and 530): whatever
+# the body says, the gateway answered, and the request may have been passed on.
+GATEWAY_STATUSES = (502, 504, *range(520, 528), 530)
+UNSEARCHABLE_STATUSES = (404, 405, 501)  # a task list answering these cannot be searched
 
 
-class Redirected(Retryable):
-    """The registry (or something in front of it) answered a redirect, which is not followed."""
+class Redirected(OutcomeUnknown):
+    """The registry (or something in front of it) answered a redirect, which is not followed:
+    not the registry's answer, and whatever answered may have passed the request on."""
+
+
+class UnknownRequest(Retryable):
+    """check: the registry answered, in its own JSON error, 404: it does not know the request."""
 
 
 class RateLimited(Retryable):
@@ -140,6 +151,7 @@ class CheckAnswer:
     status: str  # checking, registered, rejected
     registration_id: str = ""
     errors: str = ""
+    deactivated: bool = False  # registered, and the registry has deactivated that registration since
 
 
 @dataclass
@@ -170,9 +182,47 @@ class Answer:
     status_code: int
     content_type: str
     body: bytes
+    headers: httpx.Headers = field(default_factory=httpx.Headers)
 
     def said(self, what: str) -> str:
         return f"registry answered HTTP {self.status_code} to {what}"
+
+    def own_error(self) -> dict | None:
+        """The registry's own JSON error, as CONTRACT's wire protocol has it (`{code, ...}`: a JSON
+        object whose `code` is a string, UNAVAILABLE, DUPLICATE_UPI), or None: HTML, an empty body,
+        plain text, JSON of another shape (no code, a numeric one) are not the registry's."""
+        try:
+            payload = HttpRegistry._json(self, "")
+        except Retryable:
+            return None
+        code = payload.get("code")
+        return payload if isinstance(code, str) and code.strip() else None
+
+    def refusal(self, what: str) -> Retryable:
+        """What an answer other than the call's own means (the table in docs/reliability.md): a
+        429 pauses every drain; a gateway's status, or a body that is not the registry's own
+        JSON error, whatever the status, is an outcome unknown (what answered may have passed
+        the request on); the registry's own JSON error is its refusal (failed)."""
+        said, quoted = self.said(what), f": {excerpt(self.body)}" if self.body.strip() else ""
+        if self.status_code == 429:
+            # Whoever answers 429 (the registry, or a rate limit in front of it) did not act on it.
+            retry_after = retry_after_seconds(self.headers.get("retry-after"))
+            return RateLimited(
+                f"registry answered HTTP 429 (too many requests): every drain waits {retry_after:g}s "
+                f"(Retry-After: {storable(self.headers.get('retry-after') or 'none', 60)})",
+                retry_after,
+            )
+        if self.status_code in GATEWAY_STATUSES:
+            return OutcomeUnknown(
+                f"{said} (a gateway's answer: the request may have reached the registry){quoted}"
+            )
+        if self.own_error() is None:
+            kind = storable(self.content_type.partition(";")[0].strip().lower(), 100) or "none"
+            return OutcomeUnknown(
+                f"{said} with content type {kind}, not the registry's own JSON error (a gateway's or a "
+                f"proxy's answer?): the request may have reached the registry{quoted}"
+            )
+        return Retryable(f"{said}{quoted}")
 
 
 @dataclass
@@ -259,24 +309,10 @@ class HttpRegistry:
             raise OutcomeUnknown(
                 f"registry connection broke after the request was sent: {error_text(exc)}"
             ) from None
-        if status == 429:
-            retry_after = retry_after_seconds(response.headers.get("retry-after"))
-            raise RateLimited(
-                f"registry answered HTTP 429 (too many requests): every drain waits {retry_after:g}s "
-                f"(Retry-After: {storable(response.headers.get('retry-after') or 'none', 60)})",
-                retry_after,
-            )
         if 300 <= status < 400:
             location = response.headers.get("location")
             raise Redirected(f"registry answered {redirect_text(response.status_code, location)}")
-        if status in UNKNOWN_STATUSES:
-            raise OutcomeUnknown(
-                f"registry answered HTTP {status} (a gateway's answer: the request may have been passed "
-                f"on): {excerpt(body)}".rstrip(": ")
-            )
-        if status >= 500:
-            raise Retryable(f"registry answered HTTP {status}: {excerpt(body)}".rstrip(": "))
-        return Answer(status, response.headers.get("content-type", ""), body)
+        return Answer(status, response.headers.get("content-type", ""), body, response.headers)
 
     @staticmethod
     def _json(answer: Answer, what: str) -> dict:
@@ -310,48 +346,54 @@ class HttpRegistry:
             "commodityCode": passport.commodity_code,
             "dppEndpoint": f"{settings.ODAL_PUBLIC_URL}/vault/api/v1/dpp/{passport.pk}",
         }
-        try:
-            answer = self._send(
-                "POST",
-                "/dpp-registration-requests",
-                json=body,
-                headers={"Idempotency-Key": str(registration.pk)},
-            )
-        except Redirected as exc:
-            # Not the registry's answer to it: whatever answered may have passed the request on.
-            raise OutcomeUnknown(str(exc)) from None
-        if answer.status_code not in (200, 201, 202, 409, 422):
-            # The registry's own refusal (401, 404, …): it did not take the request.
-            raise Retryable(f"{answer.said('register')}: {excerpt(answer.body)}")
-        try:
-            payload = self._json(answer, "register")
-            if answer.status_code in (200, 201, 202):
-                return Accepted(_id(payload, "requestId", answer.said("register")))
-            if answer.status_code == 409 and payload.get("code") == "DUPLICATE_UPI":
-                return Duplicate(_id(payload, "requestId", answer.said("register") + " DUPLICATE_UPI"))
-        except OutcomeUnknown:
-            raise
-        except Retryable as exc:
-            # An answer that is not the registry's JSON (a proxy's page, a body cut short): whatever
-            # answered, the request may have reached the registry.
-            raise OutcomeUnknown(str(exc)) from None
-        if answer.status_code == 422:
-            return Rejected(_errors(payload))
-        raise Retryable(f"{answer.said('register')}: {excerpt(answer.body)}")
+        answer = self._send(
+            "POST", "/dpp-registration-requests", json=body, headers={"Idempotency-Key": str(registration.pk)}
+        )
+        said = answer.said("register")
+        if answer.status_code in (200, 201, 202):
+            try:
+                return Accepted(_id(self._json(answer, "register"), "requestId", said))
+            except Retryable as exc:
+                # Not the registry's answer (a proxy's page, a body cut short, another shape), or
+                # its answer with an id odal cannot keep: either way it may hold the request.
+                raise OutcomeUnknown(str(exc)) from None
+        error = answer.own_error()
+        if error is not None and answer.status_code == 409 and error["code"] == "DUPLICATE_UPI":
+            try:
+                return Duplicate(_id(error, "requestId", said + " DUPLICATE_UPI"))
+            except Retryable as exc:
+                raise OutcomeUnknown(str(exc)) from None
+        if error is not None and answer.status_code == 422:
+            return Rejected(_errors(error))
+        raise answer.refusal("register")
 
     def check(self, request_id: str) -> CheckAnswer:
         answer = self._send("GET", f"/dpp-registration-requests/{quote(request_id, safe='')}")
-        payload = self._json(answer, "check")
-        status = payload.get("status")
+        if answer.status_code == 404 and answer.own_error() is not None:
+            raise UnknownRequest(
+                f"{answer.said('check')}: the registry does not know request {_shown(request_id)}"
+            )
         if answer.status_code != 200:
-            raise Retryable(f"{answer.said('check')}: {excerpt(answer.body)}")
+            raise answer.refusal("check")
+        try:
+            payload = self._json(answer, "check")
+        except Retryable as exc:
+            raise OutcomeUnknown(str(exc)) from None  # not the registry's answer
+        if "status" not in payload:
+            raise OutcomeUnknown(
+                f"{PROTOCOL_ERROR}{answer.said('check')} with JSON of another shape (no status): "
+                f"{excerpt(answer.body)}"
+            )
+        status = payload.get("status")
         if status not in ("checking", "registered", "rejected", "received"):
             raise Retryable(
                 f"{PROTOCOL_ERROR}{answer.said('check')} with an unknown status: {_shown(status)}"
             )
         if status == "registered":
             return CheckAnswer(
-                "registered", registration_id=_id(payload, "registrationId", answer.said("check"))
+                "registered",
+                registration_id=_id(payload, "registrationId", answer.said("check")),
+                deactivated=payload.get("deactivated") is True,
             )
         if status == "rejected":
             return CheckAnswer("rejected", errors=_errors(payload))
@@ -359,11 +401,24 @@ class HttpRegistry:
 
     def deactivate(self, registration_id: str) -> str:
         answer = self._send("POST", f"/registrations/{quote(registration_id, safe='')}/deactivate")
-        if answer.status_code in (200, 204):
+        if answer.status_code == 204:
             return "deactivated"
-        if answer.status_code == 404:
+        if answer.status_code == 200:
+            if not answer.body.strip():
+                return "deactivated"
+            try:
+                self._json(answer, "deactivate")
+            except Retryable as exc:
+                raise OutcomeUnknown(str(exc)) from None  # not the registry's answer
+            return "deactivated"
+        if answer.status_code == 404 and answer.own_error() is not None:
             return "already gone"
-        raise Retryable(f"{answer.said('deactivate')}: {excerpt(answer.body)}")
+        if 200 <= answer.status_code < 300:
+            raise OutcomeUnknown(
+                f"{PROTOCOL_ERROR}{answer.said('deactivate')} (the protocol's are 200 and 204): "
+                f"{excerpt(answer.body)}".rstrip(": ")
+            )
+        raise answer.refusal("deactivate")
 
     # -- abandon's question ---------------------------------------------------------------------
 
@@ -388,12 +443,13 @@ class HttpRegistry:
                 raise RegistryUnreadable(_overdue(seconds, page))
             try:
                 answer = self._send("GET", "/dpp-registration-requests", params=params, deadline=deadline)
-                if answer.status_code in (404, 405, 501) and page == 0:
+                if answer.status_code in UNSEARCHABLE_STATUSES and page == 0:
+                    # (whatever the body: a registry without the route, or a front that has none)
                     return Unsupported(
                         f"the registry's task list cannot be searched (HTTP {answer.status_code})"
                     )
                 if answer.status_code != 200:
-                    raise Retryable(f"{what}: HTTP {answer.status_code}")
+                    raise answer.refusal(what)
                 body = self._json(answer, what)
                 items, cursor = body.get("items"), body.get("nextCursor")
                 if not isinstance(items, list) or not isinstance(cursor, str | None):

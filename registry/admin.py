@@ -9,7 +9,7 @@ from odal.admin_buttons import Button, ObjectButtons
 from odal.errors import Refused
 from odal.record import next_attempt, titled, when, without_internals, yes_or_no
 from registry import service
-from registry.models import Registration, RegistrationAttempt, StalledRegistration
+from registry.models import UNSEARCHABLE, Registration, RegistrationAttempt, StalledRegistration
 
 # A settled registration has no next attempt (its next_attempt_at is a leftover).
 SETTLED = tuple(s for s in Registration.Status.values if s not in ("pending", "submitted"))
@@ -46,6 +46,20 @@ class AttemptInline(ReadOnlyInline):
         return yes_or_no(attempt.late, "late: not written")
 
 
+def handle_may_be_recorded(reg: Registration) -> bool:
+    """Whether "Record handle…" is open to this registration (service.record_handle decides, and
+    refuses what changed meanwhile): submitted, or a deactivation whose finding cannot search
+    the registry (a person looked it up in the registry's own portal)."""
+    if reg.status == Registration.Status.SUBMITTED:
+        return True
+    return (
+        reg.status == Registration.Status.PENDING
+        and reg.operation == Registration.Operation.DEACTIVATE
+        and not reg.handle
+        and reg.last_error.startswith(UNSEARCHABLE)
+    )
+
+
 @admin.register(Registration)
 class RegistrationAdmin(ObjectButtons, ReadOnlyAdmin):
     list_display = [
@@ -72,8 +86,9 @@ class RegistrationAdmin(ObjectButtons, ReadOnlyAdmin):
         Button("abandon_selected", danger=True,
                when=lambda r: r.status == Registration.Status.PENDING and r.operation == Registration.Operation.REGISTER,
                because="only a pending registration that owes the registry a register can be abandoned."),
-        Button("record_handle_selected", when=lambda r: r.status == Registration.Status.SUBMITTED,
-               because="a handle can only be recorded while the registry is checking a submission (submitted)."),
+        Button("record_handle_selected", when=handle_may_be_recorded,
+               because="a handle can only be recorded while the registry is checking a submission (submitted), "
+                       "or for a deactivation whose finding cannot search the registry."),
     ]  # fmt: skip
 
     def get_fields(self, request, obj=None):
@@ -197,7 +212,10 @@ class RegistrationAdmin(ObjectButtons, ReadOnlyAdmin):
             return "not checked, try again: the registry did not answer in time (nothing is written for it)"
         return "the registry holds no submission for it (every page of its task list read): can be abandoned"
 
-    @admin.action(description="Record handle… (a submitted registration)", permissions=["record_handle"])
+    @admin.action(
+        description="Record handle… (a submitted registration, or a deactivation that cannot search the registry)",
+        permissions=["record_handle"],
+    )
     def record_handle_selected(self, request, queryset):
         if queryset.count() != 1:
             self.message_user(
@@ -208,22 +226,31 @@ class RegistrationAdmin(ObjectButtons, ReadOnlyAdmin):
 
         def perform(data):
             try:
-                service.record_handle(
+                done = service.record_handle(
                     reg.passport_id, handle=data["handle"], actor=actor_of(request), reason=data["reason"]
                 )
             except Refused as exc:
                 self.message_user(request, exc.detail, messages.ERROR)
                 return
-            self.message_user(
-                request, f"Recorded handle {data['handle']} for {reg.passport.upi}: registered."
-            )
+            if done.status == Registration.Status.PENDING:
+                said = "the drain deactivates the registration by it"
+            else:
+                said = "registered"
+            self.message_user(request, f"Recorded handle {data['handle']} for {reg.passport.upi}: {said}.")
 
+        intro = f"{reg.passport.upi} is {reg.status} (correlation id {reg.correlation_id or '—'})."
+        if reg.finds_first and reg.status == Registration.Status.PENDING:
+            intro = (
+                f"{reg.passport.upi} owes a deactivation whose finding looks for what the registry holds; its "
+                f"last attempt: {reg.last_error or '—'}. Record the handle you found in the registry's portal: "
+                "the drain then deactivates the registration by it."
+            )
         return reason_action(
             self,
             request,
             queryset,
             title="Record handle",
-            intro=f"{reg.passport.upi} is {reg.status} (correlation id {reg.correlation_id or '—'}).",
+            intro=intro,
             rows=[],
             perform=perform,
             form_class=HandleForm,
@@ -237,7 +264,7 @@ class StalledRegistrationAdmin(RegistrationAdmin):
     list_display = ["passport", "operation", "attempts", "queued_at", "next_attempt_at", "short_error"]
     list_filter = ["operation"]
     ordering = ["-attempts"]
-    actions = ["abandon_selected"]
+    actions = ["abandon_selected", "record_handle_selected"]
 
     def get_queryset(self, request):
         return super().get_queryset(request).stalled()

@@ -23,6 +23,10 @@ class AbandonRefusal(Error):
     retryAfter: datetime | None = None
 
 
+class HandleRefusal(Error):
+    retryAfter: datetime | None = None
+
+
 class HandleIn(Schema):
     handle: str | None = None
     reason: str | None = None
@@ -74,10 +78,15 @@ def abandon_registration(request, dppId: uuid.UUID, payload: AbandonIn):
     "dpp/{dppId}/registry/handle",
     operation_id="recordHandle",
     auth=ScopedAuth("admin", perm="registry.record_handle"),
-    response=responses({200: RegistrationOut}, 404, 409, body=True),
+    response={**responses({200: RegistrationOut}, 404, body=True), 409: HandleRefusal},
 )
 def record_handle(request, dppId: uuid.UUID, payload: HandleIn):
-    """Record by hand the registry handle of a submitted registration (-> registered)."""
+    """Record by hand the registry handle a person read off the registry's portal: a submitted
+    registration becomes registered; a deactivation whose finding cannot search the registry stays
+    pending with that handle, due now, and the drain deactivates the registration by it. 409 on
+    any other registration, while an attempt holds it, while its finding can still search the
+    registry (`registry_searchable`), while a register whose outcome is unknown may still land
+    (`outcome_unknown`, with `retryAfter`), or if it changed meanwhile; 422 bad handle or reason."""
     return service.record_handle(
         dppId, handle=payload.handle, actor=request.auth.actor, reason=payload.reason
     )

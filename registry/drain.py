@@ -31,15 +31,16 @@ from django.utils import timezone
 from odal import reconnect, stopping, tally
 from odal.models import Passport
 from odal.text import error_text, storable
-from odal.work.claims import backoff_delay
+from odal.work import deadline as task_deadline
+from odal.work.claims import backoff_delay, database_now
 from odal.work.loops import Report, Work
 from odal.work.passes import Pass, write_in_sets
 from odal.work.wake import DRAIN
 from outbox.events import emit_many
 from registry import adapters, service
 from registry.finding import find_held
-from registry.models import Registration, RegistrationAttempt
-from registry.pace import PAUSE_REFRESH_SECONDS, Pace, monotonic_at
+from registry.models import NOT_ADOPTED, Registration, RegistrationAttempt
+from registry.pace import PAUSE_REFRESH_SECONDS, Pace
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,8 @@ class DrainReport(Report):
         if self.write_errors:
             text += f", {self.write_errors} not written (database refused)"
         if self.not_started:
-            text += f", {self.not_started} not started (hold ran out)"
+            why = "given back: the task's time was up" if self.out_of_time else "hold ran out"
+            text += f", {self.not_started} not started ({why})"
         if self.rate_limited:
             text += f", {self.rate_limited} rate-limited (429; given back)"
         return text
@@ -248,8 +250,8 @@ class Attempt:
 
     def unknown(self, operation: str, error: str) -> None:
         """No answer of the registry's own came back, and the request may have reached it (a
-        timeout or a broken connection after sending, a 502 or 504, an answer that is not the
-        protocol's): it fails and backs off as any failure, and the row remembers when it ended
+        timeout or a broken connection after sending, a gateway's status, an answer that is not the
+        registry's own JSON, whatever its status): it fails and backs off as any failure, and the row remembers when it ended
         (last_unknown_at), so no abandon or suspend takes the task list's silence for proof until
         ODAL_REGISTRY_SETTLE_SECONDS after. A late one (its claim superseded) writes no outcome
         but is remembered all the same: its request may land too."""
@@ -300,6 +302,8 @@ class Request:
         try:
             if self.call == "find":
                 return Reply(answer=find_held(adapter, self.arg))
+            if self.call == "register":
+                return Reply(answer=register(adapter, self.arg))
             return Reply(answer=getattr(adapter, self.call)(self.arg))
         except Exception as exc:  # a Retryable, or a bug of ours: the attempt fails, not the drain
             return Reply(error=exc)
@@ -329,6 +333,38 @@ class Reply:
             )  # fmt: skip
             attempt.failed(operation, error_text(self.error))
         return True
+
+
+@dataclass
+class NotAdopted:
+    """register answered DUPLICATE_UPI naming `request_id`, whose registration the registry has
+    deactivated (`registration_id`): a deactivated registration is not held, so it is not taken
+    for this row's."""
+
+    request_id: str
+    registration_id: str
+
+
+def register(adapter, reg: Registration):
+    """On a pool thread: the register, and for a DUPLICATE_UPI a check of the request it names
+    before it is adopted (NotAdopted if the registry has deactivated its registration). A check
+    that fails leaves the duplicate undecided: the attempt fails (the registry kept nothing of
+    this register), or is given back if the check was rate-limited."""
+    answer = adapter.register(reg)
+    if not isinstance(answer, adapters.Duplicate):
+        return answer
+    try:
+        named = adapter.check(answer.request_id)
+    except adapters.RateLimited:
+        raise
+    except adapters.Retryable as exc:
+        raise adapters.Retryable(
+            f"the registry answered DUPLICATE_UPI naming request {answer.request_id}, and its check failed "
+            f"(it is adopted once a check shows it is not deactivated): {exc}"
+        ) from None
+    if named.status == "registered" and named.deactivated:
+        return NotAdopted(answer.request_id, named.registration_id)
+    return answer
 
 
 def plan_register(attempt: Attempt) -> Request | None:
@@ -383,6 +419,19 @@ def settle_register(attempt: Attempt, reply: Reply) -> None:
                 token=token, correlation_id=answer.request_id, note=note, next_check_at=next_check_at(1)
             ),
             counts="submitted",
+        )  # fmt: skip
+    elif isinstance(answer, NotAdopted):
+        error = (
+            f"{NOT_ADOPTED}the registry answered DUPLICATE_UPI naming request {answer.request_id}, whose "
+            f"registration {answer.registration_id} it has deactivated: a deactivated registration is not "
+            "held, so it is not this passport's. Ask the registry to let the UPI go (or to register it "
+            "afresh); the drain keeps trying"
+        )
+        retry_at = timezone.now() + backoff_delay(reg.attempts)
+        attempt.finish(
+            "register", "not_adopted", error,
+            lambda: rows.mark_attempt_failed(token=token, error=error, retry_at=retry_at),
+            counts="failed",
         )  # fmt: skip
     else:
         attempt.finish(
@@ -544,6 +593,16 @@ def run_deactivate(attempt: Attempt, adapter) -> None:
 
 # -- a pass -------------------------------------------------------------------------------------------
 
+
+def longest_attempt_seconds(*, finds: bool = False) -> float:
+    """The longest an attempt of the drain may take: one request (ODAL_REGISTRY_TIMEOUT_SECONDS),
+    or, for a deactivation that first finds what the registry holds (registry.finding), the lookup
+    of the task list (ODAL_REGISTRY_LOOKUP_SECONDS) then a check and a deactivation of the
+    submission it finds (one each; a lookup that finds several makes as many more)."""
+    timeout = settings.ODAL_REGISTRY_TIMEOUT_SECONDS
+    return settings.ODAL_REGISTRY_LOOKUP_SECONDS + 2 * timeout if finds else timeout
+
+
 # The request never went out (a pause came while it waited for its slot, the hold ran out, the
 # process is stopping): the row is given back.
 GIVEN_BACK = Reply()
@@ -578,16 +637,25 @@ class DrainPass(Pass):
     )
     not_started_line = (
         "%s claimed registrations not started: the claim's hold ran out first, the registry asked every "
-        "drain to wait (429), or this process is stopping"
+        "drain to wait (429), this process is stopping, or its task's time is up"
     )
 
     def __init__(self, claim, report: DrainReport, adapter, pace: Pace, pool: ThreadPoolExecutor):
         super().__init__(claim, report)
         self.adapter, self.pace, self.pool = adapter, pace, pool
         self.waiting = deque(claim.rows)
-        self.deadline = monotonic_at(claim.held_until)
-        self.out_of_time = False  # a row's slot came after the hold: the pass books no more
+        self.held_until = claim.ends  # (monotonic: the database's hold, as the claim timed it)
+        self.no_more_slots = False  # a row's slot came after its deadline: the pass books no more
         self.rechecked_at = float("-inf")
+
+    @property
+    def deadline(self) -> float:
+        """No request starts after this (time.monotonic()): the claim's hold, or the pass's
+        deadline in its task (odal.work.deadline), whichever comes first."""
+        return min(self.held_until, self.claim.start_by)
+
+    def longest_attempt(self) -> float:
+        return longest_attempt_seconds()  # (a row that finds first has a deadline of its own: begin)
 
     def guarded(self, attempt: Attempt, step, *args):
         """A step of this thread for one attempt: a bug of ours (or a statement the database
@@ -610,23 +678,37 @@ class DrainPass(Pass):
     def begin(self, reg: Registration) -> None:
         """Plan one row's attempt and put its request on the pool in its slot of the pace; or
         give the row back (not_started); or end the attempt here, if it owes no request."""
-        if self.out_of_time or self.pace.paused_for():
+        if self.no_more_slots or self.pace.paused_for():
             self.not_started.append(reg.pk)  # the registry asked every drain to wait: given back, not held
             return
-        slot = self.pace.next_slot(self.deadline)  # (now, without a rate limit; a withdrawn row's unused)
-        if slot is None or slot >= self.deadline:
-            # The hold has run out, or will before this row's turn (the rate limit's schedule
-            # has no slot for it before then, and booked none): the row is due again and may be
-            # another drain's already. Nothing is sent for it, nor written. Nor for the rows after
-            # it, whose turns would come later still: they do not even try to book.
-            self.out_of_time = True
+        until = self.deadline
+        if reg.status == Registration.Status.PENDING and reg.finds_first:
+            # Its lookup and requests take longer than one request: it starts only if they can
+            # end within its task's time; if not, it is given back for a task with time for it.
+            finds_by = task_deadline.start_by(longest_attempt_seconds(finds=True))
+            if task_deadline.now() >= finds_by:
+                self.report.out_of_time = 1
+                self.not_started.append(reg.pk)
+                return
+            until = min(until, finds_by)
+        slot = self.pace.next_slot(until)  # (now, without a rate limit; a withdrawn row's unused)
+        if slot is None or slot >= until:
+            # The hold has run out, or the task's time will, before this row's turn (the rate
+            # limit's schedule has no slot for it before then, and booked none): the row is due
+            # again and may be another drain's already. Nothing is sent for it, nor written. Nor
+            # for the rows after it, whose turns would come later still: they do not even try to book.
+            self.no_more_slots = True
+            if (
+                until < self.held_until
+            ):  # (the task's time, not the hold: its run ends, a fresh task takes them)
+                self.report.out_of_time = 1
             self.not_started.append(reg.pk)
             return
         attempt = Attempt(reg, self.claim.token, self.report, self.pending)
         plan, settle = operation_of(reg)
         request = self.guarded(attempt, plan)
         if request is not None:
-            future = self.pool.submit(send_in_turn, request, self.adapter, self.pace, slot, self.deadline)
+            future = self.pool.submit(send_in_turn, request, self.adapter, self.pace, slot, until)
             self.track(future, reg, (attempt, settle, request))
 
     def look(self) -> None:
@@ -734,7 +816,7 @@ class Drain(Work):
 
     def owed(self) -> bool:
         # The schedule's period: a row due later waits for it as well.
-        return Registration.objects.due(timezone.now() + RELAY_HORIZON).exists()
+        return Registration.objects.due(database_now() + RELAY_HORIZON).exists()
 
 
 RELAY_HORIZON = timedelta(seconds=60)  # a leading drain hands over while rows fall due this soon

@@ -7,7 +7,7 @@ each the registry granted is deactivated. Only adapter calls: this runs on a dra
 from dataclasses import dataclass
 
 from registry import adapters
-from registry.models import Registration
+from registry.models import UNSEARCHABLE, Registration
 
 
 @dataclass
@@ -41,20 +41,28 @@ def find_held(adapter, reg: Registration) -> Finding:
         ids = list(found.candidates)
     elif isinstance(found, adapters.Unsupported):
         raise adapters.Retryable(
-            f"the registry cannot be searched ({found.why}): what it holds for this passport cannot be "
-            "found; ask the registry, or publish the passport again to register it afresh"
+            f"{UNSEARCHABLE} ({found.why}): what it holds for this passport cannot be found; find it in "
+            "the registry's portal and record its handle (Record handle…: the drain then deactivates it), "
+            "or publish the passport again to register it afresh"
         )
     elif not found.exhaustive:
         raise adapters.Retryable(f"the registry could not be shown not to hold this passport ({found.why})")
     else:
         ids = []
-    if reg.correlation_id and reg.correlation_id not in ids:
-        ids.append(reg.correlation_id)  # found before; a rejection of it shows only in its check
-    if not ids:
-        return Finding("nothing", "the task list, every page read, holds no submission for this UPI")
-    checking, deactivated, rejected = [], [], []
+    remembered = reg.correlation_id if reg.correlation_id and reg.correlation_id not in ids else ""
+    if remembered:
+        ids.append(remembered)  # found before; a rejection of it shows only in its check
+    checking, deactivated, rejected, unknown = [], [], [], ""
     for request_id in ids:
-        answer = adapter.check(request_id)
+        try:
+            answer = adapter.check(request_id)
+        except adapters.UnknownRequest:
+            if request_id != remembered:
+                raise  # the task list names it: the registry contradicts itself
+            # The registry (its own 404) no longer knows the request found before: the finding
+            # goes on as one that remembers none, on what the task list shows.
+            unknown = f"; the registry does not know request {request_id}, found before (HTTP 404)"
+            continue
         if answer.status == "registered":
             gone = adapter.deactivate(answer.registration_id)
             deactivated.append(f"{answer.registration_id} ({gone})")
@@ -65,9 +73,11 @@ def find_held(adapter, reg: Registration) -> Finding:
             checking.append(request_id)
     if checking:
         return Finding(
-            "checking", f"the registry is still checking {', '.join(checking)}",
+            "checking", f"the registry is still checking {', '.join(checking)}{unknown}",
             correlation_id=checking[0] if len(checking) == 1 else "",
         )  # fmt: skip
     if deactivated:
-        return Finding("deactivated", f"deactivated {', '.join(deactivated)}", handle=handle)
-    return Finding("nothing", f"the registry rejected what it held ({', '.join(rejected)})")
+        return Finding("deactivated", f"deactivated {', '.join(deactivated)}{unknown}", handle=handle)
+    if rejected:
+        return Finding("nothing", f"the registry rejected what it held ({', '.join(rejected)}){unknown}")
+    return Finding("nothing", f"the task list, every page read, holds no submission for this UPI{unknown}")

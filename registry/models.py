@@ -6,13 +6,20 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.db import models, transaction
 from django.db.models import Case, F, Q, Value, When
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from odal.ids import uuid7
 from odal.models import Passport
 from odal.text import storable
 from odal.work.claims import ClaimQuerySet
+
+# How last_error begins when a row needs a person for what the registry answered: a DUPLICATE_UPI
+# naming a request whose registration the registry deactivated (registry.drain: not adopted, and
+# stalled however few its attempts), and a deactivation whose finding cannot search the registry
+# (registry.finding: a person may record the handle they found in the registry's portal).
+NOT_ADOPTED = "not adopted: "
+UNSEARCHABLE = "the registry cannot be searched"
 
 
 def settled(now: datetime) -> Q:
@@ -24,9 +31,11 @@ def settled(now: datetime) -> Q:
     )
 
 
-def later_unknown(at: datetime):
-    """last_unknown_at moved to `at`, never back (SQLite's MAX() of a NULL is NULL: Coalesce)."""
-    return Greatest(Coalesce(F("last_unknown_at"), Value(at)), Value(at))
+def later_unknown(at):
+    """last_unknown_at moved to `at` (a datetime, or an expression: the database's now), never
+    back (PostgreSQL's GREATEST passes over a NULL)."""
+    at = at if hasattr(at, "resolve_expression") else Value(at)
+    return Greatest(F("last_unknown_at"), at)
 
 
 def owed_afresh(operation: str, now: datetime) -> dict:
@@ -47,10 +56,10 @@ def owed_afresh(operation: str, now: datetime) -> dict:
 class RegistrationQuerySet(ClaimQuerySet):
     claimable_statuses = ("pending", "submitted")
 
-    def reclaim_updates(self, now: datetime) -> dict:
+    def reclaim_updates(self, now) -> dict:
         """A register whose claim ran out with no outcome written (its drain died or stalled
         mid-request) may have reached the registry: the claim that takes it over records an
-        outcome unknown, as of now."""
+        outcome unknown, as of the claim's now (the database's)."""
         took_over = Q(
             claim_token__isnull=False,
             status=Registration.Status.PENDING,
@@ -284,6 +293,36 @@ class RegistrationQuerySet(ClaimQuerySet):
             == 1
         )
 
+    def record_finding_handle(
+        self, *, handle: str, actor: str, reason: str, now: datetime, seen: "Registration"
+    ) -> bool:
+        """A person found the registration in the registry's own portal for a deactivation whose
+        finding cannot search the registry: the drain deactivates by that handle next (due now,
+        its attempts counted afresh). Takes the row only while it is such a finding (pending
+        deactivate, handle unknown, no claim, its last attempt found the registry unsearchable),
+        no attempt was claimed since the person read it (`seen`'s attempts), and no register of
+        ours can still land (settled): until then the portal shows not all the registry will hold."""
+        return (
+            self.filter(
+                status=Registration.Status.PENDING,
+                operation=Registration.Operation.DEACTIVATE,
+                handle="",
+                claim_token__isnull=True,
+                attempts=seen.attempts,
+                last_error__startswith=UNSEARCHABLE,
+            )
+            .filter(settled(now))
+            .update(
+                handle=handle,
+                attempts=0,
+                next_attempt_at=now,
+                queued_at=now,
+                last_error="",
+                note=f"handle recorded by {actor}: {reason}",
+            )
+            == 1
+        )
+
     def requeue(self, *, now: datetime) -> int:
         """Publishing again: a rejected, abandoned, suspended or deactivated row owes a
         registration afresh. Pending, submitted and registered rows are left alone."""
@@ -364,10 +403,14 @@ class RegistrationQuerySet(ClaimQuerySet):
         )
 
     def stalled(self, *, now: datetime | None = None):
-        """Pending rows that need a person: many attempts, or owed for over a day."""
+        """Pending rows that need a person: many attempts, owed for over a day, or a register whose
+        DUPLICATE_UPI named a registration the registry deactivated (not adopted: only a person
+        can get the registry to let the UPI go)."""
         now = now or timezone.now()
         return self.filter(status=Registration.Status.PENDING).filter(
-            Q(attempts__gte=settings.ODAL_REGISTRY_STALL_ATTEMPTS) | Q(queued_at__lt=now - timedelta(days=1))
+            Q(attempts__gte=settings.ODAL_REGISTRY_STALL_ATTEMPTS)
+            | Q(queued_at__lt=now - timedelta(days=1))
+            | Q(operation=Registration.Operation.REGISTER, last_error__startswith=NOT_ADOPTED)
         )
 
 

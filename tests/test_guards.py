@@ -3,9 +3,9 @@ test here fails when tests/mutations.py removes the guard it names.
 
 Some guards only matter when two connections interleave: the test then holds another
 connection's write open, uncommitted, until this connection's statement waits for it, and
-commits it then (HeldWrite). A few guards exist for databases without row locks (SQLite, where
-Django ignores select_for_update): those tests switch the row locks off on this connection only,
-so the guard under test is the only thing between the interleaving and a wrong write."""
+commits it then (HeldWrite). A few writes restate in their UPDATE what their locked read found
+(a second line, should a lock not hold): those tests switch the row locks off on this connection
+only, so the guard under test is the only thing between the interleaving and a wrong write."""
 
 import threading
 import time
@@ -17,7 +17,6 @@ from django.db import connection, connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
-import outbox.models
 from odal import lifecycle
 from odal.errors import Refused
 from odal.models import AuditEntry
@@ -80,11 +79,9 @@ class HeldWrite:
 
 @pytest.fixture
 def without_row_locks(monkeypatch):
-    """This connection as a database without row locks: Django leaves out FOR UPDATE (and SKIP
-    LOCKED), as it does on SQLite. Other connections keep theirs. Nor does an UPDATE return the
-    rows it wrote: the bulk writes take SQLite's way (read, then an UPDATE that restates the guard)."""
+    """This connection without row locks: Django leaves out FOR UPDATE (and SKIP LOCKED). Other
+    connections keep theirs."""
     monkeypatch.setattr(connection.features, "has_select_for_update", False)
-    monkeypatch.setattr(outbox.models, "updates_return_rows", lambda db: False)
 
 
 def rows_of(*objects):
@@ -119,24 +116,6 @@ def test_the_bulk_delivered_write_reports_exactly_what_it_wrote_while_another_cl
     statuses = dict(rows_of(first, second).values_list("pk", "status"))
     assert statuses == {first.pk: "delivered", second.pk: "pending"}
     assert Delivery.objects.get(pk=second.pk).claim_token == other
-
-
-@pytest.mark.django_db(transaction=True)
-def test_without_row_locks_the_bulk_delivered_write_still_takes_no_row_another_claim_holds(
-    without_row_locks,
-):
-    """The same interleaving on a database without row locks: the read cannot see the other
-    claim coming, so the UPDATE restates the guard and leaves that row to its new claim."""
-    token, first, second = claimed_pair()
-    other = uuid.uuid4()
-
-    with HeldWrite(lambda: Delivery.objects.filter(pk=second.pk).update(claim_token=other)) as held:
-        rows_of(first, second).mark_delivered_each(token=token, at=timezone.now())
-
-    assert held.waited_for
-    second.refresh_from_db()
-    assert (second.status, second.claim_token, second.delivered_at) == ("pending", other, None)
-    assert Delivery.objects.get(pk=first.pk).status == "delivered"
 
 
 # -- mark_attempts_failed_each: a batch's failures in one statement, each row under the guard ------
@@ -256,53 +235,6 @@ def test_a_batch_of_failures_keeps_to_its_queryset_whatever_the_filter():
         Delivery.objects.filter(consumer__paused=False).mark_attempts_failed_each(
             token=token, failures=failures
         )
-
-
-SQLITE_FAILURES = """
-import django, json, uuid
-django.setup()
-from datetime import timedelta
-from django.core.management import call_command
-call_command("migrate", verbosity=0)
-from django.utils import timezone
-from outbox.models import Consumer, Delivery, Event, Failure
-c = Consumer.objects.create(name="c", kind="python", target="tests.consumers.accept", max_attempts=1)
-rows = [Delivery.objects.create(event=Event.objects.create(type="t"), consumer=c, max_attempts=m) for m in (5, 1, 5)]
-claim = Delivery.objects.claim(limit=10, hold_seconds=300)
-Delivery.objects.filter(pk=rows[2].pk).update(claim_token=uuid.uuid4())
-now = timezone.now()
-taken = Delivery.objects.mark_attempts_failed_each(
-    token=claim.token, failures=[Failure(r.pk, f"e{n}", now + timedelta(minutes=1), now) for n, r in enumerate(rows)])
-after = [Delivery.objects.get(pk=r.pk) for r in rows]
-print(json.dumps({"taken": [r.pk in taken for r in rows],
-                  "rows": [(d.status, d.last_error) for d in after]}))
-"""
-
-
-def test_a_batch_of_failures_is_written_on_sqlite_too(tmp_path):
-    """The embedded default has no UPDATE … FROM unnest: each row is its own guarded write."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'odal.sqlite3'}",
-           "DJANGO_SETTINGS_MODULE": "odal.settings", "PYTHONPATH": str(root)}  # fmt: skip
-    env.pop("ODAL_TEST_DATABASE", None)
-    done = subprocess.run(
-        [sys.executable, "-c", SQLITE_FAILURES],
-        env=env,
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    said = json.loads(done.stdout.strip().splitlines()[-1])
-    assert said["rows"] == [["pending", "e0"], ["dead", "e1"], ["pending", ""]]
-    assert said["taken"] == [True, True, False]
 
 
 # -- replay without row locks: the UPDATE's status check and the conflict refusal ------------------

@@ -81,7 +81,7 @@ def test_a_register_given_up_during_a_cut_never_reaches_the_registry_after_the_h
         sim = make_server(partition.SERVICE_ADDR, 0, token="t")
         threading.Thread(target=sim.serve_forever, args=(0.05,), daemon=True).start()
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "odal.settings",
-               "DATABASE_URL": f"sqlite:///{tmp_path / 'unused.sqlite3'}"}  # fmt: skip
+               "DATABASE_URL": "postgres://unused@127.0.0.1:9/unused"}  # fmt: skip
         host = subprocess.Popen(
             ["ip", "netns", "exec", network.namespace(1), sys.executable, "-c", HOST,
              f"http://{partition.SERVICE_ADDR}:{sim.server_address[1]}"],

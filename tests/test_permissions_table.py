@@ -92,6 +92,7 @@ ADMIN = {
     ("registry.registration", "abandon_selected"):     "401  401  401   401   ok    403   403   ok",
     ("registry.registration", "record_handle_selected"): "401  401  401   401   ok    403   403   ok",
     ("registry.stalledregistration", "abandon_selected"): "401  401  401   401   ok    403   403   ok",
+    ("registry.stalledregistration", "record_handle_selected"): "401  401  401   401   ok    403   403   ok",
 }
 # fmt: on
 

@@ -131,7 +131,8 @@ def register_with(url: str):
         ((409, "text/html", b"conflict"), True),
         ((503, "application/json", b'{"code": "UNAVAILABLE"}'), False),  # the registry's own
         ((500, "application/json", b'{"code": "BROKEN"}'), False),
-        ((401, "text/html", b"who are you"), False),  # refused: it did not take the request
+        ((401, "text/html", b"who are you"), True),  # not the registry's own JSON error (issue 37)
+        ((401, "application/json", b'{"code": "UNAUTHORIZED"}'), False),  # the registry refused it
         ((307, "text/html", b""), True),  # not the registry's answer either
         ((409, "application/json", b'{"code": "QUOTA"}'), False),
     ],

@@ -1,8 +1,9 @@
 """Property-based state machines (hypothesis) of the Delivery and Registration lifecycles against
 PostgreSQL: random interleavings of claims, hold expiry, current and late terminal writes,
 replay, publish, suspend, abandon and record-handle, with the invariants checked after every
-step. The clock is simulated (timezone.now is the machine's clock) so holds expire on demand;
-the real-time races are in test_outbox_claims.py and test_outbox_sweep.py."""
+step. The clock is simulated (timezone.now is the machine's clock, and the claims are made at
+its time rather than the database's) so holds expire on demand; the real-time races are in
+test_outbox_claims.py and test_outbox_sweep.py."""
 
 import os
 import uuid
@@ -104,7 +105,7 @@ class DeliveryMachine(RuleBasedStateMachine):
     @rule()
     def claim(self):
         expected = {pk for pk, m in self.model.items() if self.due(m) and m.attempts < MAX_ATTEMPTS}
-        claim = Delivery.objects.claim(limit=10, hold_seconds=HOLD)
+        claim = Delivery.objects.claim(limit=10, hold_seconds=HOLD, now=self.clock.now)
         assert {row.pk for row in claim.rows} == expected
         for row in claim.rows:
             m = self.model[row.pk]
@@ -255,7 +256,7 @@ class RegistrationMachine(RuleBasedStateMachine):
 
     @rule()
     def drain_claims(self):
-        claim = Registration.objects.claim(limit=5, hold_seconds=HOLD)
+        claim = Registration.objects.claim(limit=5, hold_seconds=HOLD, now=self.clock.now)
         if claim.rows:
             self.tokens.append(claim.token)
 
@@ -306,7 +307,9 @@ class RegistrationMachine(RuleBasedStateMachine):
         reg = self.reg()
         if reg is not None and reg.next_attempt_at > self.clock.now:
             self.clock.advance(int((reg.next_attempt_at - self.clock.now).total_seconds()) + 1)
-        claim = Registration.objects.filter(passport=self.passport).claim(limit=1, hold_seconds=HOLD)
+        claim = Registration.objects.filter(passport=self.passport).claim(
+            limit=1, hold_seconds=HOLD, now=self.clock.now
+        )
         if not claim.rows:
             return
         self.tokens.append(claim.token)
@@ -606,7 +609,7 @@ class UncertainOutcomeMachine(RuleBasedStateMachine):
         if reg is not None and reg.next_attempt_at > self.clock.now:
             self.time_passes(int((reg.next_attempt_at - self.clock.now).total_seconds()) + 1)
         return Registration.objects.filter(passport=self.passport).claim(
-            limit=1, hold_seconds=HOLD, select_related=("passport",)
+            limit=1, hold_seconds=HOLD, select_related=("passport",), now=self.clock.now
         )
 
     @rule(fate=st.sampled_from(["in transit", "answered", "refused", "unknown", "in transit"]))

@@ -39,7 +39,11 @@ def test_a_drain_ended_by_the_clock_has_given_back_the_rows_it_never_started(pro
     silent.listen(64)  # connections complete in the kernel; nothing ever answers
     regs = [RegistrationFactory() for _ in range(5)]
     env = worker_env(
-        proxy, ODAL_STOP_SECONDS="4", ODAL_REGISTRY_CONCURRENCY="1", ODAL_REGISTRY_TIMEOUT_SECONDS="30"
+        proxy,
+        ODAL_STOP_SECONDS="4",
+        ODAL_REGISTRY_CONCURRENCY="1",
+        ODAL_REGISTRY_TIMEOUT_SECONDS="30",
+        ODAL_REGISTRY_LOOKUP_SECONDS="10",  # (a find, 10 s and two requests of 30, fits a 90 s task: odal.E001)
     )
     env["ODAL_REGISTRY_URL"] = f"http://127.0.0.1:{silent.getsockname()[1]}"
     with (tmp_path / "drain.log").open("w+") as log:

@@ -5,6 +5,7 @@ of one consumer piled up takes none of its rows (issue 23)."""
 
 import logging
 import threading
+from concurrent.futures import Future
 
 import pytest
 from django.test import Client
@@ -22,7 +23,11 @@ from tests.webhook_server import WebhookServer
 def metrics() -> dict[str, float]:
     """The samples on /metrics, {'name{labels}': value}; their HELP lines there too."""
     text = Client().get("/metrics").content.decode()
-    for name in ("outbox_python_timeouts_total", "outbox_python_consumer_blocked_total"):
+    for name in (
+        "outbox_python_timeouts_total",
+        "outbox_python_consumer_blocked_total",
+        "outbox_python_consumer_held_back",
+    ):
         assert f"# HELP {name} " in text
     samples = (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
     return {sample: float(value) for sample, value in samples}
@@ -147,19 +152,25 @@ def test_a_process_whose_overrunning_threads_piled_up_claims_none_of_that_consum
         f'outbox_python_timeouts_total{{consumer="{blocked.name}"}}': 1.0,
         f'outbox_python_consumer_blocked_total{{consumer="{blocked.name}"}}': 1.0,
     }
+    assert held_back(blocked.name) == 1.0  # one process holds it back now
 
     consumers.gate.set()
     python_consumers.OVERRUNS.join(15)
     third = sweep_once()
 
     assert (third.claimed, third.delivered) == (2, 2)  # the blocked consumer's two due rows
+    assert held_back(blocked.name) == 0.0
+
+
+def held_back(name: str) -> float | None:
+    """outbox_python_consumer_held_back for consumer `name` on /metrics."""
+    return metrics().get(f'outbox_python_consumer_held_back{{consumer="{name}"}}')
 
 
 def test_a_list_handed_to_a_runner_that_never_takes_it_goes_to_a_new_runner(monkeypatch, caplog):
     """The watcher bounds the wait for a runner to start, not only each attempt: a runner busy
     with something else (here, a job that waits for a gate) takes none of the list within the
     shortest timeout of the list, so a new runner runs it, and that is logged. Nothing hangs."""
-    from concurrent.futures import Future
     from types import SimpleNamespace
 
     gate = threading.Event()
@@ -194,3 +205,63 @@ def test_a_list_handed_to_a_runner_that_never_takes_it_goes_to_a_new_runner(monk
     assert [r.getMessage() for r in caplog.records] == [
         "the Python runner took none of its 3 attempts in 1s; a new runner takes them"
     ]  # (and nothing else: the old runner left the list alone, it did not trip over it)
+
+
+def test_a_late_write_that_loses_the_database_does_not_leave_its_thread_counted(caplog):
+    """A late outcome's write that meets a lost database raises DatabaseLost, a BaseException:
+    the runner's count of overrunning threads was decremented only after an `except Exception`,
+    so each such blip left a thread counted that had returned, and after
+    PYTHON_OVERRUNS_PER_CONSUMER of them the process took none of the consumer's rows again, ever."""
+    from types import SimpleNamespace
+
+    import psycopg
+
+    from odal.reconnect import DatabaseLost
+
+    consumer = SimpleNamespace(pk=-37, name="blips", timeout_seconds=0.2)
+
+    def lose_the_database(result):
+        raise DatabaseLost(psycopg.OperationalError("server closed the connection unexpectedly"))
+
+    counted = []
+    for _ in range(python_consumers.PYTHON_OVERRUNS_PER_CONSUMER):
+        gate = threading.Event()
+        jobs = python_consumers.Jobs(
+            [(consumer, 1, Future())],
+            call=lambda consumer, n, gate=gate: gate.wait(10) and n,
+            skip=lambda consumer: False,
+            late=lose_the_database,
+            timed_out=lambda consumer, n, started_at: "timed out",
+        )
+        with caplog.at_level(logging.WARNING, logger="outbox"):
+            python_consumers.run_each(jobs)  # (past its timeout: the runner is left to finish it)
+            assert jobs.items[0][2].result(0) == "timed out"
+            gate.set()
+            python_consumers.OVERRUNS.join(10)
+        counted.append(len(python_consumers.OVERRUNS.threads.get(consumer.pk, ())))
+    assert counted == [0] * python_consumers.PYTHON_OVERRUNS_PER_CONSUMER, (
+        f"threads still counted as overrunning after each late write that lost the database: {counted}"
+    )
+    assert python_consumers.OVERRUNS.skip() is None  # its rows are claimed
+    assert [r.getMessage() for r in caplog.records if "late outcome" in r.getMessage()] == [
+        "Python consumer blips: a late outcome could not be written: the database does not answer "
+        "(OperationalError: server closed the connection unexpectedly)"
+    ] * python_consumers.PYTHON_OVERRUNS_PER_CONSUMER
+
+
+@pytest.mark.django_db
+def test_a_process_that_stopped_saying_it_holds_a_consumer_back_is_not_counted(settings):
+    """outbox_python_consumer_held_back counts the processes whose heartbeat for the consumer is
+    younger than ODAL_READYZ_SWEEP_SECONDS: one that died holding it back stops counting."""
+    from datetime import timedelta
+
+    from odal.models import Heartbeat
+
+    settings.ODAL_READYZ_SWEEP_SECONDS = 300
+    consumer = ConsumerFactory(name="hangs")
+    role = f"{python_consumers.HELD_BACK}{consumer.pk}"
+    now = timezone.now()
+    Heartbeat.objects.create(role=role, worker="worker-1:10", at=now)
+    Heartbeat.objects.create(role=role, worker="worker-2:20", at=now - timedelta(seconds=30))
+    Heartbeat.objects.create(role=role, worker="gone:30", at=now - timedelta(seconds=301))
+    assert held_back("hangs") == 2.0

@@ -5,9 +5,6 @@ writes, the registry's status moves), then against deleting those rows (a figure
 down), and two sessions are made to count at once to show that no counter row is hot.
 """
 
-import os
-import subprocess
-import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -332,67 +329,6 @@ def test_forgetting_idle_workers_keeps_each_roles_newest():
         (tally.DRAIN, "a:1"),
     }
     assert tally.last_pass(tally.DRAIN) == now - timedelta(days=40)
-
-
-# -- SQLite (make run) --------------------------------------------------------------------------------
-
-SQLITE_SCRIPT = """
-import django, json
-django.setup()
-from django.core.management import call_command
-call_command("migrate", verbosity=0)
-from django.utils import timezone
-from odal import tally
-from outbox.models import Consumer, Delivery, DeliveryAttempt, Event
-from outbox.service import outbox_counts
-from registry.service import registry_counts
-from registry.models import Registration
-from odal.models import Passport
-c = Consumer.objects.create(name="c", kind="python", target="tests.consumers.accept")
-for i in range(3):
-    d = Delivery.objects.create(event=Event.objects.create(type="t"), consumer=c)
-Delivery.objects.filter(pk=d.pk).update(status="delivered")
-Delivery.objects.filter(pk=d.pk).update(status="delivered", last_error="again")
-now = timezone.now()
-DeliveryAttempt.objects.create(delivery=d, number=1, claim_token=d.pk, started_at=now, finished_at=now,
-                               outcome="failed", late=True)
-p = Passport.objects.create(upi="https://id.example.eu/p/1",
-                            commodity_code="7208", status="published")
-r = Registration.objects.create(passport=p)
-Registration.objects.filter(pk=r.pk).update(status="registered")
-tally.bump("outbox.purged", {"deliveries": 2})
-tally.bump("outbox.purged", {"deliveries": 1})
-from datetime import timedelta
-from odal.models import Tally
-for hours_ago, shard, n in ((3, 1, 2), (3, 2, 3), (100, 1, 100)):
-    Tally.objects.create(metric="x", key="k", hour=tally.hour_of(now - timedelta(hours=hours_ago)), shard=shard, value=n)
-folded = tally.compact()
-x = [tally.totals("x")["x"], Tally.objects.filter(metric="x").count(), folded]
-print(json.dumps({"delivered": outbox_counts()["delivered"], "pending": outbox_counts()["pending"],
-                  "registered": registry_counts()["registered"], "pendingRegs": registry_counts()["pending"],
-                  "attempts": tally.totals("outbox.attempts")["outbox.attempts"],
-                  "purged": tally.totals("outbox.purged")["outbox.purged"], "x": x}))
-"""
-
-
-def test_the_triggers_count_on_sqlite_too(tmp_path):
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'odal.sqlite3'}",
-        "DJANGO_SETTINGS_MODULE": "odal.settings",
-        "PYTHONPATH": str(ROOT),
-    }
-    env.pop("ODAL_TEST_DATABASE", None)
-    done = subprocess.run(
-        [sys.executable, "-c", SQLITE_SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    import json
-
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
-        "delivered": 1, "pending": 2, "registered": 1, "pendingRegs": 0,
-        "attempts": {"failed:late": 1}, "purged": {"deliveries": 3}, "x": [{"k": 105}, 2, 3],
-    }  # fmt: skip
 
 
 def test_an_event_without_deliveries_changes_no_figure():

@@ -741,3 +741,75 @@ def test_a_port_out_of_range_is_refused_not_wrapped(port):
     Host header named 70000: refused when stored and when sent."""
     with pytest.raises(Refused, match="port must be from 1 to 65535"):
         consumers.check_webhook_url(f"http://127.0.0.1:{port}/hooks")
+
+
+def create_by_api(api_as, admin_client):
+    answer = api_as("admin").post(
+        "outbox/consumers",
+        {
+            "name": "slow-hooks",
+            "kind": "webhook",
+            "url": "https://slow.hooks.test/hooks",
+            "eventTypes": ["*"],
+        },
+    )
+    return answer.status_code, answer.json()
+
+
+def change_by_api(api_as, admin_client):
+    answer = api_as("admin").patch("outbox/consumers/erp", {"url": "https://slow.hooks.test/hooks"})
+    return answer.status_code, answer.json()
+
+
+def add_in_the_admin(api_as, admin_client):
+    page = admin_client.post(
+        "/admin/outbox/consumer/add/",
+        {"name": "slow-hooks", "kind": "webhook", "url": "https://slow.hooks.test/hooks", "target": "",
+         "event_types": '["*"]', "max_attempts": 5, "timeout_seconds": 5},
+    )  # fmt: skip
+    return page.status_code, page.content.decode()
+
+
+@pytest.mark.parametrize("store", [create_by_api, change_by_api, add_in_the_admin], ids=lambda f: f.__name__)
+@pytest.mark.django_db(transaction=True)  # (the request runs on a thread of its own, with its connection)
+def test_a_webhook_url_whose_host_lookup_hangs_is_answered_within_its_deadline(
+    store, api_as, admin_client, settings, monkeypatch
+):
+    """Storing a webhook URL looks its host up (the address rule): a resolver that hangs held the
+    request, and its web worker, for as long as it hung. The lookup now has URL_LOOKUP_SECONDS: then
+    503 host_lookup_timeout (the admin's form says why), and nothing is stored."""
+    settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = False  # (production's rule: only then is the host looked up)
+    monkeypatch.setattr(consumers, "URL_LOOKUP_SECONDS", 0.5, raising=False)  # (the code before had none)
+    WebhookConsumerFactory(name="erp", url="https://erp.example.eu/hooks")
+    asked, release = slow_lookup(monkeypatch)
+    box = {}
+
+    def request():
+        started = time.monotonic()
+        try:
+            box["answer"] = store(api_as, admin_client)
+        finally:
+            box["seconds"] = time.monotonic() - started
+            from django.db import connections
+
+            connections.close_all()
+
+    storing = threading.Thread(target=request, daemon=True)
+    try:
+        storing.start()
+        assert asked.wait(10), "the host was not looked up"
+        storing.join(5)
+        assert not storing.is_alive(), "the request still waits for a lookup that hangs"
+    finally:
+        release.set()
+        storing.join(10)
+    status, body = box["answer"]
+    if store is add_in_the_admin:
+        assert status == 200 and "did not resolve within 0.5 s" in body  # the form again, saying why
+    else:
+        assert (status, body["code"]) == (503, "host_lookup_timeout"), body
+        assert body["detail"].startswith("The webhook host slow.hooks.test did not resolve within 0.5 s")
+    assert box["seconds"] < 3
+    from outbox.models import Consumer
+
+    assert list(Consumer.objects.values_list("name", "url")) == [("erp", "https://erp.example.eu/hooks")]

@@ -7,11 +7,14 @@ Phase 2: `odal registry drain` processes work against the registry simulator wit
 (lost replies, a slow task list read newest first), while the driver races abandon,
 record-handle, suspend and publish-again against them (and keeps killing drains). With
 --late-landings (tests/invariants.py: LATE_LANDINGS says whether by default), the first register
-of some passports reaches the registry seconds after the drain gave up on it.
+of some passports reaches the registry seconds after the drain gave up on it, and now and then a
+register is answered by the gateway in front of the registry (Cloudflare's 520 or 524, an HTML
+500: registry.simulator.gateway_faults) and reaches the registry seconds later all the same.
 
 What the run must show it makes happen (tests/invariants.py, and the STRAGGLER below): a
 delivery that dies and is replayed, a late write refused, a registration abandoned, and with late
-landings an abandon and a suspend made while such a register is on its way. Each phase goes on
+landings an abandon and a suspend made while such a register is on its way, and a register a
+gateway answered. Each phase goes on
 past its time (killing nothing, at most SCENARIO_GRACE seconds) until they happened; a run that
 still misses one says NOT EXERCISED and fails.
 
@@ -265,7 +268,7 @@ def phase_registry(args, env, rng, figures):
     from odal import lifecycle
     from odal.models import Passport
     from registry.models import Registration
-    from registry.simulator import make_server
+    from registry.simulator import gateway_faults, make_server
 
     late = args.late_landings
     sim = make_server(port=0, token="torture", faults=invariants.simulator_faults(late_landings=late))
@@ -291,6 +294,8 @@ def phase_registry(args, env, rng, figures):
         roll = rng.random()
         if roll < 0.1:
             sim.state.faults.update(lost_reply=rng.randint(0, 2), register_5xx=rng.randint(0, 3))
+            if late:  # the next registers answered by a gateway (520, 524, an HTML 500), landing later
+                sim.state.faults.update(gateway_faults(rng))
         elif roll < 0.15:
             invariants.person_lifecycle_write(rng, outcomes, actor="torture:person")
         invariants.person_registry_write(rng, outcomes, actor="torture:person")
@@ -300,7 +305,7 @@ def phase_registry(args, env, rng, figures):
     # that killed drains were still starting when killed again) is made to happen now, then the
     # drains settle what they still owe (a late register on its way, a deactivation, a submission
     # being checked) and stop.
-    sim.state.faults.update(lost_reply=0, register_5xx=0)
+    sim.state.faults.update(lost_reply=0, register_5xx=0, late_landing=0, gateway_answer="")
     past = time.monotonic()
     while not scenarios.done() and time.monotonic() < past + invariants.SCENARIO_GRACE:
         scenarios.tick()
@@ -319,8 +324,14 @@ def phase_registry(args, env, rng, figures):
         registrations=Registration.objects.count(), drain_processes=args.drains, drain_kills=drains.kills,
         person_writes=dict(sorted(outcomes.items())), late_landings=late, scenarios=scenarios.figures(),
         registry_settled=invariants.registry_settled(sim),
+        gateway_answers_landing_later=dict(sim.state.gateway_answered),
     )  # fmt: skip
-    return scenarios.shortfalls()
+    shortfalls = scenarios.shortfalls()
+    if late and not sim.state.gateway_answered:
+        shortfalls.append(
+            "a register answered by a gateway (520, 524, an HTML 500) and landing later: none was"
+        )
+    return shortfalls
 
 
 def main() -> int:
@@ -333,7 +344,13 @@ def main() -> int:
     parser.add_argument("--sweeps", type=int, default=4)
     parser.add_argument("--drains", type=int, default=2)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--database", default="odal_torture")
+    parser.add_argument(
+        "--database",
+        default=f"{os.environ['ODAL_TEST_DATABASE']}_torture"
+        if os.environ.get("ODAL_TEST_DATABASE")
+        else "odal_torture",
+        help="the run's own database, made afresh (default: ODAL_TEST_DATABASE's name + _torture, else odal_torture)",
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument(
         "--late-landings", action=argparse.BooleanOptionalAction, default=invariants.LATE_LANDINGS,

@@ -2,11 +2,14 @@
 timestamps with psycopg's own loader."""
 
 import contextlib
+import contextvars
 import datetime
+import time
 
 import psycopg
 from django.conf import settings
 from django.db.backends.postgresql import base
+from django.db.backends.postgresql.psycopg_any import IsolationLevel
 from psycopg.types.datetime import TimestamptzLoader
 
 from odal import database
@@ -17,12 +20,40 @@ class Unanswered(psycopg.OperationalError):
     answer that comes later must not be read as another statement's)."""
 
 
+# When the connection being made must have answered (time.monotonic()), if sooner than psycopg's
+# connect_timeout says: see BoundedConnection.connect.
+_CONNECT_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "connect_deadline", default=None
+)
+
+
 class BoundedConnection(psycopg.Connection):
     """psycopg's connection whose every wait (a statement, a commit, a rollback, a fetch) ends
     after `bound` seconds. psycopg's own waits with a timeout of their own (LISTEN's notifies,
     the cancel on Ctrl-C) keep theirs."""
 
     bound: float | None = None
+
+    @classmethod
+    def connect(cls, conninfo: str = "", *, within: float | None = None, **kwargs):
+        """psycopg's connect, which also gives up after `within` seconds (None: psycopg's
+        connect_timeout alone, which counts whole seconds and at least 2: too coarse for a
+        small bound)."""
+        if not within:
+            return super().connect(conninfo, **kwargs)
+        deadline = _CONNECT_DEADLINE.set(time.monotonic() + within)
+        try:
+            return super().connect(conninfo, **kwargs)
+        finally:
+            _CONNECT_DEADLINE.reset(deadline)
+
+    @classmethod
+    def _connect_gen(cls, conninfo: str = ""):
+        # psycopg waits on this generator (resuming it at least every tenth of a second) and reads
+        # its _WaitTimeout as its own connect_timeout expiring: "connection timeout expired".
+        connecting = super()._connect_gen(conninfo)
+        deadline = _CONNECT_DEADLINE.get()
+        return connecting if deadline is None else _until(connecting, deadline)
 
     def wait(self, gen, interval=psycopg.connection._WAIT_INTERVAL, timeout=None):
         if timeout is not None or not self.bound:
@@ -42,6 +73,19 @@ class BoundedConnection(psycopg.Connection):
             yield
         finally:
             self.bound = kept
+
+
+def _until(connecting, deadline: float):
+    """The connect generator `connecting`, given up at `deadline` (time.monotonic())."""
+    try:
+        waiting = next(connecting)
+        while True:
+            ready = yield waiting
+            if time.monotonic() >= deadline:
+                raise psycopg.errors._WaitTimeout("connect deadline")
+            waiting = connecting.send(ready)
+    except StopIteration as made:
+        return made.value
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
@@ -67,10 +111,16 @@ class DatabaseWrapper(base.DatabaseWrapper):
         return params
 
     def get_new_connection(self, conn_params):
-        connection = super().get_new_connection(conn_params)
-        # psycopg makes its own Connection; the subclass adds behaviour, not state.
-        connection.__class__ = BoundedConnection
-        connection.bound = database.statement_seconds()
+        bound = database.statement_seconds()
+        if self.pool or "isolation_level" in self.settings_dict["OPTIONS"]:  # (not odal's: Django's way)
+            connection = super().get_new_connection(conn_params)
+            # psycopg makes its own Connection; the subclass adds behaviour, not state.
+            connection.__class__ = BoundedConnection
+        else:
+            # Django's, connecting within the bound's share (odal.database.connect_seconds).
+            self.isolation_level = IsolationLevel.READ_COMMITTED
+            connection = BoundedConnection.connect(within=database.connect_seconds(bound), **conn_params)
+        connection.bound = bound
         return connection
 
     def create_cursor(self, name=None):
@@ -92,10 +142,9 @@ class DatabaseWrapper(base.DatabaseWrapper):
 
     def is_usable(self):
         # A reused connection's check: a server that takes longer than this to answer SELECT 1
-        # is not one to keep waiting on (the request reconnects, or answers 503, within its bound).
+        # is not one to keep waiting on (the request reconnects, or answers 503, within its bound:
+        # odal.database.health_check_seconds).
         if self.connection is None:
             return False
-        with self.connection.bounded(
-            min(database.HEALTH_CHECK_SECONDS, self.connection.bound or float("inf"))
-        ):
+        with self.connection.bounded(database.health_check_seconds(self.connection.bound)):
             return super().is_usable()

@@ -1,6 +1,5 @@
-"""Make the audit trail append-only in the database itself: on PostgreSQL a trigger refuses
-every UPDATE and DELETE of odal_auditentry, whoever asks (the admin, a shell, a raw SQL session).
-SQLite (the `make run` default) relies on the application; its flush would need DELETE."""
+"""Make the audit trail append-only in the database itself: a trigger refuses every UPDATE and
+DELETE of odal_auditentry, whoever asks (the admin, a shell, a raw SQL session)."""
 
 from django.db import migrations
 
@@ -23,13 +22,11 @@ DROP FUNCTION IF EXISTS odal_audit_append_only();
 
 
 def install(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(INSTALL, params=None)
+    schema_editor.execute(INSTALL, params=None)
 
 
 def remove(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(REMOVE, params=None)
+    schema_editor.execute(REMOVE, params=None)
 
 
 class Migration(migrations.Migration):

@@ -3,7 +3,7 @@
 Triggers add to the tally in the transaction of the write they count (see odal.tally for the
 figures). On PostgreSQL they are statement-level, with transition tables: one upsert per
 statement, whatever the number of rows, into rows of the writing session's own (its backend
-pid), so two sweeps never wait on one counter row. On SQLite (`make run`) they are row-level.
+pid), so two sweeps never wait on one counter row.
 
 The triggers are created before the tally is seeded from the rows already there: creating a
 trigger locks its table against writes until this migration commits, so no write falls between
@@ -145,93 +145,13 @@ DROP FUNCTION IF EXISTS odal_tally_registration_change();
 DROP FUNCTION IF EXISTS odal_tally_regattempt_insert();
 """
 
-# SQLite: row-level triggers; hours as Django stores them there ('YYYY-MM-DD HH:00:00', UTC).
-HOUR_LITE = "strftime('%Y-%m-%d %H:00:00', 'now')"
-UPSERT_LITE = "ON CONFLICT (metric, key, hour, shard) DO UPDATE SET value = value + excluded.value"
-
-
-def _lite_add(metric: str, key: str, value: str, hour: str = HOUR_LITE) -> str:
-    return (
-        f"INSERT INTO odal_tally (metric, key, hour, shard, value) "
-        f"VALUES ({metric}, {key}, {hour}, 0, {value}) {UPSERT_LITE};"
-    )
-
-
-LITE = [
-    f"""CREATE TRIGGER odal_tally_delivery_insert AFTER INSERT ON outbox_delivery
-        WHEN NEW.status = 'delivered' BEGIN
-        {_lite_add("'outbox.delivered'", "CAST(NEW.consumer_id AS TEXT)", "1")} END""",
-    f"""CREATE TRIGGER odal_tally_delivery_update AFTER UPDATE OF status ON outbox_delivery
-        WHEN NEW.status = 'delivered' AND OLD.status <> 'delivered' BEGIN
-        {_lite_add("'outbox.delivered'", "CAST(NEW.consumer_id AS TEXT)", "1")} END""",
-    f"""CREATE TRIGGER odal_tally_attempt_insert AFTER INSERT ON outbox_deliveryattempt BEGIN
-        {_lite_add("'outbox.attempts'", "NEW.outcome || CASE WHEN NEW.late THEN ':late' ELSE '' END", "1",
-                   "strftime('%Y-%m-%d %H:00:00', NEW.finished_at)")} END""",
-    f"""CREATE TRIGGER odal_tally_registration_insert AFTER INSERT ON registry_registration BEGIN
-        {_lite_add("'registry.status'", "NEW.status", "1")} END""",
-    f"""CREATE TRIGGER odal_tally_registration_update AFTER UPDATE OF status ON registry_registration
-        WHEN NEW.status <> OLD.status BEGIN
-        {_lite_add("'registry.status'", "OLD.status", "-1")}
-        {_lite_add("'registry.status'", "NEW.status", "1")} END""",
-    f"""CREATE TRIGGER odal_tally_registration_delete AFTER DELETE ON registry_registration BEGIN
-        {_lite_add("'registry.status'", "OLD.status", "-1")} END""",
-    f"""CREATE TRIGGER odal_tally_regattempt_late AFTER INSERT ON registry_registrationattempt
-        WHEN NEW.late BEGIN {_lite_add("'registry.late'", "NEW.operation", "1")} END""",
-    f"""CREATE TRIGGER odal_tally_regattempt_protocol AFTER INSERT ON registry_registrationattempt
-        WHEN NEW.outcome IN ('failed', 'unknown') AND substr(NEW.answer, 1, {len(PROTOCOL_ERROR)}) = '{PROTOCOL_ERROR}' BEGIN
-        {_lite_add("'registry.protocol_errors'", "NEW.operation", "1")} END""",
-    f"""CREATE TRIGGER odal_tally_regattempt_write_error AFTER INSERT ON registry_registrationattempt
-        WHEN NEW.outcome = 'write_error' BEGIN {_lite_add("'registry.write_errors'", "''", "1")} END""",
-]
-LITE_SEED = [
-    """INSERT INTO odal_tally (metric, key, hour, shard, value)
-       SELECT 'outbox.delivered', CAST(consumer_id AS TEXT), '1970-01-01 00:00:00', 0, count(*)
-       FROM outbox_delivery WHERE status = 'delivered' GROUP BY consumer_id""",
-    """INSERT INTO odal_tally (metric, key, hour, shard, value)
-       SELECT 'outbox.attempts', outcome || CASE WHEN late THEN ':late' ELSE '' END,
-              strftime('%Y-%m-%d %H:00:00', finished_at), 0, count(*)
-       FROM outbox_deliveryattempt GROUP BY 2, 3""",
-    """INSERT INTO odal_tally (metric, key, hour, shard, value)
-       SELECT 'registry.status', status, '1970-01-01 00:00:00', 0, count(*)
-       FROM registry_registration GROUP BY status""",
-    """INSERT INTO odal_tally (metric, key, hour, shard, value)
-       SELECT 'registry.late', operation, '1970-01-01 00:00:00', 0, count(*)
-       FROM registry_registrationattempt WHERE late GROUP BY operation""",
-    f"""INSERT INTO odal_tally (metric, key, hour, shard, value)
-       SELECT 'registry.protocol_errors', operation, '1970-01-01 00:00:00', 0, count(*)
-       FROM registry_registrationattempt
-       WHERE outcome IN ('failed', 'unknown') AND substr(answer, 1, {len(PROTOCOL_ERROR)}) = '{PROTOCOL_ERROR}'
-       GROUP BY operation""",
-    """INSERT INTO odal_tally (metric, key, hour, shard, value)
-       SELECT 'registry.write_errors', '', '1970-01-01 00:00:00', 0, count(*)
-       FROM registry_registrationattempt WHERE outcome = 'write_error' HAVING count(*) > 0""",
-]
-# LITE and LITE_TRIGGERS are the SQLite triggers' current text (odal.apps puts them back after every
-# migrate): 0008 counts protocol errors of `unknown` outcomes too.
-LITE_TRIGGERS = [
-    "odal_tally_delivery_insert", "odal_tally_delivery_update", "odal_tally_attempt_insert",
-    "odal_tally_registration_insert", "odal_tally_registration_update", "odal_tally_registration_delete",
-    "odal_tally_regattempt_late", "odal_tally_regattempt_protocol", "odal_tally_regattempt_write_error",
-]  # fmt: skip
-
-
 def install(apps, schema_editor):
-    vendor = schema_editor.connection.vendor
-    if vendor == "postgresql":
-        schema_editor.execute(PG, params=None)
-        schema_editor.execute(PG_SEED, params=None)
-    elif vendor == "sqlite":
-        for statement in LITE + LITE_SEED:
-            schema_editor.execute(statement, params=None)
+    schema_editor.execute(PG, params=None)
+    schema_editor.execute(PG_SEED, params=None)
 
 
 def remove(apps, schema_editor):
-    vendor = schema_editor.connection.vendor
-    if vendor == "postgresql":
-        schema_editor.execute(PG_REMOVE, params=None)
-    elif vendor == "sqlite":
-        for name in LITE_TRIGGERS:
-            schema_editor.execute(f"DROP TRIGGER IF EXISTS {name}", params=None)
+    schema_editor.execute(PG_REMOVE, params=None)
 
 
 class Migration(migrations.Migration):

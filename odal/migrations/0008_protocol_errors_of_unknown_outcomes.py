@@ -1,10 +1,7 @@
 """registry_protocol_errors_total counts a register answered with something that is not the
 protocol's JSON again. Such an attempt's outcome is now `unknown` (the request may have reached
 the registry), no longer `failed`: the tally's trigger counts protocol errors of either.
-
-SQLite's triggers are put back from migration 0005's LITE after every migrate
-(odal.apps.reinstall_sqlite_tally_triggers), so 0005 holds their current text; this migration
-changes PostgreSQL's function in place.
+This migration changes PostgreSQL's function in place.
 """
 
 import importlib
@@ -37,13 +34,11 @@ END $$;
 
 
 def forward(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(regattempt_function("'failed', 'unknown'"), params=None)
+    schema_editor.execute(regattempt_function("'failed', 'unknown'"), params=None)
 
 
 def backward(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(regattempt_function("'failed'"), params=None)
+    schema_editor.execute(regattempt_function("'failed'"), params=None)
 
 
 class Migration(migrations.Migration):

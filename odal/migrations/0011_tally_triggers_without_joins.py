@@ -1,4 +1,4 @@
-"""The tally's UPDATE triggers no longer join their transition tables (PostgreSQL only).
+"""The tally's UPDATE triggers no longer join their transition tables.
 
 Migration 0005 paired each updated row's old and new version with `old_rows JOIN new_rows ON id`.
 PostgreSQL plans a trigger's query once per session and knows nothing of a transition table's
@@ -10,8 +10,6 @@ of a 500-row settle that is itself 12 ms (issue 26), and a statement of n rows c
   delivery's consumer never changes);
 - a registration's move: every old version takes one from its status, every new version adds one
   to its own; a row whose status did not change adds nothing in sum, as before.
-
-SQLite's triggers are row-level (migration 0005's LITE) and unchanged.
 """
 
 import importlib
@@ -76,13 +74,11 @@ def _functions_of_0005() -> str:
 
 
 def forward(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(FORWARD, params=None)
+    schema_editor.execute(FORWARD, params=None)
 
 
 def backward(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(_functions_of_0005(), params=None)
+    schema_editor.execute(_functions_of_0005(), params=None)
 
 
 class Migration(migrations.Migration):

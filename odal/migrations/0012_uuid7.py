@@ -1,5 +1,5 @@
 """odal_uuid7(): a time-ordered UUID made by PostgreSQL (odal.ids), for the rows insert_rows keys
-on the server. SQLite keys every row in Python."""
+on the server."""
 
 from django.db import migrations
 
@@ -7,13 +7,11 @@ from odal.ids import UUID7_SQL
 
 
 def forward(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(UUID7_SQL, params=None)
+    schema_editor.execute(UUID7_SQL, params=None)
 
 
 def backward(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute("DROP FUNCTION IF EXISTS odal_uuid7()", params=None)
+    schema_editor.execute("DROP FUNCTION IF EXISTS odal_uuid7()", params=None)
 
 
 class Migration(migrations.Migration):

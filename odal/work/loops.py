@@ -14,7 +14,9 @@ A kind is a `Work`: it says what one pass of it does (`one_pass`), what a run of
 - `task`: the body of the django-q2 task a kick enqueues (odal.work.wake.run_kicked_task).
 
 Every run rides out a lost database (odal.reconnect): it waits for it, reopens its listener and
-goes on; a run with a deadline gives up at the deadline.
+goes on; a run with a deadline gives up at the deadline. Every run starts no more passes once
+its process is asked to stop (odal.stopping: in `odal qcluster`, its main process), nor after a
+pass met its task's deadline (odal.work.deadline).
 """
 
 import time
@@ -22,11 +24,18 @@ from abc import ABC, abstractmethod
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, fields
 
+from django.conf import settings
 from django.db import close_old_connections, connection
-from django.utils import timezone
 
-from odal import reconnect
-from odal.work.wake import POLL_SECONDS, Listener, Wake, open_listener, run_kicked_task
+from odal import reconnect, stopping
+from odal.work.deadline import task as task_deadline
+from odal.work.wake import POLL_SECONDS, Listener, Wake, open_listener, run_kicked_task, wake_up
+
+# How long a task that cannot lead makes passes (`until_idle`): its run's budget. A pass started
+# near its end still starts no attempt past its task's deadline (odal.work.deadline), and the run's
+# waits (for rows falling due, for a lost database) end with it: django-q2's timeout must exceed it
+# by MARGIN_SECONDS (odal.checks).
+TASK_SECONDS = 50.0
 
 
 @dataclass
@@ -38,6 +47,7 @@ class Report:
     write_errors: int = 0  # outcomes the database refused (each in the attempt log)
     not_started: int = 0  # claimed, but given back before their attempt started
     passes: int = 0
+    out_of_time: int = 0  # passes that met their task's deadline (odal.work.deadline): the run ends
 
     def add(self, other: "Report") -> None:
         for f in fields(self):
@@ -103,12 +113,12 @@ class Work(ABC):
         deadline = time.monotonic() + max_seconds
         outage = reconnect.Outage(self.name, deadline=deadline)
         with self.tools() as tools:
-            while True:
+            while not stopping.requested():
                 one = outage.attempt(lambda: self.one_pass(batch=batch or self.batch, **tools))
                 if one is None:
                     continue
                 report.add(one)
-                if time.monotonic() >= deadline:
+                if one.out_of_time or time.monotonic() >= deadline:
                     return report
                 if while_full and one.claimed < (batch or self.batch):
                     return report
@@ -117,7 +127,8 @@ class Work(ABC):
                 wait = self.idle_wait(tools, linger)
                 if wait is None:
                     return report
-                time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+                stopping.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+            return report
 
     def idle_wait(self, tools: dict, linger: float) -> float | None:
         """After a pass that claimed nothing: how long until there may be more (a pause the kind
@@ -126,9 +137,8 @@ class Work(ABC):
             return paused
         if linger <= 0:
             return None
-        now = timezone.now()
-        upcoming = self.rows.next_due_within(now, linger)
-        return None if upcoming is None else max(0.05, (upcoming - now).total_seconds())
+        upcoming = self.rows.seconds_to_next_due(linger)  # (by the database's clock)
+        return None if upcoming is None else max(0.05, upcoming)
 
     def listening(
         self,
@@ -152,7 +162,7 @@ class Work(ABC):
         report = self.Report()
         self.claimed = False
         with self.tools() as tools:
-            if lead is not None:
+            if lead is not None and not stopping.requested():
                 try:
                     report.add(self.one_pass(batch=batch or self.batch, **tools))
                 except reconnect.ERRORS as exc:
@@ -164,7 +174,7 @@ class Work(ABC):
             outage = reconnect.Outage(
                 self.name, should_stop=should_stop, deadline=deadline, reopen=listener and listener.reopen
             )
-            while not should_stop():
+            while not (should_stop() or stopping.requested()):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     break
@@ -174,6 +184,8 @@ class Work(ABC):
                     one = self.one_pass(batch=batch or self.batch, **tools)
                     report.add(one)
                     self.claimed = self.claimed or one.claimed > 0
+                    if one.out_of_time:
+                        break  # (its task's time is up: the rows it gave back go to another, below)
                     if one.claimed == 0 and not should_stop():
                         pause = poll_seconds if remaining is None else min(poll_seconds, remaining)
                         if listener is not None:
@@ -197,15 +209,21 @@ class Work(ABC):
             return self.listening(listener, batch=batch, poll_seconds=idle_sleep, should_stop=should_stop)
 
     def task(self, relay: bool = False) -> str:
-        """The django-q2 task a kick enqueues: lead and listen for a turn, or do what is due."""
-        return run_kicked_task(
-            self.wake,
-            relay=relay,
-            listening=lambda listener, seconds, should_stop=lambda: False, lead=None: self.listening(
-                listener, seconds=seconds, should_stop=should_stop, lead=lead
-            ),
-            until_idle=lambda: self.until_idle(max_seconds=50),
-            helping=lambda: self.until_idle(max_seconds=50, while_full=True),
-            owed=self.relay_owed,
-            due=self.due,
-        ).summary()
+        """The django-q2 task a kick enqueues: lead and listen for a turn, or do what is due.
+        Its passes start no attempt that could not end before django-q2's timeout ends the task
+        (odal.work.deadline); rows a pass gave back for that are woken for at once, as a commit's."""
+        with task_deadline():
+            report = run_kicked_task(
+                self.wake,
+                relay=relay,
+                listening=lambda listener, seconds, should_stop=lambda: False, lead=None: self.listening(
+                    listener, seconds=seconds, should_stop=should_stop, lead=lead
+                ),
+                until_idle=lambda: self.until_idle(max_seconds=TASK_SECONDS),
+                helping=lambda: self.until_idle(max_seconds=TASK_SECONDS, while_full=True),
+                owed=self.relay_owed,
+                due=self.due,
+            )
+        if report.out_of_time and settings.ODAL_KICK_SWEEP and not stopping.requested():
+            wake_up(self.wake)
+        return report.summary()

@@ -5,8 +5,10 @@ them to end, and writes their outcomes a set at a time (FLUSH: so many, or so of
 comes first), each by the guarded write of the pass's claim. It is the only thread that writes,
 so a pass holds one database connection however many requests it has in flight. Rows whose
 attempt never started (their turn came after the claim's hold ran out, the kind held them back,
-the process is stopping) are given back, their counted attempt returned, on every way out of
-the pass: `run`'s `finally`, and at once when the process is asked to stop.
+the process is stopping, the pass's task is running out of time) are given back, their counted
+attempt returned, on every way out of the pass: `run`'s `finally`, and at once when the process
+is asked to stop or the pass's deadline for starting attempts comes (odal.work.deadline: in a
+django-q2 task, no attempt starts that could not end, and be written, before the task's timeout).
 
 A kind (outbox.sweep, registry.drain) subclasses Pass and says how its rows start
 (`start_more`), what an ended attempt leaves to write (`ended`) and how a set is written
@@ -24,6 +26,7 @@ from django.conf import settings
 from django.db import transaction
 
 from odal import reconnect, stopping
+from odal.work import deadline
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +164,11 @@ class Pass(ABC):
         # Outcomes must be written well inside the claim's hold, or they arrive late for nothing.
         self.flush_seconds = min(self.flush_seconds, settings.ODAL_CLAIM_HOLD_SECONDS / 4)
 
+    def longest_attempt(self) -> float:
+        """The longest (in seconds) an attempt of this pass may take: its timeout. No attempt
+        starts later than its task's deadline less this (odal.work.deadline)."""
+        return 0.0
+
     @abstractmethod
     def start_more(self) -> None:
         """Start what the kind's bounds allow now (`in_flight`), or give rows back (`not_started`)."""
@@ -224,7 +232,16 @@ class Pass(ABC):
             ended.append(self.ends.popleft())
         return [future for future in ended if future in self.in_flight]  # (not one cancelled and given back)
 
+    def out_of_time(self) -> bool:
+        """Whether the pass's deadline for starting attempts has come (its task's, less its
+        longest attempt: odal.work.deadline); the report says so, and its run starts no more passes."""
+        if deadline.now() < self.claim.start_by:
+            return False
+        self.report.out_of_time = 1
+        return True
+
     def run(self) -> None:
+        self.claim.start_by = min(self.claim.start_by, deadline.start_by(self.longest_attempt()))
         try:
             self.start_more()
             while self.in_flight:
@@ -241,7 +258,7 @@ class Pass(ABC):
                     or time.monotonic() - self.flushed_at >= self.flush_seconds
                 ):
                     self.flush()
-                if stopping.requested():
+                if stopping.requested() or self.out_of_time():
                     self.give_back_unstarted()
                 self.start_more()
         finally:
@@ -251,6 +268,8 @@ class Pass(ABC):
             # keeps its claim.
             self.not_started += self.take_waiting()
             self.not_started += [row.pk for future, (row, _) in self.in_flight.items() if future.cancel()]
+            if self.not_started:
+                self.out_of_time()  # (given back because the task's time ran out: the report says so)
             self.flush()
             self.release()
 

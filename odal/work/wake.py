@@ -111,10 +111,7 @@ def kick(func: str, name: str, **kwargs) -> bool:
 
 def notify(wake: Wake = SWEEP) -> bool:
     """After a commit that created due work: NOTIFY the listener. Returns whether a listener
-    holds the lock (if not, the caller enqueues a task). One statement; outside PostgreSQL there
-    is no listener."""
-    if connection.vendor != "postgresql":
-        return False
+    holds the lock (if not, the caller enqueues a task). One statement."""
     try:
         with connection.cursor() as cursor:
             cursor.execute(
@@ -162,8 +159,6 @@ class Listener:
 
     @classmethod
     def open(cls, wake: Wake = SWEEP) -> "Listener | None":
-        if connection.vendor != "postgresql":
-            return None
         return cls(wake)
 
     def reopen(self) -> str:

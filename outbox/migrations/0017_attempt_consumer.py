@@ -12,27 +12,29 @@ process of the release before, still running after this (a rolling deploy), is n
 import django.db.models.deletion
 from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
+from django.db.migrations.operations import AddIndex
+
+
+class AddIndexConcurrentlyWhereItCan(AddIndexConcurrently):
+    """CREATE INDEX CONCURRENTLY, as `odal migrate` runs it (outside a transaction); inside one
+    (a test that migrates a database back and forth within its own transaction) a plain CREATE
+    INDEX, which PostgreSQL allows there."""
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.in_atomic_block:
+            return AddIndex.database_forwards(self, app_label, schema_editor, from_state, to_state)
+        return super().database_forwards(app_label, schema_editor, from_state, to_state)
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.in_atomic_block:
+            return AddIndex.database_backwards(self, app_label, schema_editor, from_state, to_state)
+        return super().database_backwards(app_label, schema_editor, from_state, to_state)
 
 BACKFILL = """
 UPDATE outbox_deliveryattempt a SET consumer_id = d.consumer_id
 FROM outbox_delivery d
 WHERE d.id = a.delivery_id AND a.consumer_id IS NULL AND a.finished_at >= now() - interval '24 hours'
 """
-
-
-class AddIndexConcurrentlyOnPostgres(AddIndexConcurrently):
-    """CREATE INDEX CONCURRENTLY on PostgreSQL; a plain CREATE INDEX elsewhere (SQLite, which the
-    guards' test runs the migrations on, has no CONCURRENTLY: AddIndexConcurrently refused it)."""
-
-    def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor == "postgresql":
-            return super().database_forwards(app_label, schema_editor, from_state, to_state)
-        return migrations.AddIndex.database_forwards(self, app_label, schema_editor, from_state, to_state)
-
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor == "postgresql":
-            return super().database_backwards(app_label, schema_editor, from_state, to_state)
-        return migrations.AddIndex.database_backwards(self, app_label, schema_editor, from_state, to_state)
 
 
 def backfill(apps, schema_editor):
@@ -62,7 +64,7 @@ class Migration(migrations.Migration):
                 to="outbox.consumer",
             ),
         ),
-        AddIndexConcurrentlyOnPostgres(
+        AddIndexConcurrentlyWhereItCan(
             model_name="deliveryattempt",
             index=models.Index(
                 fields=["consumer", "outcome", "finished_at"],

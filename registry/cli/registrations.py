@@ -24,7 +24,11 @@ def add_arguments(sub) -> None:
     abandon.add_argument("--json", action="store_true")
     abandon.set_defaults(handler=abandon_handle)
 
-    handle = sub.add_parser("handle", help="record the registry handle of a submitted registration")
+    handle = sub.add_parser(
+        "handle",
+        help="record the registry handle of a submitted registration, or of a deactivation whose finding "
+        "cannot search the registry (the drain then deactivates it by that handle)",
+    )
     handle.add_argument("passport_id", type=argument(rules.passport_id))
     handle.add_argument("handle")
     handle.add_argument("--reason", required=True)
@@ -78,4 +82,9 @@ def abandon_handle(command, *, passport_id, reason, actor, json: bool, **_):
 
 def record_handle(command, *, passport_id, handle, reason, actor, **_):
     reg = service.record_handle(passport_id, handle=handle, actor=cli_actor(actor), reason=reason)
-    command.stdout.write(f"{passport_id}: registered with handle {reg.handle}.")
+    if reg.status == reg.Status.PENDING:  # a deactivation whose finding could not search the registry
+        command.stdout.write(
+            f"{passport_id}: handle {reg.handle} recorded; the drain deactivates the registration by it."
+        )
+    else:
+        command.stdout.write(f"{passport_id}: registered with handle {reg.handle}.")

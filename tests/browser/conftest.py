@@ -65,10 +65,14 @@ def page(browser, live_server):
 
 
 @pytest.fixture
-def screenshot():
+def screenshot(tmp_path):
+    """Photographs a page: into docs/screenshots (README's pictures) with ODAL_SCREENSHOTS=docs set,
+    else into the test's own temporary folder, so that a test run leaves the checkout as it was."""
+    folder = SCREENSHOTS if os.environ.get("ODAL_SCREENSHOTS") == "docs" else tmp_path
+
     def take(page, name: str) -> Path:
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        path = SCREENSHOTS / name
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / name
         page.screenshot(path=str(path), full_page=True)
         return path
 

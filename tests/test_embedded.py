@@ -1,0 +1,196 @@
+"""Issue 39: DATABASE_URL unset means an embedded PostgreSQL (odal.database.embedded), in a folder
+of its own (ODAL_PG_DIR here, var/pg for `make run`), started by odal's command line: it comes up
+on an empty folder, claims skip locked rows there, keeps its data between runs, reuses a server
+that runs, and recovers from a killed server's lock. A SQLite URL is refused.
+
+Each test drives real `odal` commands against a real embedded server (no DATABASE_URL)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+
+from odal.database import embedded
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+def odal(folder: Path, *args: str, **changes) -> subprocess.CompletedProcess:
+    """`odal …` with DATABASE_URL unset and the embedded server's folder `folder`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ODAL_TEST_DATABASE")}
+    env.update(ODAL_PG_DIR=str(folder), ODAL_KICK_SWEEP="false", **changes)
+    return subprocess.run(
+        [sys.executable, "-m", "odal", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def shell(folder: Path, code: str) -> subprocess.CompletedProcess:
+    return odal(folder, "shell", "--no-imports", "-c", code)
+
+
+def postmaster_pid(folder: Path) -> int:
+    return int((folder / "data" / "postmaster.pid").read_text().split("\n", 1)[0])
+
+
+def sql(folder: Path, statement: str):
+    with psycopg.connect(embedded.url(folder)) as connection:
+        return connection.execute(statement).fetchall()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """An empty folder, the embedded server's; migrated by the first test's `odal migrate`."""
+    where = tmp_path_factory.mktemp("embedded") / "pg"
+    yield where
+    embedded.Server(where).stop()
+
+
+@pytest.fixture(scope="module")
+def migrated(folder):
+    done = odal(folder, "migrate", "--noinput")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_odal_on_an_empty_folder_comes_up_on_postgresql(folder, migrated):
+    assert "started the embedded PostgreSQL in" in migrated.stderr
+    assert (folder / "data" / "PG_VERSION").read_text().strip() == "18"
+    assert sql(folder, "SELECT current_setting('listen_addresses')") == [("",)]  # a socket, no TCP port
+    assert ("outbox_delivery",) in sql(folder, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+    assert "Traceback" not in migrated.stderr
+
+
+TWO_CLAIMS = """
+import json, threading
+from django.db import transaction
+from outbox.models import Consumer, Delivery, Event
+consumer = Consumer.objects.create(name="skip-locked", kind="python", target="outbox.receiver.accept")
+for _ in range(4):
+    Delivery.objects.create(event=Event.objects.create(type="t"), consumer=consumer)
+holding, done, taken = threading.Event(), threading.Event(), {}
+def first():
+    with transaction.atomic():  # the claim's row locks held until this commits
+        taken["first"] = [str(r.pk) for r in Delivery.objects.claim(limit=2, hold_seconds=300).rows]
+        holding.set()
+        done.wait(60)
+thread = threading.Thread(target=first)
+thread.start()
+holding.wait(60)
+taken["second"] = [str(r.pk) for r in Delivery.objects.claim(limit=10, hold_seconds=300).rows]
+done.set()
+thread.join()
+print(json.dumps(taken))
+"""
+
+
+def test_two_claims_on_the_embedded_server_take_different_rows_without_waiting(folder, migrated):
+    """One claim holds its two rows' locks (its transaction open) while another claims: the second
+    skips the locked rows (SKIP LOCKED) and takes the other two at once."""
+    done = shell(folder, TWO_CLAIMS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    taken = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(taken["first"]) == 2 and len(taken["second"]) == 2, taken
+    assert not set(taken["first"]) & set(taken["second"])
+
+
+def test_a_second_start_reuses_the_running_server_and_a_stopped_one_keeps_its_data(folder, migrated):
+    made = shell(
+        folder,
+        "from outbox.models import Consumer; Consumer.objects.create(name='kept', kind='python', target='outbox.receiver.accept')",
+    )
+    assert made.returncode == 0, made.stderr[-3000:]
+    running = postmaster_pid(folder)
+    again = shell(
+        folder, "from outbox.models import Consumer; print(Consumer.objects.filter(name='kept').count())"
+    )
+    assert (again.returncode, again.stdout.strip()) == (0, "1"), again.stderr[-3000:]
+    assert "started the embedded PostgreSQL" not in again.stderr  # (it answered: reused)
+    assert postmaster_pid(folder) == running
+
+    embedded.Server(folder).stop()
+    assert not (folder / "data" / "postmaster.pid").exists()
+    cluster_made = (folder / "data" / "PG_VERSION").stat().st_mtime_ns
+    after = shell(
+        folder, "from outbox.models import Consumer; print(Consumer.objects.filter(name='kept').count())"
+    )
+    assert (after.returncode, after.stdout.strip()) == (0, "1"), after.stderr[-3000:]
+    assert "started the embedded PostgreSQL" in after.stderr
+    assert (folder / "data" / "PG_VERSION").stat().st_mtime_ns == cluster_made  # (no second initdb)
+
+
+def kill_the_server(folder: Path) -> None:
+    """SIGKILL the postmaster and wait for it and its processes to go: its postmaster.pid stays."""
+    postmaster = psutil.Process(postmaster_pid(folder))
+    family = [postmaster, *postmaster.children()]
+    os.kill(postmaster.pid, signal.SIGKILL)
+    psutil.wait_procs(family, timeout=30)
+    assert (folder / "data" / "postmaster.pid").exists()
+
+
+@pytest.mark.parametrize("left", ["a killed server's", "a pid since reused"])
+def test_a_lock_left_by_a_killed_server_is_recovered(folder, migrated, left):
+    before = shell(
+        folder,
+        "from outbox.models import Consumer; Consumer.objects.get_or_create(name='survives', kind='python', target='outbox.receiver.accept')",
+    )
+    assert before.returncode == 0, before.stderr[-3000:]
+    kill_the_server(folder)
+    lock = folder / "data" / "postmaster.pid"
+    if left == "a pid since reused":  # (a container restarted: the pid is now another program's)
+        lines = lock.read_text().split("\n")
+        # The server's own user's (PostgreSQL takes over a lock whose pid it may not signal).
+        sleeper = subprocess.Popen(["sleep", "120"], **embedded.as_user(embedded.server_user()))
+        lock.write_text("\n".join([str(sleeper.pid), *lines[1:]]))
+    try:
+        started = time.monotonic()
+        after = shell(
+            folder,
+            "from outbox.models import Consumer; print(Consumer.objects.filter(name='survives').count())",
+        )
+    finally:
+        if left == "a pid since reused":
+            sleeper.kill()
+            sleeper.wait()
+    assert (after.returncode, after.stdout.strip()) == (0, "1"), after.stderr[-3000:]
+    assert "started the embedded PostgreSQL" in after.stderr
+    assert time.monotonic() - started < 120
+
+
+def test_a_sqlite_url_is_refused_with_a_sentence_naming_the_variable(tmp_path):
+    database = tmp_path / "odal.sqlite3"
+    done = odal(tmp_path / "pg", "migrate", "--noinput", DATABASE_URL=f"sqlite:///{database}")
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "odal cannot start: DATABASE_URL is a SQLite URL, and odal runs on PostgreSQL only: set DATABASE_URL "
+        "to a postgres://user@host:port/odal URL, or unset it to use the embedded PostgreSQL under var/pg"
+    )
+    assert not database.exists() and not (tmp_path / "pg").exists()
+
+
+def test_make_test_runs_on_the_embedded_server_when_told_even_where_a_server_answers():
+    """ODAL_TEST_SERVER=embedded: tests/pg.py starts a throwaway embedded PostgreSQL (18, the
+    wheel's) rather than take the server on 127.0.0.1:5432, and names it in DATABASE_URL."""
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env["ODAL_TEST_SERVER"] = "embedded"
+    probe = (
+        "import os, psycopg; url = os.environ['DATABASE_URL']; "
+        "print(url, psycopg.connect(url.rsplit('/', 1)[0] + '/postgres').info.server_version)"
+    )
+    done = subprocess.run(
+        [sys.executable, "tests/pg.py", "--", sys.executable, "-c", probe],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "starting a throwaway embedded PostgreSQL" in done.stdout
+    url, version = done.stdout.strip().splitlines()[-1].split()
+    assert url.startswith("postgres://postgres@127.0.0.1:") and ":5432/" not in url
+    assert int(version) // 10000 == 18

@@ -221,7 +221,9 @@ def test_a_registry_echoing_our_bearer_token_shows_it_to_no_one(settings, client
         settings.ODAL_REGISTRY_TIMEOUT_SECONDS = 2
         passport = PassportFactory()
         lifecycle.publish(passport.pk, actor="test")
-        assert drain_once().failed == 1
+        report = drain_once()
+        # (not the registry's own JSON error: an outcome unknown, issue 37 item 3; its text is kept)
+        assert report.unknown == 1, report
     assert server.received[0].headers["authorization"] == f"Bearer {token}"
     registration = Registration.objects.get()
     kept = [registration.last_error, *registration.attempt_log.values_list("answer", flat=True)]

@@ -3,6 +3,7 @@ from datetime import datetime, timedelta
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.actions import delete_selected
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import quote, unquote
 from django.contrib.admin.views.main import ChangeList
@@ -309,6 +310,14 @@ def publishable(passport) -> bool:
     return reg is not None and reg.status in ("rejected", "abandoned", "suspended", "deactivated")
 
 
+class PublishedNotDeleted(Exception):
+    """A delete of passports found one that has been published under its lock: nothing deleted."""
+
+    def __init__(self, upis):
+        super().__init__(upis)
+        self.upis = upis
+
+
 @admin.register(Passport)
 class PassportAdmin(ObjectButtons, OdalAdmin):
     form = PassportAdminForm  # stored as the API and the command line store it (odal.rules)
@@ -327,7 +336,7 @@ class PassportAdmin(ObjectButtons, OdalAdmin):
         "registration_panel",
         "events_panel",
     ]
-    actions = ["publish_selected", "suspend_selected"]
+    actions = ["publish_selected", "suspend_selected", "delete_selected"]
     object_buttons = [
         Button("publish_selected", when=publishable,
                because="it is published and its registration is not one that publishing queues afresh."),
@@ -365,23 +374,50 @@ class PassportAdmin(ObjectButtons, OdalAdmin):
             )
 
     def delete_model(self, request, obj):
-        with transaction.atomic():
-            _, deleted = Passport.objects.filter(pk=obj.pk).delete()
-            if deleted.get(Passport._meta.label):
-                self._audit_deletion(request, obj.pk, obj.upi)
+        self.delete_drafts(request, [obj.pk])
 
     def delete_queryset(self, request, queryset):
+        self.delete_drafts(request, list(queryset.values_list("pk", flat=True)))
+
+    def delete_drafts(self, request, pks):
+        """Delete these passports, all drafts, or none: one that has been published (published or
+        suspended) meanwhile, with ODAL_REGISTRY_ADAPTER=none no registration protecting it, is
+        refused here (PublishedNotDeleted), under the rows' locks, not only by the page."""
         with transaction.atomic():
             doomed = list(
-                Passport.objects.filter(pk__in=list(queryset.values_list("pk", flat=True)))
+                Passport.objects.filter(pk__in=pks)
                 .order_by("pk")
                 .select_for_update()
-                .values_list("pk", "upi")
+                .values_list("pk", "upi", "status")
             )
-            # Locked: the delete takes exactly these rows, or refuses them all (ProtectedError).
-            Passport.objects.filter(pk__in=[pk for pk, _ in doomed]).delete()
-            for pk, upi in doomed:
+            published = [upi for _, upi, status in doomed if status != Passport.Status.DRAFT]
+            if published:
+                raise PublishedNotDeleted(published)
+            # Locked: the delete takes exactly these drafts, or refuses them all (ProtectedError).
+            Passport.objects.filter(pk__in=[pk for pk, _, _ in doomed], status=Passport.Status.DRAFT).delete()
+            for pk, upi, _ in doomed:
                 self._audit_deletion(request, pk, upi)
+
+    @admin.action(description="Delete selected passports (drafts only)", permissions=["delete"])
+    def delete_selected(self, request, queryset):
+        """Django's delete_selected, for drafts only: a selection holding a passport that has been
+        published is refused whole, before the confirmation page (and again under the rows' locks,
+        delete_drafts, when it is confirmed)."""
+        published = list(queryset.exclude(status=Passport.Status.DRAFT).values_list("upi", flat=True)[:6])
+        if published:
+            self.refuse_published(request, published)
+            return None
+        return delete_selected(self, request, queryset)
+
+    def refuse_published(self, request, upis):
+        shown = ", ".join(upis[:5]) + (", …" if len(upis) > 5 else "")
+        self.message_user(
+            request,
+            f"Not deleted: {shown} {'has' if len(upis) == 1 else 'have'} been published, and a passport that "
+            "has been published is never deleted (the registry may know it); only drafts are. Suspend it "
+            "instead. Nothing was deleted.",
+            messages.ERROR,
+        )
 
     @staticmethod
     def _audit_deletion(request, pk, upi):
@@ -435,13 +471,18 @@ class PassportAdmin(ObjectButtons, OdalAdmin):
             return super().delete_view(request, object_id, extra_context)
         except ProtectedError:
             self.refuse_protected(request)
-            return HttpResponseRedirect(reverse("admin:odal_passport_change", args=[object_id]))
+        except PublishedNotDeleted as exc:
+            self.refuse_published(request, exc.upis)
+        return HttpResponseRedirect(reverse("admin:odal_passport_change", args=[quote(passport.pk)]))
 
     def response_action(self, request, queryset):
         try:
             return super().response_action(request, queryset)
         except ProtectedError:
             self.refuse_protected(request)
+            return None
+        except PublishedNotDeleted as exc:
+            self.refuse_published(request, exc.upis)
             return None
 
     def refuse_protected(self, request):

@@ -212,7 +212,11 @@ class UnstorableInputMiddleware:
             if problem:
                 return JsonResponse(invalid_request(*problem), status=422)
         elif problem := address_problem(request):
-            raise UnstorableAddress(f"The request's {problem[0]} {problem[1]}.")
+            # A 400 that says why (Django's own page says only "Bad Request (400)"), as plain text:
+            # the field's name is the request's own. Logged as Django logs a SuspiciousOperation.
+            sentence = f"The request's {problem[0]} {problem[1]}."
+            logging.getLogger(f"django.security.{UnstorableAddress.__name__}").error(sentence)
+            return HttpResponse(f"{sentence}\n", status=400, content_type="text/plain; charset=utf-8")
         return self.get_response(request)
 
 

@@ -4,6 +4,7 @@ without a next attempt, an audit trail that names its objects and finds them by 
 internals (claim tokens, django-q2's tables) kept for superusers."""
 
 import json
+import re
 import uuid
 
 from django.urls import NoReverseMatch, reverse
@@ -31,17 +32,35 @@ def when(moment) -> str:
 # -- JSON, ids, words -------------------------------------------------------------------------
 
 
+SHOWN_CAP = 64 * 1024  # characters of one payload or answer shown (an answer is kept up to 64 KiB)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def pretty_text(value, *, sort_keys: bool = False) -> str:
+    """`value` (JSON text, or what JSON text decodes to) indented for a person to read; text that
+    is not JSON as it is. Whatever was stored, never a 500 and never a page without end: JSON
+    nested deeper than Python recurses, or a number longer than Python reads, is shown as stored;
+    a lone surrogate (stored as the escape \\ud800, which PostgreSQL's text keeps but UTF-8 cannot
+    encode) is shown as that escape; past SHOWN_CAP characters the rest is counted, not shown."""
+    text = value if isinstance(value, str) else None
+    try:
+        if text is not None:
+            value = json.loads(text)
+        text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=sort_keys)
+    except (TypeError, ValueError, RecursionError):
+        text = text if text is not None else str(value)
+    text = _SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+    if len(text) > SHOWN_CAP:
+        text = f"{text[:SHOWN_CAP]}\n… ({len(text) - SHOWN_CAP:,} more characters not shown)"
+    return text
+
+
 def pretty_json(value) -> SafeString:
     """A payload or an answer as indented JSON in a wrapping <pre>; text that is not JSON as it
-    is (an answer may be anything)."""
-    if isinstance(value, str):
-        if not value:
-            return format_html('<span class="odal-quiet">{}</span>', "(empty)")
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return format_html('<pre class="odal-json">{}</pre>', value)
-    return format_html('<pre class="odal-json">{}</pre>', json.dumps(value, indent=2, ensure_ascii=False))
+    is (an answer may be anything), bounded (pretty_text)."""
+    if isinstance(value, str) and not value:
+        return format_html('<span class="odal-quiet">{}</span>', "(empty)")
+    return format_html('<pre class="odal-json">{}</pre>', pretty_text(value))
 
 
 SHORT = 8
@@ -72,21 +91,31 @@ def next_attempt(row, settled: tuple) -> str:
 SENT_AGAIN = {"delivery_replayed": "replayed", "delivery_resent": "resent"}
 
 
+LOG_LINES = 100  # of a delivery's attempt log and its replays, the newest shown on its page
+
+
 def delivery_log(delivery) -> SafeString:
     """The attempt log of `delivery` with each replay and resend (its audit entry: who, why) as a
     line of its own, in time order. Read by indexes: attempt_by_delivery_idx, the trail's
     object_id index."""
     from odal.models import AuditEntry
 
-    lines = [(a.started_at, 0, a.pk, a) for a in delivery.attempt_log.all()]
+    attempts = list(delivery.attempt_log.order_by("-started_at", "-id")[: LOG_LINES + 1])
     again = AuditEntry.objects.filter(
         object_type="outbox.delivery", object_id=str(delivery.pk), action__in=list(SENT_AGAIN)
-    )
-    lines += [(e.at, 1, e.pk, e) for e in again]
+    ).order_by("-at", "-id")[: LOG_LINES + 1]
+    lines = [(a.started_at, 0, a.pk, a) for a in attempts] + [(e.at, 1, e.pk, e) for e in again]
     if not lines:
         return format_html('<p class="odal-quiet">{}</p>', "No attempt yet.")
+    lines.sort(key=lambda t: t[:3])
     rows = []
-    for _, kind, _, line in sorted(lines, key=lambda t: t[:3]):
+    if len(lines) > LOG_LINES:  # (a delivery replayed again and again: the page stays a page)
+        lines = lines[-LOG_LINES:]
+        rows.append(format_html(
+            '<tr class="odal-again"><td colspan="6">{}</td></tr>',
+            f"Earlier lines not shown: these are the newest {LOG_LINES} of its attempts and replays.",
+        ))  # fmt: skip
+    for _, kind, _, line in lines:
         if kind == 1:
             before = line.details.get("previousAttempts")
             rows.append(format_html(

@@ -48,7 +48,7 @@ class EventTypesField(forms.CharField):
         if text.startswith("["):
             try:
                 return json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):  # (a list nested deeper than Python recurses)
                 raise forms.ValidationError(
                     'Type the event types as names separated by commas, e.g. "passport.*, outbox.test".'
                 ) from None

@@ -26,7 +26,7 @@ from standardwebhooks import Webhook
 from odal import rules
 from odal.addresses import why_not_public
 from odal.errors import Refused
-from odal.redact import redacted_urls_in, without_secrets_of
+from odal.redact import HIDDEN, redacted_urls_in, without_secrets_of
 from odal.text import error_text, excerpt, storable
 from odal.work.http import redirect_text
 from outbox.webhook_client import IN_FLIGHT, Answer, HttpError, WebhookClient
@@ -125,6 +125,7 @@ async def send_webhook(consumer, delivery_id, event, client: WebhookClient, may_
         return Outcome(False, storable(f"not called: {exc.detail}"))
     started = time.monotonic()
     answer = Answer()  # filled as it arrives: a timeout or a reset still leaves what was read
+    signatures: tuple[str, ...] = ()
     try:
         async with asyncio.timeout(consumer.timeout_seconds):
             # Checked again at delivery time, and connected to at the address checked: a name may
@@ -136,26 +137,26 @@ async def send_webhook(consumer, delivery_id, event, client: WebhookClient, may_
             if may_start is not None and not may_start():
                 return None  # (the claim's hold ran out, or a stop or a pause came, during the lookup)
             body = webhook_body(event).encode()
+            headers = webhook_headers(consumer, delivery_id, body)
+            signatures = _signatures_in(headers)
             await client.request(
                 https=request.https, name=target.name, address=str(target.address), port=request.port,
-                data=request.head + _headers_text(consumer, delivery_id, body) + body, answer=answer,
-                cap=ANSWER_CAP,
+                data=request.head + _headers_text(headers, body) + body, answer=answer, cap=ANSWER_CAP,
             )  # fmt: skip
     except TimeoutError:
         error = _reading(f"timed out after {consumer.timeout_seconds}s", answer.status)
-        return _answered(False, error, started, answer)
+        return _answered(False, error, started, answer, signatures)
     except HttpError as exc:
-        return _answered(
-            False, _reading(f"connection error: {error_text(exc)}", answer.status), started, answer
-        )
+        error = _reading(f"connection error: {error_text(exc)}", answer.status)
+        return _answered(False, error, started, answer, signatures)
     status = answer.status
     if 200 <= status < 300:
-        return _answered(True, "", started, answer)
+        return _answered(True, "", started, answer, signatures)
     if 300 <= status < 400:
         error = redirect_text(status, answer.header("location"))
     else:
         error = f"HTTP {status}: {excerpt(answer.body)}".rstrip(": ")
-    return _answered(False, error, started, answer)
+    return _answered(False, error, started, answer, signatures)
 
 
 @dataclass(frozen=True)
@@ -181,20 +182,38 @@ def _request_of(url: str) -> _Request:
     return _Request(https, parsed.raw_host.decode("ascii"), parsed.port or (443 if https else 80), head)
 
 
-def _headers_text(consumer, delivery_id, body: bytes) -> bytes:
+def _headers_text(headers: dict[str, str], body: bytes) -> bytes:
     """The rest of the head: Standard Webhooks' headers, identity (nothing to inflate), the length."""
-    headers = webhook_headers(consumer, delivery_id, body)
     lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
     return f"{lines}accept-encoding: identity\r\ncontent-length: {len(body)}\r\n\r\n".encode("ascii")
 
 
-def _answered(ok: bool, error: str, started: float, answer: Answer) -> Outcome:
+def _signatures_in(headers: dict[str, str]) -> tuple[str, ...]:
+    """The signatures a request carries (the base64 of each "v1,<base64>"), as sent and as a JSON
+    encoder that escapes "/" writes them: what an answer echoing the request must not keep."""
+    sent = [part.partition(",")[2] for part in headers["webhook-signature"].split()]
+    return tuple(dict.fromkeys(form for sig in sent if sig for form in (sig, sig.replace("/", "\\/"))))
+
+
+def without_signatures(text: str, signatures: tuple[str, ...]) -> str:
+    """`text` (an answer, an error quoting it) with each signature the request carried shown as
+    ***: a consumer echoing its request (an echo service, a debugging endpoint) would otherwise
+    hand whoever reads the attempt log a signed request to replay within the timestamp's
+    tolerance."""
+    for signature in signatures:
+        text = text.replace(signature, HIDDEN)
+    return text
+
+
+def _answered(
+    ok: bool, error: str, started: float, answer: Answer, signatures: tuple[str, ...] = ()
+) -> Outcome:
     return Outcome(
         ok,
-        error,
+        without_signatures(error, signatures),
         http_status=answer.status,
         duration_ms=_since(started),
-        answer=answer_excerpt(answer.body),
+        answer=without_signatures(answer_excerpt(answer.body), signatures),
         content_type=answer_content_type(answer),
     )
 

@@ -9,7 +9,6 @@ delivery_consumer_status_idx, stopping at COUNT_CAP. So the page costs the same 
 thousand rows as in one of ten million: what grows is the consumer's own traffic of a day.
 """
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from urllib.parse import urlencode, urlsplit
@@ -19,6 +18,7 @@ from django.db.models.functions import TruncHour
 from django.urls import reverse
 from django.utils import timezone
 
+from odal.record import pretty_text
 from odal.redact import HIDDEN, redacted_url, redacted_urls_in
 from outbox.consumers import USER_AGENT, webhook_body
 from outbox.models import Consumer, Delivery, DeliveryAttempt
@@ -219,11 +219,8 @@ def consumer_health(consumer: Consumer, *, whole_urls: bool, now: datetime | Non
 
 
 def pretty(text: str) -> str:
-    """JSON indented for a person to read; anything else as it is."""
-    try:
-        return json.dumps(json.loads(text), indent=2, ensure_ascii=False, sort_keys=True)
-    except (TypeError, ValueError):
-        return text
+    """JSON indented for a person to read; anything else as it is; bounded (odal.record.pretty_text)."""
+    return pretty_text(text, sort_keys=True)
 
 
 def shown_attempt(consumer: Consumer, line: DeliveryAttempt, *, whole_urls: bool) -> Attempt:

@@ -31,6 +31,7 @@ from urllib.parse import quote
 import httpx
 from django.conf import settings
 
+from odal.redact import HIDDEN, SHORTEST_SECRET
 from odal.text import error_text, excerpt, storable
 from odal.upi import upi_key
 from odal.work.http import DeadlineTransport, read_answer, redirect_text, within
@@ -258,6 +259,17 @@ class HttpRegistry:
                 )
             return self.client
 
+    def _without_token(self, body: bytes) -> bytes:
+        """The answer with our bearer token, if it quotes it (a registry or a gateway echoing the
+        request's headers), shown as ***: the errors, the attempt log and the log lines made from
+        it are read by people who may not hold ODAL_REGISTRY_TOKEN (a Viewer on the passport's
+        story and the registration's page)."""
+        if len(self.token) < SHORTEST_SECRET:  # (as odal.redact: a shorter one would garble the text)
+            return body
+        for spelling in dict.fromkeys((self.token, self.token.replace("/", "\\/"))):
+            body = body.replace(spelling.encode(), HIDDEN.encode())
+        return body
+
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
@@ -279,7 +291,7 @@ class HttpRegistry:
                 ) as response,
             ):
                 status = response.status_code
-                body = read_answer(response, ANSWER_CAP, now + timeout)
+                body = self._without_token(read_answer(response, ANSWER_CAP, now + timeout))
         except NOT_SENT_ERRORS as exc:
             if isinstance(exc, httpx.TimeoutException):
                 raise Retryable(f"registry timed out after {round(timeout, 3):g}s connecting") from None

@@ -765,8 +765,8 @@ GUARDS = [
     Guard(
         "passport admin: a registration found at delete time is a message",
         "odal/admin.py",
-        "        except ProtectedError:\n            self.refuse_protected(request)\n            return HttpResponseRedirect(",
-        "        except ZeroDivisionError:\n            self.refuse_protected(request)\n            return HttpResponseRedirect(",
+        "        except ProtectedError:\n            self.refuse_protected(request)\n        except PublishedNotDeleted",
+        "        except ZeroDivisionError:\n            self.refuse_protected(request)\n        except PublishedNotDeleted",
         "tests/test_security.py::test_a_registration_appearing_after_the_delete_check_is_a_message_not_a_500",
     ),
     Guard(
@@ -5185,6 +5185,101 @@ GUARDS = [
         '    operation_id="createPassports",\n',
         '    operation_id="bulkCreatePassports",\n',
         "tests/test_openapi.py -k fixed_operation_id",
+    ),
+    # issue 38 attack: no published passport is deleted from the admin, by any route
+    Guard(
+        "issue 38 attack: the list's delete_selected refuses a selection holding a published passport",
+        "odal/admin.py",
+        "        if published:\n            self.refuse_published(request, published)\n            return None\n",
+        "        if False:\n            self.refuse_published(request, published)\n            return None\n",
+        "tests/test_admin_hostile_38.py -k never_deleted_from_the_list",
+    ),
+    Guard(
+        "issue 38 attack: the delete itself (list or object page) refuses a passport published meanwhile",
+        "odal/admin.py",
+        "            if published:\n                raise PublishedNotDeleted(published)\n",
+        "            if False:\n                raise PublishedNotDeleted(published)\n",
+        "tests/test_admin_hostile_38.py -k published_after_the_confirmation",
+    ),
+    # issue 38 attack: a stored answer of any shape renders, escaped and bounded
+    Guard(
+        "issue 38 attack: JSON nested deeper than Python recurses is shown as stored, not a 500",
+        "odal/record.py",
+        "    except (TypeError, ValueError, RecursionError):\n",
+        "    except (TypeError, ValueError):\n",
+        "tests/test_admin_hostile_38.py -k recurses",
+    ),
+    Guard(
+        "issue 38 attack: a lone surrogate (a stored JSON escape) is shown as its escape, not a 500",
+        "odal/record.py",
+        '    text = _SURROGATE.sub(lambda found: f"\\\\u{ord(found.group()):04x}", text)\n',
+        "",
+        "tests/test_admin_hostile_38.py -k surrogate",
+    ),
+    Guard(
+        "issue 38 attack: a payload or answer is shown to SHOWN_CAP characters",
+        "odal/record.py",
+        "    if len(text) > SHOWN_CAP:\n",
+        "    if False:\n",
+        "tests/test_admin_hostile_38.py -k huge_answer",
+    ),
+    Guard(
+        "issue 38 attack: event types typed as a JSON list nested deeper than Python recurses are a form error",
+        "outbox/admin.py",
+        "            except (ValueError, RecursionError):  # (a list nested deeper than Python recurses)\n",
+        "            except ValueError:\n",
+        "tests/test_admin_hostile_38.py -k hostile_event_types",
+    ),
+    # issue 38 attack: no replayable signature kept from an answer echoing the request
+    Guard(
+        "issue 38 attack: an answer (and a 5xx's error) echoing the request keeps no signature",
+        "outbox/consumers.py",
+        '    return tuple(dict.fromkeys(form for sig in sent if sig for form in (sig, sig.replace("/", "\\\\/"))))\n',
+        "    return ()\n",
+        "tests/test_admin_hostile_38.py -k echoing",
+    ),
+    Guard(
+        "issue 38 attack: a signature echoed with its slashes JSON-escaped is hidden too",
+        "outbox/consumers.py",
+        '    return tuple(dict.fromkeys(form for sig in sent if sig for form in (sig, sig.replace("/", "\\\\/"))))\n',
+        "    return tuple(dict.fromkeys(form for sig in sent if sig for form in (sig,)))\n",
+        "tests/test_admin_hostile_38.py -k slashes_escaped",
+    ),
+    # issue 38 attack: a registry echoing our bearer token shows it to no one
+    Guard(
+        "issue 38 attack: the registry's answer keeps no ODAL_REGISTRY_TOKEN it echoes",
+        "registry/adapters.py",
+        "                body = self._without_token(read_answer(response, ANSWER_CAP, now + timeout))\n",
+        "                body = read_answer(response, ANSWER_CAP, now + timeout)\n",
+        "tests/test_admin_hostile_38.py -k registry_echoing",
+    ),
+    Guard(
+        "issue 38 attack: the registry's echo of our bearer token with its slashes JSON-escaped is hidden too",
+        "registry/adapters.py",
+        '        for spelling in dict.fromkeys((self.token, self.token.replace("/", "\\\\/"))):\n',
+        "        for spelling in (self.token,):\n",
+        "tests/test_admin_hostile_38.py -k registry_echoing",
+    ),
+    Guard(
+        "issue 38 attack: a URL's scheme in free text is bounded (linear time over a long run of letters)",
+        "odal/redact.py",
+        """URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\\s'\\"<>`]+")\n""",
+        """URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\\s'\\"<>`]+")\n""",
+        "tests/test_admin_hostile_38.py -k linear_time",
+    ),
+    Guard(
+        "issue 38 attack: a delivery's page shows the newest LOG_LINES of its attempt log",
+        "odal/record.py",
+        "    if len(lines) > LOG_LINES:  # (a delivery replayed again and again: the page stays a page)\n",
+        "    if False:\n",
+        "tests/test_admin_hostile_38.py -k again_and_again",
+    ),
+    Guard(
+        "issue 38 attack: an admin address PostgreSQL cannot store is a 400 that says why",
+        "odal/middleware.py",
+        '            return HttpResponse(f"{sentence}\\n", status=400, content_type="text/plain; charset=utf-8")\n',
+        '            return HttpResponse("Bad Request (400)", status=400)\n',
+        "tests/test_admin_hostile_38.py -k says_why",
     ),
     # issue 38 item 2: live pages (odal/live.py)
     Guard(

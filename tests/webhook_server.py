@@ -32,7 +32,8 @@ class Answer:
 
 class WebhookServer:
     """`script` is a list of behaviours, used in order (the last one repeats): an int status,
-    ("stall", seconds, status) (seconds may be a threading.Event: until it is set), or an Answer."""
+    ("stall", seconds, status) (seconds may be a threading.Event: until it is set), an Answer, or
+    a callable making the Answer from what was Received."""
 
     def __init__(self, script=(204,)):
         self.script = list(script)
@@ -65,6 +66,8 @@ class WebhookServer:
                     server.in_flight -= 1
                 if isinstance(behaviour, int):
                     behaviour = Answer(behaviour, b"" if behaviour < 300 else b"upstream exploded")
+                elif callable(behaviour):  # (an answer made from the request: an echo)
+                    behaviour = behaviour(server.received[-1])
                 write_answer(
                     self, behaviour.status, behaviour.body, behaviour.headers,
                     trickle=behaviour.trickle, chunk=behaviour.chunk, reset_after=behaviour.reset_after,

@@ -216,6 +216,13 @@ class Answer:
             return OutcomeUnknown(
                 f"{said} (a gateway's answer: the request may have reached the registry){quoted}"
             )
+        if not 400 <= self.status_code < 600:
+            # A 2xx the call does not expect (203 is a transforming proxy's copy of the origin's
+            # 200), a 1xx, a status past 599: whatever its body, not the registry's refusal.
+            return OutcomeUnknown(
+                f"{said}, not a status the protocol has for it: the request may have reached the "
+                f"registry{quoted}"
+            )
         if self.own_error() is None:
             kind = storable(self.content_type.partition(";")[0].strip().lower(), 100) or "none"
             return OutcomeUnknown(

@@ -5866,6 +5866,14 @@ GUARDS = [
         "        self.held_until = time.monotonic() + (claim.held_until - timezone.now()).total_seconds()\n",
         "tests/test_clock_skew.py::test_a_drain_pass_whose_process_clock_runs_ahead_sends_what_it_claimed",
     ),
+    # issue 37 item 3: only a 4xx or 5xx in the registry's own JSON error is its refusal (attack 37-39)
+    Guard(
+        "issue 37 item 3: a 2xx the call does not expect, a 1xx or a status past 599 is unknown, not failed",
+        "registry/adapters.py",
+        "        if not 400 <= self.status_code < 600:\n",
+        "        if False:\n",
+        "tests/test_registry_gateways.py -k what_an_answer",
+    ),
 ]
 
 

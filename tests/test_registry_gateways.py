@@ -103,6 +103,11 @@ ANSWERS = [
     ("register", 502, (HTML, b"<h1>502 Bad Gateway</h1>"), "unknown"),
     ("register", 504, own("GATEWAY_TIMEOUT"), "unknown"),  # 502, 504, 520-527, 530: a gateway's status
     ("register", 524, own("TIMEOUT"), "unknown"),
+    # a status the call does not expect and that is no refusal, whatever the body: a 203 is a
+    # transforming proxy's copy of the registry's 200 (the request was taken), a 2xx, a 1xx, past 599
+    ("register", 203, own("NON_AUTHORITATIVE"), "unknown"),
+    ("register", 299, own("ODD"), "unknown"),
+    ("register", 600, own("ODD"), "unknown"),
     # check: GET /dpp-registration-requests/{requestId}
     ("check", 200, CHECKING, "checking"),
     ("check", 200, REGISTERED, "registered"),
@@ -120,6 +125,8 @@ ANSWERS = [
     ("check", 503, EMPTY, "unknown"),
     ("check", 524, (HTML, CF_524), "unknown"),
     ("check", 502, own("BAD_GATEWAY"), "unknown"),
+    ("check", 203, own("NON_AUTHORITATIVE"), "unknown"),
+    ("check", 999, own("ODD"), "unknown"),
     # deactivate: POST /registrations/{registrationId}/deactivate
     ("deactivate", 204, EMPTY, "deactivated"),
     ("deactivate", 200, EMPTY, "deactivated"),
@@ -137,6 +144,7 @@ ANSWERS = [
     ("deactivate", 500, (HTML, NGINX_500), "unknown"),
     ("deactivate", 520, (HTML, CF_520), "unknown"),
     ("deactivate", 524, (HTML, CF_524), "unknown"),
+    ("deactivate", 600, own("ODD"), "unknown"),
     # task list: GET /dpp-registration-requests?limit=200 (find_submission; its first page)
     ("task list", 200, NO_TASKS, "not found (exhaustive)"),
     ("task list", 200, (HTML, b"<h1>Maintenance</h1>"), "unreadable"),

@@ -5874,6 +5874,37 @@ GUARDS = [
         "        if False:\n",
         "tests/test_registry_gateways.py -k what_an_answer",
     ),
+    # issue 39 item 1: the embedded server's folder and socket under hostile conditions (attack 37-39)
+    Guard(
+        "issue 39 item 1: a socket path's limit is counted in bytes, not characters",
+        "odal/database/embedded.py",
+        '    if len(os.fsencode(root / f".s.PGSQL.{PORT}")) <= SOCKET_PATH_MAX:\n',
+        '    if len(str(root / f".s.PGSQL.{PORT}")) <= SOCKET_PATH_MAX:\n',
+        "tests/test_embedded.py -k too_long_in_bytes",
+    ),
+    Guard(
+        "issue 39 item 1: a stale lock naming another cluster's server is removed",
+        "odal/database/embedded.py",
+        "                if Path(process.cwd()).resolve() == self.data.resolve():\n",
+        "                if True:\n",
+        "tests/test_embedded.py -k another",
+    ),
+    Guard(
+        "issue 39 item 1: a socket folder in /tmp others may write is refused",
+        "odal/database/embedded.py",
+        "        if not stat.S_ISDIR(info.st_mode) or info.st_uid not in owners or info.st_mode & 0o022:\n",
+        "        if False:\n",
+        "tests/test_embedded.py -k others_may_write",
+    ),
+    Guard(
+        "issue 39 item 1: a folder this user cannot use is a sentence, not a traceback",
+        "odal/database/embedded.py",
+        '        """Make sure the server runs and has odal\'s database; True if this call started it."""\n'
+        "        with self.folder_usable(), self.locked():\n",
+        '        """Make sure the server runs and has odal\'s database; True if this call started it."""\n'
+        "        with self.locked():\n",
+        "tests/test_embedded.py -k cannot_use",
+    ),
 ]
 
 

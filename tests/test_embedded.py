@@ -7,9 +7,12 @@ Each test drives real `odal` commands against a real embedded server (no DATABAS
 
 import json
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -136,8 +139,8 @@ def kill_the_server(folder: Path) -> None:
     assert (folder / "data" / "postmaster.pid").exists()
 
 
-@pytest.mark.parametrize("left", ["a killed server's", "a pid since reused"])
-def test_a_lock_left_by_a_killed_server_is_recovered(folder, migrated, left):
+@pytest.mark.parametrize("left", ["a killed server's", "a pid since reused", "another cluster's server"])
+def test_a_lock_left_by_a_killed_server_is_recovered(folder, migrated, left, tmp_path):
     before = shell(
         folder,
         "from outbox.models import Consumer; Consumer.objects.get_or_create(name='survives', kind='python', target='outbox.receiver.accept')",
@@ -150,6 +153,11 @@ def test_a_lock_left_by_a_killed_server_is_recovered(folder, migrated, left):
         # The server's own user's (PostgreSQL takes over a lock whose pid it may not signal).
         sleeper = subprocess.Popen(["sleep", "120"], **embedded.as_user(embedded.server_user()))
         lock.write_text("\n".join([str(sleeper.pid), *lines[1:]]))
+    other = embedded.Server(tmp_path / "other")
+    if left == "another cluster's server":  # (a second checkout's var/pg, started after a reboot)
+        other.start()
+        lines = lock.read_text().split("\n")
+        lock.write_text("\n".join([str(other.processes()[0].pid), *lines[1:]]))
     try:
         started = time.monotonic()
         after = shell(
@@ -160,9 +168,82 @@ def test_a_lock_left_by_a_killed_server_is_recovered(folder, migrated, left):
         if left == "a pid since reused":
             sleeper.kill()
             sleeper.wait()
+        other.stop()
     assert (after.returncode, after.stdout.strip()) == (0, "1"), after.stderr[-3000:]
     assert "started the embedded PostgreSQL" in after.stderr
     assert time.monotonic() - started < 120
+
+
+@pytest.mark.parametrize("why", ["read-only", "not a folder"])
+def test_a_folder_this_user_cannot_use_is_a_sentence_not_a_traceback(why):
+    """A read-only var/ (or one `sudo make run` made another user's), or a file where the folder
+    should be: exit 1 and a sentence naming the folder and what to do, not a PermissionError's
+    traceback."""
+    parent = Path(tempfile.mkdtemp(prefix="odal-ro-"))
+    try:
+        parent.chmod(0o755)
+        as_other = []
+        if why == "read-only":
+            if os.geteuid() == 0:  # (root writes anywhere: the folder is root's, odal runs as nobody)
+                nobody = pwd.getpwnam("nobody")
+                as_other = [
+                    "setpriv",
+                    f"--reuid={nobody.pw_uid}",
+                    f"--regid={nobody.pw_gid}",
+                    "--clear-groups",
+                ]
+            else:
+                parent.chmod(0o555)
+            folder = parent / "pg"
+        else:
+            (parent / "var").write_text("a file")
+            folder = parent / "var" / "pg"
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ODAL_TEST_DATABASE")}
+        env.update(ODAL_PG_DIR=str(folder), ODAL_KICK_SWEEP="false", HOME=str(parent))
+        done = subprocess.run(
+            [*as_other, sys.executable, "-m", "odal", "check"],
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    finally:
+        parent.chmod(0o755)
+        shutil.rmtree(parent)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    said = done.stderr.strip()
+    assert said.startswith(f"odal cannot start the embedded PostgreSQL: {folder}"), said
+    assert "set ODAL_PG_DIR to another folder, or set DATABASE_URL" in said, said
+
+
+def test_a_socket_path_too_long_in_bytes_moves_to_the_temporary_directory(tmp_path):
+    """The socket's limit (107 bytes on Linux) is in bytes: 30 CJK characters are 90 of them.
+    Before: the folder's path was counted in characters, and PostgreSQL refused to start
+    ("Unix-domain socket path … is too long (maximum 107 bytes)") after a minute of retries."""
+    root = Path("/tmp") / ("数" * 30) / "pg"  # 37 characters, 103 bytes
+    assert len(str(root / ".s.PGSQL.5432")) < embedded.SOCKET_PATH_MAX
+    assert embedded.socket_dir(root) != root.resolve()
+    assert embedded.socket_dir(tmp_path) == tmp_path.resolve()
+
+
+def test_a_socket_folder_in_the_temporary_directory_others_may_write_is_refused(tmp_path):
+    """A folder whose path is too long for a socket puts it in /tmp/odal-pg-<hash of the path>, a
+    name anyone can work out: one made first by someone else (here: writable by all) could hold
+    their socket, which odal would take for its server. It is refused, not used."""
+    folder = tmp_path / ("long" * 30) / "pg"
+    where = embedded.socket_dir(folder)
+    assert where != folder.resolve()
+    where.mkdir(mode=0o777, exist_ok=True)
+    where.chmod(0o777)  # (mkdir's mode is cut by the umask)
+    try:
+        done = odal(folder, "check")
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr.strip() == (
+        f"odal cannot start the embedded PostgreSQL: the embedded PostgreSQL's socket folder {where} (its "
+        f"folder's path, {folder}, is too long for a socket) is not a folder of this user's that only it may "
+        "write; remove it, or set ODAL_PG_DIR to a shorter path"
+    )
+    assert not (folder / "data").exists()
 
 
 def test_a_sqlite_url_is_refused_with_a_sentence_naming_the_variable(tmp_path):

@@ -206,7 +206,8 @@ class Server:
     def prepare(self) -> None:
         bin_dir()  # (its sentence first, if the package is missing)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.socket_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # (only this user may put a socket in it)
+        # (only this user may put a socket in it)
+        self.socket_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.check_socket_dir()
         if self.user is not None:
             for folder in (self.root, self.socket_dir):

@@ -5905,6 +5905,13 @@ GUARDS = [
         "        with self.locked():\n",
         "tests/test_embedded.py -k cannot_use",
     ),
+    Guard(
+        "issue 39 item 1: two `odal migrate` at once run one after the other",
+        "odal/management/commands/migrate.py",
+        '            cursor.execute("SELECT pg_try_advisory_lock(%s)", [MIGRATE_LOCK])\n',
+        '            cursor.execute("SELECT %s::bigint > 0", [MIGRATE_LOCK])\n',
+        "tests/test_embedded.py -k migrates_at_once",
+    ),
 ]
 
 

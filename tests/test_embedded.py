@@ -174,6 +174,53 @@ def test_a_lock_left_by_a_killed_server_is_recovered(folder, migrated, left, tmp
     assert time.monotonic() - started < 120
 
 
+def test_two_migrates_at_once_both_succeed(folder, migrated):
+    """Two `odal migrate` at once on a database that lacks a migration (two `make run` started
+    together on an empty var/, replicas that each migrate as they start): both read what is
+    applied before either writes, here held at that read by a lock on django_migrations until
+    both wait, then let go together. Before: both applied sessions.0001, and the second died with a
+    traceback (duplicate key value violates unique constraint "pg_type_typname_nsp_index")."""
+    with psycopg.connect(embedded.url(folder, "postgres"), autocommit=True) as connection:
+        connection.execute("DROP DATABASE IF EXISTS race WITH (FORCE)")
+        connection.execute("CREATE DATABASE race")
+    race = {"DATABASE_URL": embedded.url(folder, "race")}
+    for args in (("migrate", "--noinput"), ("migrate", "--noinput", "sessions", "zero")):
+        done = odal(folder, *args, **race)
+        assert done.returncode == 0, done.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ODAL_TEST_DATABASE")}
+    env.update(ODAL_PG_DIR=str(folder), ODAL_KICK_SWEEP="false", **race)
+    with psycopg.connect(race["DATABASE_URL"]) as holder:
+        holder.execute("LOCK TABLE django_migrations IN ACCESS EXCLUSIVE MODE")
+        both = [
+            subprocess.Popen(
+                [sys.executable, "-m", "odal", "migrate", "--noinput"],
+                env=env,
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+            for _ in range(2)
+        ]
+        deadline = time.monotonic() + 120
+        while sql(
+            folder,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = 'race' AND wait_event_type = 'Lock'",
+        ) != [(2,)]:
+            assert time.monotonic() < deadline and all(p.poll() is None for p in both), [
+                p.communicate() for p in both
+            ]
+            time.sleep(0.05)
+        holder.commit()  # (both let go together)
+    said = [p.communicate(timeout=120) for p in both]
+    assert [p.returncode for p in both] == [0, 0], [err[-3000:] for _, err in said]
+    with psycopg.connect(race["DATABASE_URL"]) as connection:
+        applied = connection.execute(
+            "SELECT count(*) FROM django_migrations WHERE app = 'sessions'"
+        ).fetchone()
+    assert applied == (1,)
+
+
 @pytest.mark.parametrize("why", ["read-only", "not a folder"])
 def test_a_folder_this_user_cannot_use_is_a_sentence_not_a_traceback(why):
     """A read-only var/ (or one `sudo make run` made another user's), or a file where the folder

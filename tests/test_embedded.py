@@ -5,6 +5,7 @@ that runs, and recovers from a killed server's lock. A SQLite URL is refused.
 
 Each test drives real `odal` commands against a real embedded server (no DATABASE_URL)."""
 
+import contextlib
 import json
 import os
 import pwd
@@ -20,7 +21,11 @@ import psutil
 import psycopg
 import pytest
 
+from odal import stopping
 from odal.database import embedded
+from tests.pg import free_port
+from tests.test_up import listening
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -322,3 +327,50 @@ def test_make_test_runs_on_the_embedded_server_when_told_even_where_a_server_ans
     url, version = done.stdout.strip().splitlines()[-1].split()
     assert url.startswith("postgres://postgres@127.0.0.1:") and ":5432/" not in url
     assert int(version) // 10000 == 18
+
+
+def test_odal_up_names_its_embedded_server_killed_under_it_and_exits_1(folder, migrated, tmp_path):
+    """`odal up` owns the embedded server it stops: one killed under it (the OOM killer, kill -9)
+    is named, the others are stopped, and it exits 1, as for any of its processes (issue 37 item
+    9d). Before: it ran on, its web side answering 503 and its worker waiting, for ever, for a
+    database nothing would start again."""
+    made = shell(
+        folder,
+        "from outbox.models import Consumer; Consumer.objects.get_or_create(name='demo-receiver', kind='webhook', "
+        "defaults={'url': 'http://127.0.0.1:9/hooks'})",
+    )
+    assert made.returncode == 0, made.stderr[-3000:]
+    stop_seconds = 10
+    web, receiver, registry = free_port(), free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ODAL_TEST_DATABASE")}
+    env.update(ODAL_PG_DIR=str(folder), ODAL_KICK_SWEEP="false", ODAL_STOP_SECONDS=str(stop_seconds))
+    argv = [sys.executable, "-m", "odal", "up", "--addr", f"127.0.0.1:{web}"]
+    argv += ["--receiver-port", str(receiver), "--registry-port", str(registry)]
+    with (tmp_path / "up.log").open("w+") as log:
+        up = subprocess.Popen(
+            argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        children = []
+        try:
+            assert wait_for(lambda: all(map(listening, (web, receiver, registry))), 90), (
+                tmp_path / "up.log"
+            ).read_text()[-3000:]
+            children = stopping.descendants(up.pid)
+            kill_the_server(folder)
+            died = time.monotonic()
+            code = up.wait(timeout=stop_seconds + 30)
+            seconds = time.monotonic() - died
+        finally:
+            if up.poll() is None:
+                for pid in children or stopping.descendants(up.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                os.killpg(up.pid, signal.SIGKILL)
+                up.wait()
+        said = (tmp_path / "up.log").read_text()
+    assert code == 1, (code, said[-3000:])
+    assert "embedded PostgreSQL exited (pid " in said and "the next start recovers its data" in said, said[
+        -3000:
+    ]
+    assert seconds <= stop_seconds + 5, (seconds, said[-3000:])

@@ -311,6 +311,16 @@ class Server:
             if not connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE]).fetchone():
                 connection.execute(f'CREATE DATABASE "{DATABASE}"')
 
+    def postmaster(self):
+        """The server's main process (a psutil.Process, which knows it from a later one with its
+        PID), or None when none runs."""
+        import psutil
+
+        try:
+            return psutil.Process(int((self.data / "postmaster.pid").read_text().split("\n", 1)[0]))
+        except (FileNotFoundError, ValueError, psutil.NoSuchProcess):
+            return None
+
     def processes(self) -> list:
         """The server's processes (the postmaster and its children), for their memory."""
         import psutil

@@ -74,6 +74,10 @@ class Command(BaseCommand):
         children = []
         died = []  # (name, how) of the children that exited on their own
         owns_database = self.own_the_embedded_database()
+        # The embedded server this `odal up` stops is one of its processes: one that dies (the OOM
+        # killer, a kill -9) is named and stops the others, as a child does. Else the web side
+        # answered 503 and the worker waited for a database that nothing would start again.
+        postmaster = embedded.Server(settings.ODAL_EMBEDDED_DATABASE).postmaster() if owns_database else None
         stopping.on_signals()  # (past ODAL_STOP_SECONDS it ends the children that are left, and itself)
         env = {**os.environ, "ODAL_STOP_SECONDS": str(child_stop_seconds())}
         for name, argv in self.processes(addr, receiver_port, registry_port):
@@ -87,6 +91,13 @@ class Command(BaseCommand):
                 died = [
                     (name, exited(child.returncode)) for name, child in children if child.poll() is not None
                 ]
+                if postmaster is not None and not postmaster.is_running():
+                    died.append(
+                        (
+                            "embedded PostgreSQL",
+                            f"pid {postmaster.pid} gone; the next start recovers its data",
+                        )
+                    )
                 if died:
                     for name, how in died:
                         self.stderr.write(f"{name} exited ({how}); stopping the others.")

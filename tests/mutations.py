@@ -5919,6 +5919,14 @@ GUARDS = [
         "                if False:\n",
         "tests/test_embedded.py -k names_its_embedded",
     ),
+    # issue 37 item 1: a stop that reaches every process, from a terminal too (attack 37-39)
+    Guard(
+        "issue 37 item 1: odal up stops its processes on SIGHUP and SIGQUIT",
+        "odal/management/commands/up.py",
+        "        stopping.on_signals(signals=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))\n",
+        "        stopping.on_signals(signals=(signal.SIGINT, signal.SIGTERM))\n",
+        "tests/test_up.py -k hangs_up",
+    ),
 ]
 
 

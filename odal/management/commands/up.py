@@ -78,7 +78,11 @@ class Command(BaseCommand):
         # killer, a kill -9) is named and stops the others, as a child does. Else the web side
         # answered 503 and the worker waited for a database that nothing would start again.
         postmaster = embedded.Server(settings.ODAL_EMBEDDED_DATABASE).postmaster() if owns_database else None
-        stopping.on_signals()  # (past ODAL_STOP_SECONDS it ends the children that are left, and itself)
+        # (past ODAL_STOP_SECONDS it ends the children that are left, and itself). A terminal that
+        # hangs up (SIGHUP: an ssh session dropped) or Ctrl-\ (SIGQUIT) reaches this process alone
+        # (its children have sessions of their own): they stop it too, else they ended it at once
+        # and left its processes running, ports and all.
+        stopping.on_signals(signals=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))
         env = {**os.environ, "ODAL_STOP_SECONDS": str(child_stop_seconds())}
         for name, argv in self.processes(addr, receiver_port, registry_port):
             self.stdout.write(f"starting {name}: {' '.join(argv[2:])}")

@@ -5899,10 +5899,8 @@ GUARDS = [
     Guard(
         "issue 39 item 1: a folder this user cannot use is a sentence, not a traceback",
         "odal/database/embedded.py",
-        '        """Make sure the server runs and has odal\'s database; True if this call started it."""\n'
-        "        with self.folder_usable(), self.locked():\n",
-        '        """Make sure the server runs and has odal\'s database; True if this call started it."""\n'
-        "        with self.locked():\n",
+        '                "to a folder without them"\n            )\n        with self.folder_usable(), self.locked():\n',
+        '                "to a folder without them"\n            )\n        with self.locked():\n',
         "tests/test_embedded.py -k cannot_use",
     ),
     Guard(
@@ -5926,6 +5924,13 @@ GUARDS = [
         "        stopping.on_signals(signals=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))\n",
         "        stopping.on_signals(signals=(signal.SIGINT, signal.SIGTERM))\n",
         "tests/test_up.py -k hangs_up",
+    ),
+    Guard(
+        "issue 39 item 1: a folder whose name pg_ctl's shell would read is refused at once",
+        "odal/database/embedded.py",
+        "        if found := sorted(SHELL_SPECIAL & set(str(self.root))):\n",
+        "        if found := []:\n",
+        "tests/test_embedded.py -k shell_would_read",
     ),
 ]
 

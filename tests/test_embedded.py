@@ -266,6 +266,21 @@ def test_a_folder_this_user_cannot_use_is_a_sentence_not_a_traceback(why):
     assert "set ODAL_PG_DIR to another folder, or set DATABASE_URL" in said, said
 
 
+def test_a_folder_whose_name_pg_ctls_shell_would_read_is_refused_at_once(tmp_path):
+    """pg_ctl starts the server through a shell, its data folder and log in double quotes: a `$`
+    there is read, not kept. Before: a minute of retries, then "did not start" and an empty log."""
+    folder = tmp_path / "d$x" / "pg"
+    started = time.monotonic()
+    done = odal(folder, "check")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr.strip() == (
+        f"odal cannot start the embedded PostgreSQL: the embedded PostgreSQL's folder {folder} holds $, which "
+        "pg_ctl's shell would read, not keep (its data folder and log are passed in double quotes): set "
+        "ODAL_PG_DIR to a folder without them"
+    )
+    assert time.monotonic() - started < 30 and not folder.exists()
+
+
 def test_a_socket_path_too_long_in_bytes_moves_to_the_temporary_directory(tmp_path):
     """The socket's limit (107 bytes on Linux) is in bytes: 30 CJK characters are 90 of them.
     Before: the folder's path was counted in characters, and PostgreSQL refused to start

@@ -38,6 +38,7 @@ DATABASE = "odal"
 USER = "postgres"
 PORT = 5432  # (names the socket file, .s.PGSQL.5432: no TCP port is opened)
 SOCKET_PATH_MAX = 100  # a Unix socket's path is at most 103-107 bytes, by platform
+SHELL_SPECIAL = set('"$`\\')  # what a shell reads inside double quotes (pg_ctl starts the server through one)
 START_SECONDS = 60  # a server in crash recovery may take a while to answer
 
 
@@ -185,6 +186,12 @@ class Server:
 
     def start(self) -> bool:
         """Make sure the server runs and has odal's database; True if this call started it."""
+        if found := sorted(SHELL_SPECIAL & set(str(self.root))):
+            raise EmbeddedError(
+                f"the embedded PostgreSQL's folder {self.root} holds {' '.join(found)}, which pg_ctl's shell "
+                "would read, not keep (its data folder and log are passed in double quotes): set ODAL_PG_DIR "
+                "to a folder without them"
+            )
         with self.folder_usable(), self.locked():
             if self.answers():
                 self.create_database()

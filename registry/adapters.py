@@ -262,6 +262,9 @@ class HttpRegistry:
                         "Authorization": f"Bearer {self.token}",
                         "User-Agent": "odal-registry/1",
                         "Accept-Encoding": "identity",  # read_answer's cap holds for raw bytes
+                        # No cache in front of the registry answers a read from what it kept: a
+                        # task list of before a register landed is no proof for abandon.
+                        "Cache-Control": "no-cache",
                     },
                 )
             return self.client

@@ -169,6 +169,7 @@ class Registry:
     def __init__(self):
         self.answer = (200, "", b"")
         self.asked: list[tuple[str, str]] = []
+        self.headers: list[dict] = []  # each request's
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -180,6 +181,7 @@ class Registry:
             def _answer(self):
                 self.rfile.read(int(self.headers.get("content-length") or 0))
                 outer.asked.append((self.command, self.path))
+                outer.headers.append(dict(self.headers))
                 status, content_type, data = outer.answer
                 self.send_response(status)
                 if content_type:
@@ -265,6 +267,18 @@ def test_what_an_answer_means(registry, call, status, answer, expected):
 
     assert outcome(call, registry.adapter, reg) == expected
     assert len(registry.asked) == 1  # asked once: nothing followed, nothing retried
+
+
+def test_the_registrys_reads_ask_every_cache_in_front_of_it_to_ask_the_registry(registry):
+    """A task list served from a cache in front of the registry (a CDN's "cache everything" rule)
+    would be a page of before a register landed, taken by abandon for proof that nothing is held.
+    Each read says `Cache-Control: no-cache` (RFC 9111 5.2.1.4: a cache must not answer it
+    without asking the origin). Before: no such header."""
+    registry.answer = (200, *NO_TASKS)
+    registry.adapter.find_submission("https://id.example.eu/01/1/21/X")
+    registry.answer = (200, *CHECKING)
+    registry.adapter.check("req-1")
+    assert [h.get("Cache-Control") for h in registry.headers] == ["no-cache", "no-cache"]
 
 
 @pytest.mark.django_db

@@ -93,7 +93,7 @@ def a_day_of(consumer):
     DeadDeliveryFactory(consumer=consumer, last_error="HTTP 500: upstream exploded")
 
 
-def test_a_consumers_page_shows_its_health_and_leads_to_its_pending_and_dead_deliveries(page):
+def test_a_consumers_page_shows_its_health_and_leads_to_its_pending_and_dead_deliveries(page, screenshot):
     consumer = WebhookConsumerFactory(
         name="site-builder", url="https://hooks:s3cr3t@builder.example.net/in?t=abc"
     )
@@ -114,6 +114,7 @@ def test_a_consumers_page_shows_its_health_and_leads_to_its_pending_and_dead_del
     assert first.locator(".request pre.head").inner_text().startswith("POST https://***@builder.example.net")
     assert '"field": "upi"' in first.locator(".answer pre.json").inner_text()
     shots(page, "consumer")
+    screenshot(page, "consumer-health.png")  # (README's, with ODAL_SCREENSHOTS=docs)
 
     panel.locator("#consumer-pending-link").click()
     page.wait_for_selector("#result_list")
@@ -127,7 +128,7 @@ def test_a_consumers_page_shows_its_health_and_leads_to_its_pending_and_dead_del
     assert page.locator("#result_list tbody tr").count() == 2
 
 
-def test_a_passports_page_tells_its_story_in_order_each_line_a_link(page):
+def test_a_passports_page_tells_its_story_in_order_each_line_a_link(page, screenshot):
     now = timezone.now()
     p = PublishedPassportFactory(created_at=now - timedelta(hours=30), published_at=now - timedelta(hours=29))
     AuditEntry.objects.create(at=p.published_at, actor="user:ops-lead", action="passport_published",
@@ -160,6 +161,7 @@ def test_a_passports_page_tells_its_story_in_order_each_line_a_link(page):
     assert unknown.count() == 1 and "outcome unknown" in unknown.inner_text()
     assert "may have reached the registry" in unknown.inner_text()
     shots(page, "passport")
+    screenshot(page, "passport-story.png")  # (README's, with ODAL_SCREENSHOTS=docs)
 
     story.locator("li.line.delivery a").click()
     page.wait_for_url(f"**/admin/outbox/delivery/{d.pk}/change/")

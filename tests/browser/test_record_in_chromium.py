@@ -2,6 +2,7 @@
 sidebar shown, the action bar stays clear of the filters at 1024 px, no header breaks inside a
 word at 390 px, and a shortened id is whole a hover or a click away."""
 
+import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,7 +22,9 @@ from tests.factories import (
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-SHOTS = Path("/work/notes/shots/record")  # (kept outside the repository; taken when the folder exists)
+SHOTS = (
+    Path(os.environ["ODAL_RECORD_SHOTS"]) if os.environ.get("ODAL_RECORD_SHOTS") else None
+)  # (a folder of your own)
 
 LISTS = {
     "passports": "/admin/odal/passport/",
@@ -104,7 +107,8 @@ def log_in(page):
 
 
 def shoot(page, name):
-    if SHOTS.is_dir():
+    if SHOTS is not None:
+        SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / name), full_page=True)
 
 

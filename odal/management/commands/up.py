@@ -128,7 +128,8 @@ class Command(BaseCommand):
             self.stdout.write("stopped.")
         if died:
             named = ", ".join(f"the {name} ({how})" for name, how in died)
-            raise CommandError(f"{named} exited on its own; odal up stopped the others.", returncode=1)
+            own = "its own" if len(died) == 1 else "their own"
+            raise CommandError(f"{named} exited on {own}; odal up stopped the others.", returncode=1)
 
     def own_the_embedded_database(self) -> bool:
         """DATABASE_URL unset: this `odal up` stops the embedded server as it stops (odal's command

@@ -216,6 +216,13 @@ class Answer:
             return OutcomeUnknown(
                 f"{said} (a gateway's answer: the request may have reached the registry){quoted}"
             )
+        if not 400 <= self.status_code < 600:
+            # A 2xx the call does not expect (203 is a transforming proxy's copy of the origin's
+            # 200), a 1xx, a status past 599: whatever its body, not the registry's refusal.
+            return OutcomeUnknown(
+                f"{said}, not a status the protocol has for it: the request may have reached the "
+                f"registry{quoted}"
+            )
         if self.own_error() is None:
             kind = storable(self.content_type.partition(";")[0].strip().lower(), 100) or "none"
             return OutcomeUnknown(
@@ -255,6 +262,9 @@ class HttpRegistry:
                         "Authorization": f"Bearer {self.token}",
                         "User-Agent": "odal-registry/1",
                         "Accept-Encoding": "identity",  # read_answer's cap holds for raw bytes
+                        # No cache in front of the registry answers a read from what it kept: a
+                        # task list of before a register landed is no proof for abandon.
+                        "Cache-Control": "no-cache",
                     },
                 )
             return self.client

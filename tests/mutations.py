@@ -5457,10 +5457,10 @@ GUARDS = [
         "tests/test_embedded.py -k second_start",
     ),
     Guard(
-        "embedded (39): a postmaster.pid naming a live process that is not PostgreSQL is removed",
+        "embedded (39): a postmaster.pid naming a live process that is not this folder's server is removed",
         "odal/database/embedded.py",
-        '        if name not in ("postgres", "postmaster"):\n',
-        "        if False:\n",
+        "                return  # (cannot tell: PostgreSQL judges, as it does)\n        lock.unlink(missing_ok=True)\n",
+        "                return  # (cannot tell: PostgreSQL judges, as it does)\n",
         "tests/test_embedded.py -k reused",
     ),
     # issue 39 item 2: make test on the embedded server when told
@@ -5865,6 +5865,79 @@ GUARDS = [
         "        self.held_until = claim.ends  # (monotonic: the database's hold, as the claim timed it)\n",
         "        self.held_until = time.monotonic() + (claim.held_until - timezone.now()).total_seconds()\n",
         "tests/test_clock_skew.py::test_a_drain_pass_whose_process_clock_runs_ahead_sends_what_it_claimed",
+    ),
+    # issue 37 item 3: only a 4xx or 5xx in the registry's own JSON error is its refusal (attack 37-39)
+    Guard(
+        "issue 37 item 3: a 2xx the call does not expect, a 1xx or a status past 599 is unknown, not failed",
+        "registry/adapters.py",
+        "        if not 400 <= self.status_code < 600:\n",
+        "        if False:\n",
+        "tests/test_registry_gateways.py -k what_an_answer",
+    ),
+    # issue 39 item 1: the embedded server's folder and socket under hostile conditions (attack 37-39)
+    Guard(
+        "issue 39 item 1: a socket path's limit is counted in bytes, not characters",
+        "odal/database/embedded.py",
+        '    if len(os.fsencode(root / f".s.PGSQL.{PORT}")) <= SOCKET_PATH_MAX:\n',
+        '    if len(str(root / f".s.PGSQL.{PORT}")) <= SOCKET_PATH_MAX:\n',
+        "tests/test_embedded.py -k too_long_in_bytes",
+    ),
+    Guard(
+        "issue 39 item 1: a stale lock naming another cluster's server is removed",
+        "odal/database/embedded.py",
+        "                if Path(process.cwd()).resolve() == self.data.resolve():\n",
+        "                if True:\n",
+        "tests/test_embedded.py -k another",
+    ),
+    Guard(
+        "issue 39 item 1: a socket folder in /tmp others may write is refused",
+        "odal/database/embedded.py",
+        "        if not stat.S_ISDIR(info.st_mode) or info.st_uid not in owners or info.st_mode & 0o022:\n",
+        "        if False:\n",
+        "tests/test_embedded.py -k others_may_write",
+    ),
+    Guard(
+        "issue 39 item 1: a folder this user cannot use is a sentence, not a traceback",
+        "odal/database/embedded.py",
+        '                "to a folder without them"\n            )\n        with self.folder_usable(), self.locked():\n',
+        '                "to a folder without them"\n            )\n        with self.locked():\n',
+        "tests/test_embedded.py -k cannot_use",
+    ),
+    Guard(
+        "issue 39 item 1: two `odal migrate` at once run one after the other",
+        "odal/management/commands/migrate.py",
+        '            cursor.execute("SELECT pg_try_advisory_lock(%s)", [MIGRATE_LOCK])\n',
+        '            cursor.execute("SELECT %s::bigint > 0", [MIGRATE_LOCK])\n',
+        "tests/test_embedded.py -k migrates_at_once",
+    ),
+    Guard(
+        "issue 39 item 1: odal up names its embedded server killed under it and exits 1",
+        "odal/management/commands/up.py",
+        "                if postmaster is not None and not postmaster.is_running():\n",
+        "                if False:\n",
+        "tests/test_embedded.py -k names_its_embedded",
+    ),
+    # issue 37 item 1: a stop that reaches every process, from a terminal too (attack 37-39)
+    Guard(
+        "issue 37 item 1: odal up stops its processes on SIGHUP and SIGQUIT",
+        "odal/management/commands/up.py",
+        "        stopping.on_signals(signals=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))\n",
+        "        stopping.on_signals(signals=(signal.SIGINT, signal.SIGTERM))\n",
+        "tests/test_up.py -k hangs_up",
+    ),
+    Guard(
+        "issue 39 item 1: a folder whose name pg_ctl's shell would read is refused at once",
+        "odal/database/embedded.py",
+        "        if found := sorted(SHELL_SPECIAL & set(str(self.root))):\n",
+        "        if found := []:\n",
+        "tests/test_embedded.py -k shell_would_read",
+    ),
+    Guard(
+        "issue 37 item 3: the registry's reads ask caches in front of it to ask the registry",
+        "registry/adapters.py",
+        '                        "Cache-Control": "no-cache",\n',
+        "",
+        "tests/test_registry_gateways.py -k cache",
     ),
 ]
 

@@ -5,11 +5,15 @@ that runs, and recovers from a killed server's lock. A SQLite URL is refused.
 
 Each test drives real `odal` commands against a real embedded server (no DATABASE_URL)."""
 
+import contextlib
 import json
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,7 +21,11 @@ import psutil
 import psycopg
 import pytest
 
+from odal import stopping
 from odal.database import embedded
+from tests.pg import free_port
+from tests.test_up import listening
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -136,8 +144,8 @@ def kill_the_server(folder: Path) -> None:
     assert (folder / "data" / "postmaster.pid").exists()
 
 
-@pytest.mark.parametrize("left", ["a killed server's", "a pid since reused"])
-def test_a_lock_left_by_a_killed_server_is_recovered(folder, migrated, left):
+@pytest.mark.parametrize("left", ["a killed server's", "a pid since reused", "another cluster's server"])
+def test_a_lock_left_by_a_killed_server_is_recovered(folder, migrated, left, tmp_path):
     before = shell(
         folder,
         "from outbox.models import Consumer; Consumer.objects.get_or_create(name='survives', kind='python', target='outbox.receiver.accept')",
@@ -150,6 +158,11 @@ def test_a_lock_left_by_a_killed_server_is_recovered(folder, migrated, left):
         # The server's own user's (PostgreSQL takes over a lock whose pid it may not signal).
         sleeper = subprocess.Popen(["sleep", "120"], **embedded.as_user(embedded.server_user()))
         lock.write_text("\n".join([str(sleeper.pid), *lines[1:]]))
+    other = embedded.Server(tmp_path / "other")
+    if left == "another cluster's server":  # (a second checkout's var/pg, started after a reboot)
+        other.start()
+        lines = lock.read_text().split("\n")
+        lock.write_text("\n".join([str(other.processes()[0].pid), *lines[1:]]))
     try:
         started = time.monotonic()
         after = shell(
@@ -160,9 +173,144 @@ def test_a_lock_left_by_a_killed_server_is_recovered(folder, migrated, left):
         if left == "a pid since reused":
             sleeper.kill()
             sleeper.wait()
+        other.stop()
     assert (after.returncode, after.stdout.strip()) == (0, "1"), after.stderr[-3000:]
     assert "started the embedded PostgreSQL" in after.stderr
     assert time.monotonic() - started < 120
+
+
+def test_two_migrates_at_once_both_succeed(folder, migrated):
+    """Two `odal migrate` at once on a database that lacks a migration (two `make run` started
+    together on an empty var/, replicas that each migrate as they start): both read what is
+    applied before either writes, here held at that read by a lock on django_migrations until
+    both wait, then let go together. Before: both applied sessions.0001, and the second died with a
+    traceback (duplicate key value violates unique constraint "pg_type_typname_nsp_index")."""
+    with psycopg.connect(embedded.url(folder, "postgres"), autocommit=True) as connection:
+        connection.execute("DROP DATABASE IF EXISTS race WITH (FORCE)")
+        connection.execute("CREATE DATABASE race")
+    race = {"DATABASE_URL": embedded.url(folder, "race")}
+    for args in (("migrate", "--noinput"), ("migrate", "--noinput", "sessions", "zero")):
+        done = odal(folder, *args, **race)
+        assert done.returncode == 0, done.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ODAL_TEST_DATABASE")}
+    env.update(ODAL_PG_DIR=str(folder), ODAL_KICK_SWEEP="false", **race)
+    with psycopg.connect(race["DATABASE_URL"]) as holder:
+        holder.execute("LOCK TABLE django_migrations IN ACCESS EXCLUSIVE MODE")
+        both = [
+            subprocess.Popen(
+                [sys.executable, "-m", "odal", "migrate", "--noinput"],
+                env=env,
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+            for _ in range(2)
+        ]
+        deadline = time.monotonic() + 120
+        while sql(
+            folder,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = 'race' AND wait_event_type = 'Lock'",
+        ) != [(2,)]:
+            assert time.monotonic() < deadline and all(p.poll() is None for p in both), [
+                p.communicate() for p in both
+            ]
+            time.sleep(0.05)
+        holder.commit()  # (both let go together)
+    said = [p.communicate(timeout=120) for p in both]
+    assert [p.returncode for p in both] == [0, 0], [err[-3000:] for _, err in said]
+    with psycopg.connect(race["DATABASE_URL"]) as connection:
+        applied = connection.execute(
+            "SELECT count(*) FROM django_migrations WHERE app = 'sessions'"
+        ).fetchone()
+    assert applied == (1,)
+
+
+@pytest.mark.parametrize("why", ["read-only", "not a folder"])
+def test_a_folder_this_user_cannot_use_is_a_sentence_not_a_traceback(why):
+    """A read-only var/ (or one `sudo make run` made another user's), or a file where the folder
+    should be: exit 1 and a sentence naming the folder and what to do, not a PermissionError's
+    traceback."""
+    parent = Path(tempfile.mkdtemp(prefix="odal-ro-"))
+    try:
+        parent.chmod(0o755)
+        as_other = []
+        if why == "read-only":
+            if os.geteuid() == 0:  # (root writes anywhere: the folder is root's, odal runs as nobody)
+                nobody = pwd.getpwnam("nobody")
+                as_other = [
+                    "setpriv",
+                    f"--reuid={nobody.pw_uid}",
+                    f"--regid={nobody.pw_gid}",
+                    "--clear-groups",
+                ]
+            else:
+                parent.chmod(0o555)
+            folder = parent / "pg"
+        else:
+            (parent / "var").write_text("a file")
+            folder = parent / "var" / "pg"
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ODAL_TEST_DATABASE")}
+        env.update(ODAL_PG_DIR=str(folder), ODAL_KICK_SWEEP="false", HOME=str(parent))
+        done = subprocess.run(
+            [*as_other, sys.executable, "-m", "odal", "check"],
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    finally:
+        parent.chmod(0o755)
+        shutil.rmtree(parent)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    said = done.stderr.strip()
+    assert said.startswith(f"odal cannot start the embedded PostgreSQL: {folder}"), said
+    assert "set ODAL_PG_DIR to another folder, or set DATABASE_URL" in said, said
+
+
+def test_a_folder_whose_name_pg_ctls_shell_would_read_is_refused_at_once(tmp_path):
+    """pg_ctl starts the server through a shell, its data folder and log in double quotes: a `$`
+    there is read, not kept. Before: a minute of retries, then "did not start" and an empty log."""
+    folder = tmp_path / "d$x" / "pg"
+    started = time.monotonic()
+    done = odal(folder, "check")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr.strip() == (
+        f"odal cannot start the embedded PostgreSQL: the embedded PostgreSQL's folder {folder} holds $, which "
+        "pg_ctl's shell would read, not keep (its data folder and log are passed in double quotes): set "
+        "ODAL_PG_DIR to a folder without them"
+    )
+    assert time.monotonic() - started < 30 and not folder.exists()
+
+
+def test_a_socket_path_too_long_in_bytes_moves_to_the_temporary_directory(tmp_path):
+    """The socket's limit (107 bytes on Linux) is in bytes: 30 CJK characters are 90 of them.
+    Before: the folder's path was counted in characters, and PostgreSQL refused to start
+    ("Unix-domain socket path … is too long (maximum 107 bytes)") after a minute of retries."""
+    root = Path("/tmp") / ("数" * 30) / "pg"  # 37 characters, 103 bytes
+    assert len(str(root / ".s.PGSQL.5432")) < embedded.SOCKET_PATH_MAX
+    assert embedded.socket_dir(root) != root.resolve()
+    assert embedded.socket_dir(tmp_path) == tmp_path.resolve()
+
+
+def test_a_socket_folder_in_the_temporary_directory_others_may_write_is_refused(tmp_path):
+    """A folder whose path is too long for a socket puts it in /tmp/odal-pg-<hash of the path>, a
+    name anyone can work out: one made first by someone else (here: writable by all) could hold
+    their socket, which odal would take for its server. It is refused, not used."""
+    folder = tmp_path / ("long" * 30) / "pg"
+    where = embedded.socket_dir(folder)
+    assert where != folder.resolve()
+    where.mkdir(mode=0o777, exist_ok=True)
+    where.chmod(0o777)  # (mkdir's mode is cut by the umask)
+    try:
+        done = odal(folder, "check")
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr.strip() == (
+        f"odal cannot start the embedded PostgreSQL: the embedded PostgreSQL's socket folder {where} (its "
+        f"folder's path, {folder}, is too long for a socket) is not a folder of this user's that only it may "
+        "write; remove it, or set ODAL_PG_DIR to a shorter path"
+    )
+    assert not (folder / "data").exists()
 
 
 def test_a_sqlite_url_is_refused_with_a_sentence_naming_the_variable(tmp_path):
@@ -194,3 +342,50 @@ def test_make_test_runs_on_the_embedded_server_when_told_even_where_a_server_ans
     url, version = done.stdout.strip().splitlines()[-1].split()
     assert url.startswith("postgres://postgres@127.0.0.1:") and ":5432/" not in url
     assert int(version) // 10000 == 18
+
+
+def test_odal_up_names_its_embedded_server_killed_under_it_and_exits_1(folder, migrated, tmp_path):
+    """`odal up` owns the embedded server it stops: one killed under it (the OOM killer, kill -9)
+    is named, the others are stopped, and it exits 1, as for any of its processes (issue 37 item
+    9d). Before: it ran on, its web side answering 503 and its worker waiting, for ever, for a
+    database nothing would start again."""
+    made = shell(
+        folder,
+        "from outbox.models import Consumer; Consumer.objects.get_or_create(name='demo-receiver', kind='webhook', "
+        "defaults={'url': 'http://127.0.0.1:9/hooks'})",
+    )
+    assert made.returncode == 0, made.stderr[-3000:]
+    stop_seconds = 10
+    web, receiver, registry = free_port(), free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ODAL_TEST_DATABASE")}
+    env.update(ODAL_PG_DIR=str(folder), ODAL_KICK_SWEEP="false", ODAL_STOP_SECONDS=str(stop_seconds))
+    argv = [sys.executable, "-m", "odal", "up", "--addr", f"127.0.0.1:{web}"]
+    argv += ["--receiver-port", str(receiver), "--registry-port", str(registry)]
+    with (tmp_path / "up.log").open("w+") as log:
+        up = subprocess.Popen(
+            argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        children = []
+        try:
+            assert wait_for(lambda: all(map(listening, (web, receiver, registry))), 90), (
+                tmp_path / "up.log"
+            ).read_text()[-3000:]
+            children = stopping.descendants(up.pid)
+            kill_the_server(folder)
+            died = time.monotonic()
+            code = up.wait(timeout=stop_seconds + 30)
+            seconds = time.monotonic() - died
+        finally:
+            if up.poll() is None:
+                for pid in children or stopping.descendants(up.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                os.killpg(up.pid, signal.SIGKILL)
+                up.wait()
+        said = (tmp_path / "up.log").read_text()
+    assert code == 1, (code, said[-3000:])
+    assert "embedded PostgreSQL exited (pid " in said and "the next start recovers its data" in said, said[
+        -3000:
+    ]
+    assert seconds <= stop_seconds + 5, (seconds, said[-3000:])

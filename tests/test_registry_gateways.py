@@ -103,6 +103,11 @@ ANSWERS = [
     ("register", 502, (HTML, b"<h1>502 Bad Gateway</h1>"), "unknown"),
     ("register", 504, own("GATEWAY_TIMEOUT"), "unknown"),  # 502, 504, 520-527, 530: a gateway's status
     ("register", 524, own("TIMEOUT"), "unknown"),
+    # a status the call does not expect and that is no refusal, whatever the body: a 203 is a
+    # transforming proxy's copy of the registry's 200 (the request was taken), a 2xx, a 1xx, past 599
+    ("register", 203, own("NON_AUTHORITATIVE"), "unknown"),
+    ("register", 299, own("ODD"), "unknown"),
+    ("register", 600, own("ODD"), "unknown"),
     # check: GET /dpp-registration-requests/{requestId}
     ("check", 200, CHECKING, "checking"),
     ("check", 200, REGISTERED, "registered"),
@@ -120,6 +125,8 @@ ANSWERS = [
     ("check", 503, EMPTY, "unknown"),
     ("check", 524, (HTML, CF_524), "unknown"),
     ("check", 502, own("BAD_GATEWAY"), "unknown"),
+    ("check", 203, own("NON_AUTHORITATIVE"), "unknown"),
+    ("check", 999, own("ODD"), "unknown"),
     # deactivate: POST /registrations/{registrationId}/deactivate
     ("deactivate", 204, EMPTY, "deactivated"),
     ("deactivate", 200, EMPTY, "deactivated"),
@@ -137,6 +144,7 @@ ANSWERS = [
     ("deactivate", 500, (HTML, NGINX_500), "unknown"),
     ("deactivate", 520, (HTML, CF_520), "unknown"),
     ("deactivate", 524, (HTML, CF_524), "unknown"),
+    ("deactivate", 600, own("ODD"), "unknown"),
     # task list: GET /dpp-registration-requests?limit=200 (find_submission; its first page)
     ("task list", 200, NO_TASKS, "not found (exhaustive)"),
     ("task list", 200, (HTML, b"<h1>Maintenance</h1>"), "unreadable"),
@@ -161,6 +169,7 @@ class Registry:
     def __init__(self):
         self.answer = (200, "", b"")
         self.asked: list[tuple[str, str]] = []
+        self.headers: list[dict] = []  # each request's
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -172,6 +181,7 @@ class Registry:
             def _answer(self):
                 self.rfile.read(int(self.headers.get("content-length") or 0))
                 outer.asked.append((self.command, self.path))
+                outer.headers.append(dict(self.headers))
                 status, content_type, data = outer.answer
                 self.send_response(status)
                 if content_type:
@@ -257,6 +267,18 @@ def test_what_an_answer_means(registry, call, status, answer, expected):
 
     assert outcome(call, registry.adapter, reg) == expected
     assert len(registry.asked) == 1  # asked once: nothing followed, nothing retried
+
+
+def test_the_registrys_reads_ask_every_cache_in_front_of_it_to_ask_the_registry(registry):
+    """A task list served from a cache in front of the registry (a CDN's "cache everything" rule)
+    would be a page of before a register landed, taken by abandon for proof that nothing is held.
+    Each read says `Cache-Control: no-cache` (RFC 9111 5.2.1.4: a cache must not answer it
+    without asking the origin). Before: no such header."""
+    registry.answer = (200, *NO_TASKS)
+    registry.adapter.find_submission("https://id.example.eu/01/1/21/X")
+    registry.answer = (200, *CHECKING)
+    registry.adapter.check("req-1")
+    assert [h.get("Cache-Control") for h in registry.headers] == ["no-cache", "no-cache"]
 
 
 @pytest.mark.django_db

@@ -100,3 +100,58 @@ def test_odal_up_names_a_child_that_died_stops_the_others_and_exits_1(tmp_path):
     assert seconds <= stop_seconds + MARGIN, (seconds, said[-3000:])
     assert all(gone(pid) for pid in children), [command_line(pid) for pid in children if not gone(pid)]
     assert said.count("odal.W001") == 1, said[-5000:]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGQUIT], ids=["SIGHUP", "SIGQUIT"])
+def test_odal_up_stops_its_processes_when_its_terminal_hangs_up_or_quits(tmp_path, signum):
+    """A terminal closed (an ssh session dropped: SIGHUP) or Ctrl-\\ (SIGQUIT) reaches `odal up`
+    alone (its processes have sessions of their own): it stops them as for SIGTERM and exits.
+    Before: it died at once and left them all running (the web server still answering on its
+    port, the worker still claiming), so the next `make run` found its ports taken."""
+    stop_seconds = 10
+    web, receiver, registry = free_port(), free_port(), free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "ODAL_STOP_SECONDS": str(stop_seconds),
+        "ODAL_KICK_SWEEP": "false",
+        "ODAL_REGISTRY_URL": f"http://127.0.0.1:{registry}",
+    }
+    WebhookConsumerFactory(name="demo-receiver", url=f"http://127.0.0.1:{receiver}/hooks")
+    argv = [sys.executable, "-m", "odal", "up", "--addr", f"127.0.0.1:{web}"]
+    argv += ["--receiver-port", str(receiver), "--registry-port", str(registry)]
+
+    def up_and_running() -> bool:
+        worker = [pid for pid in stopping.descendants(up.pid) if " qcluster" in command_line(pid)]
+        return all(map(listening, (web, receiver, registry))) and len(worker) > 1
+
+    with (tmp_path / "up.log").open("w+") as log:
+        up = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        children = []
+        try:
+            assert wait_for(up_and_running, 90), (tmp_path / "up.log").read_text()[-3000:]
+            children = stopping.descendants(up.pid)
+            os.kill(up.pid, signum)
+            up.wait(timeout=stop_seconds + 10)
+            assert wait_for(lambda: all(gone(pid) for pid in children), 5), [
+                command_line(pid) for pid in children if not gone(pid)
+            ]
+        finally:
+            for pid in children:  # (each has a session of its own: ended one by one)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if up.poll() is None:
+                os.killpg(up.pid, signal.SIGKILL)
+                up.wait()
+        said = (tmp_path / "up.log").read_text()
+    assert "stopped." in said, said[-3000:]
+    assert not listening(web)

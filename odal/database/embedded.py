@@ -38,6 +38,7 @@ DATABASE = "odal"
 USER = "postgres"
 PORT = 5432  # (names the socket file, .s.PGSQL.5432: no TCP port is opened)
 SOCKET_PATH_MAX = 100  # a Unix socket's path is at most 103-107 bytes, by platform
+SHELL_SPECIAL = set('"$`\\')  # what a shell reads inside double quotes (pg_ctl starts the server through one)
 START_SECONDS = 60  # a server in crash recovery may take a while to answer
 
 
@@ -47,9 +48,10 @@ class EmbeddedError(Exception):
 
 def socket_dir(root: Path) -> Path:
     """Where the server's socket is: the folder itself, or (its path too long for a socket) a
-    folder in the temporary directory named after it."""
+    folder in the temporary directory named after it. The limit is in bytes: a folder named in
+    another script (`/home/jürgen/…`, 数据) takes two or three per character."""
     root = Path(root).resolve()
-    if len(str(root / f".s.PGSQL.{PORT}")) <= SOCKET_PATH_MAX:
+    if len(os.fsencode(root / f".s.PGSQL.{PORT}")) <= SOCKET_PATH_MAX:
         return root
     return Path(gettempdir()) / f"odal-pg-{sha256(str(root).encode()).hexdigest()[:12]}"
 
@@ -135,6 +137,8 @@ class Server:
         """A connection over the socket succeeds (the server is up and accepts work)."""
         import psycopg
 
+        if self.socket_dir != self.root and self.socket_dir.exists():
+            self.check_socket_dir()
         try:
             psycopg.connect(
                 host=str(self.socket_dir), port=PORT, user=USER, dbname=database, connect_timeout=3
@@ -142,6 +146,35 @@ class Server:
             return True
         except psycopg.OperationalError:
             return False
+
+    @contextmanager
+    def folder_usable(self):
+        """A folder this user may not write (a read-only var/, a var/pg made by another user or
+        by `sudo`) is a sentence naming it and what to do, not a traceback."""
+        try:
+            yield
+        except OSError as exc:
+            where = exc.filename or self.root
+            raise EmbeddedError(
+                f"{where}: {exc.strerror or exc}. The embedded PostgreSQL's folder ({self.root}) must be "
+                f"one this user ({pwd.getpwuid(os.geteuid()).pw_name}) may write: give it to this user, "
+                "set ODAL_PG_DIR to another folder, or set DATABASE_URL=postgres://user@host:port/odal"
+            ) from None
+
+    def check_socket_dir(self) -> None:
+        """A socket folder outside var/pg (its path too long) is in the shared temporary directory,
+        under a name anyone can work out: one another user made first could hold a socket of
+        theirs, which odal would take for its server and send its data to."""
+        if self.socket_dir == self.root:
+            return
+        info = self.socket_dir.lstat()
+        owners = {os.geteuid(), *((self.user.pw_uid,) if self.user is not None else ())}
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid not in owners or info.st_mode & 0o022:
+            raise EmbeddedError(
+                f"the embedded PostgreSQL's socket folder {self.socket_dir} (its folder's path, "
+                f"{self.root}, is too long for a socket) is not a folder of this user's that only it "
+                "may write; remove it, or set ODAL_PG_DIR to a shorter path"
+            )
 
     @contextmanager
     def locked(self):
@@ -153,7 +186,13 @@ class Server:
 
     def start(self) -> bool:
         """Make sure the server runs and has odal's database; True if this call started it."""
-        with self.locked():
+        if found := sorted(SHELL_SPECIAL & set(str(self.root))):
+            raise EmbeddedError(
+                f"the embedded PostgreSQL's folder {self.root} holds {' '.join(found)}, which pg_ctl's shell "
+                "would read, not keep (its data folder and log are passed in double quotes): set ODAL_PG_DIR "
+                "to a folder without them"
+            )
+        with self.folder_usable(), self.locked():
             if self.answers():
                 self.create_database()
                 return False
@@ -166,15 +205,17 @@ class Server:
 
     def stop(self) -> None:
         """Stop the server (fast: open connections are ended); nothing if it is not running."""
-        with self.locked():
+        with self.folder_usable(), self.locked():
             if not (self.data / "postmaster.pid").exists():
                 return
             self.pg_ctl("-m", "fast", "-w", "stop", check=False)
 
     def prepare(self) -> None:
         bin_dir()  # (its sentence first, if the package is missing)
-        for made in (self.root, self.socket_dir):
-            made.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
+        # (only this user may put a socket in it)
+        self.socket_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.check_socket_dir()
         if self.user is not None:
             for folder in (self.root, self.socket_dir):
                 os.chown(folder, self.user.pw_uid, self.user.pw_gid)
@@ -247,13 +288,21 @@ class Server:
         import psutil
 
         try:
-            name = psutil.Process(pid).name()
+            process = psutil.Process(pid)
+            name = process.name()
         except psutil.NoSuchProcess:
             return  # (PostgreSQL itself takes over a dead PID's lock)
         except psutil.AccessDenied:
             name = ""
-        if name not in ("postgres", "postmaster"):
-            lock.unlink(missing_ok=True)
+        if name in ("postgres", "postmaster"):
+            # A server, but is it this folder's? The PID may now be another cluster's (a second
+            # checkout's var/pg, started after a reboot): a server works in its data folder.
+            try:
+                if Path(process.cwd()).resolve() == self.data.resolve():
+                    return
+            except (psutil.Error, OSError):
+                return  # (cannot tell: PostgreSQL judges, as it does)
+        lock.unlink(missing_ok=True)
 
     def create_database(self) -> None:
         import psycopg
@@ -268,6 +317,16 @@ class Server:
         ) as connection:
             if not connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE]).fetchone():
                 connection.execute(f'CREATE DATABASE "{DATABASE}"')
+
+    def postmaster(self):
+        """The server's main process (a psutil.Process, which knows it from a later one with its
+        PID), or None when none runs."""
+        import psutil
+
+        try:
+            return psutil.Process(int((self.data / "postmaster.pid").read_text().split("\n", 1)[0]))
+        except (FileNotFoundError, ValueError, psutil.NoSuchProcess):
+            return None
 
     def processes(self) -> list:
         """The server's processes (the postmaster and its children), for their memory."""

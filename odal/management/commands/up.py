@@ -74,7 +74,15 @@ class Command(BaseCommand):
         children = []
         died = []  # (name, how) of the children that exited on their own
         owns_database = self.own_the_embedded_database()
-        stopping.on_signals()  # (past ODAL_STOP_SECONDS it ends the children that are left, and itself)
+        # The embedded server this `odal up` stops is one of its processes: one that dies (the OOM
+        # killer, a kill -9) is named and stops the others, as a child does. Else the web side
+        # answered 503 and the worker waited for a database that nothing would start again.
+        postmaster = embedded.Server(settings.ODAL_EMBEDDED_DATABASE).postmaster() if owns_database else None
+        # (past ODAL_STOP_SECONDS it ends the children that are left, and itself). A terminal that
+        # hangs up (SIGHUP: an ssh session dropped) or Ctrl-\ (SIGQUIT) reaches this process alone
+        # (its children have sessions of their own): they stop it too, else they ended it at once
+        # and left its processes running, ports and all.
+        stopping.on_signals(signals=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))
         env = {**os.environ, "ODAL_STOP_SECONDS": str(child_stop_seconds())}
         for name, argv in self.processes(addr, receiver_port, registry_port):
             self.stdout.write(f"starting {name}: {' '.join(argv[2:])}")
@@ -87,6 +95,13 @@ class Command(BaseCommand):
                 died = [
                     (name, exited(child.returncode)) for name, child in children if child.poll() is not None
                 ]
+                if postmaster is not None and not postmaster.is_running():
+                    died.append(
+                        (
+                            "embedded PostgreSQL",
+                            f"pid {postmaster.pid} gone; the next start recovers its data",
+                        )
+                    )
                 if died:
                     for name, how in died:
                         self.stderr.write(f"{name} exited ({how}); stopping the others.")

@@ -118,6 +118,8 @@ MALFORMED = {
     ("token", "revoke"): [["abcdefgh", "--actor", LONG], ["ab\udcffcdef"], ["odal_abcdef12_rest"]],
     ("token", "list"): [["--bogus"]],
     ("demo",): [["--bogus"]],
+    # (odal's migrate: Django's, under an advisory lock)
+    ("migrate",): [["noapp"], ["odal", "9999_nonexistent"], ["--bogus"]],
     ("up",): [["--addr", "nonsense"], ["--addr", "127.0.0.1:99999"]],
     ("serve",): [
         ["--bind", "nonsense"],

@@ -14,6 +14,7 @@ tag, which runs in the page's head): a change landing between the two makes the 
 its stamp (one refetch too many), never older (a page that would sit stale at rest).
 """
 
+import contextlib
 import hashlib
 import json
 import re
@@ -334,10 +335,9 @@ class LiveAdmin:
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         kind = OBJECT_KINDS.get(self.model)
         if kind and object_id and request.method == "GET":
-            try:
+            # An id that names nothing gets no live part: Django's own view answers it.
+            with contextlib.suppress(ValidationError, Http404):
                 request.odal_live = page_config(request, kind, self.model._meta.pk.to_python(object_id))
-            except (ValidationError, Http404):
-                pass  # (Django's own view answers an id that names nothing)
         return super().changeform_view(request, object_id, form_url, extra_context)
 
     def changelist_view(self, request, extra_context=None):

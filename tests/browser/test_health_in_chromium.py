@@ -9,42 +9,24 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import Group
 from django.utils import timezone
 
-from odal.groups import ensure_groups
 from odal.models import AuditEntry
 from outbox.models import DeliveryAttempt
 from registry.models import RegistrationAttempt
+from tests.browser.test_admin_in_chromium import log_in, person
 from tests.factories import (
     DeadDeliveryFactory,
     DeliveryFactory,
     EventFactory,
     PublishedPassportFactory,
     RegistrationFactory,
-    UserFactory,
     WebhookConsumerFactory,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-PASSWORD = "pw-for-tests"
 SHOTS = os.environ.get("ODAL_HEALTH_SHOTS")
-
-
-def viewer():
-    ensure_groups()  # live-server tests start from a flushed database
-    user = UserFactory(username="viewer")
-    user.groups.add(Group.objects.get(name="Viewers"))
-    return user
-
-
-def log_in(page, user):
-    page.goto("/admin/login/?next=/admin/")
-    page.fill("#id_username", user.username)
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_selector("#content-main")
 
 
 def shots(page, name: str):
@@ -98,7 +80,7 @@ def test_a_consumers_page_shows_its_health_and_leads_to_its_pending_and_dead_del
         name="site-builder", url="https://hooks:s3cr3t@builder.example.net/in?t=abc"
     )
     a_day_of(consumer)
-    log_in(page, viewer())
+    log_in(page, person("Viewers"))
     page.goto(f"/admin/outbox/consumer/{consumer.pk}/change/")
     panel = page.locator(f"#consumer-health-{consumer.pk}[data-live='consumer-health']")
     panel.wait_for()
@@ -149,7 +131,7 @@ def test_a_passports_page_tells_its_story_in_order_each_line_a_link(page, screen
                             dead_at=now - timedelta(hours=3))  # fmt: skip
     AuditEntry.objects.create(at=now - timedelta(hours=1), actor="user:ops-lead", action="delivery_replayed",
                               object_type="outbox.delivery", object_id=str(d.pk), reason="billing fixed")  # fmt: skip
-    log_in(page, viewer())
+    log_in(page, person("Viewers"))
     page.goto(f"/admin/odal/passport/{p.pk}/change/")
     story = page.locator(f"#passport-story-{p.pk}[data-live='passport-story']")
     story.wait_for()

@@ -32,7 +32,7 @@ The walks, each over the rows that may hold candidates (the rule is checked when
 Each walk resumes where it stopped, so that rows retention must keep at the front of an index
 (young dead letters and long-parked rows among the oldest deliveries, their events) are walked
 past once a lap, not at every run:
-- Its position, the last (key, id) it walked, is a row of odal.models.RetentionPosition: it
+- Its position, the last (key, id) it walked, is a row of odal.core.models.RetentionPosition: it
   survives restarts, and every process resumes from it. A run starts after it, walks to the end
   of the range, goes back to the start and on to where it began, unless its time runs out first:
   a run walks each entry at most once, and one with time enough (`odal outbox purge`) walks them
@@ -68,8 +68,8 @@ from django.db import transaction
 from django.db.models import BooleanField, Exists, F, Func, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from odal import tally
-from odal.models import RetentionPosition
+from odal.core import tally
+from odal.core.models import IdempotencyRecord, RetentionPosition
 from outbox.models import Delivery, DeliveryAttempt, Event
 
 log = logging.getLogger(__name__)
@@ -438,8 +438,6 @@ def scheduled_purge() -> str:
     """The scheduled task (every 10 minutes): purge with the configured periods (at most SCHEDULED_SECONDS per run),
     fold old tally buckets, forget workers gone a week and idempotency keys past their 24 hours;
     one log line saying what went."""
-    from odal.models import IdempotencyRecord
-
     now = timezone.now()
     delivered_before = now - timedelta(days=settings.ODAL_RETENTION_DAYS)
     dead_before = now - timedelta(days=settings.ODAL_DEAD_RETENTION_DAYS)

@@ -21,11 +21,12 @@ pytestmark = pytest.mark.django_db
 
 def test_the_upi_rule_imports_nothing_above_it():
     """odal.core.upi sits under the input rules, and they under the admin's reason forms
-    (odal.core.admin_actions -> odal.core.reasons -> odal.core.rules -> odal.core.upi): importing the rules, in a fresh
-    interpreter, loads neither the admin's modules nor anything of odal but what they stand on."""
+    (odal.core.admin_actions -> odal.core.reasons -> odal.core.rules -> odal.core.upi): importing
+    the rules, in a fresh interpreter, loads neither the admin's modules nor anything of odal but
+    what they stand on."""
     code = "import sys, odal.core.rules; print(sorted(m for m in sys.modules if m.startswith('odal')))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert loaded.strip() == "['odal', 'odal.core.rules', 'odal.core.text', 'odal.core.upi']"
+    assert loaded.strip() == "['odal', 'odal.core', 'odal.core.rules', 'odal.core.text', 'odal.core.upi']"
 
 
 CANONICAL = "https://id.example.eu/01/09506000134352/21/ABC"

@@ -2272,6 +2272,13 @@ GUARDS = [
         "tests/test_retention.py::test_attempt_lines_of_a_claimed_registration_stay",
     ),
     Guard(
+        "retention, registry lines: the registry adds its walk to every purge",
+        "registry/apps.py",
+        "        add_to_purges()\n",
+        "",
+        "tests/test_retention.py -k test_old_attempt_lines_of_registered_or_rejected_registrations_go_the_registrations_stay",
+    ),
+    Guard(
         "retention, registry lines: finished before the cutoff",
         "registry/retention.py",
         "    return RegistrationAttempt.objects.filter(finished_at__lt=before)\n",

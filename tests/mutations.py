@@ -5967,6 +5967,41 @@ GUARDS = [
         "",
         "tests/test_registry_gateways.py -k cache",
     ),
+    Guard(
+        "state tables: park_paused parks only pending rows (not a paused consumer's dead or delivered ones)",
+        "outbox/models.py",
+        "self.filter(status=Delivery.Status.PENDING, consumer_id__in=paused_consumers())",
+        "self.filter(consumer_id__in=paused_consumers())",
+        "tests/test_state_tables.py::test_each_method_moves_exactly_what_its_table_says[outbox.Delivery-park_paused]",
+    ),
+    Guard(
+        "state tables: find_and_deactivate takes only a pending register",
+        "registry/models.py",
+        "            status=Registration.Status.PENDING,\n            operation=Registration.Operation.REGISTER,\n            claim_token=token,\n",
+        "            operation=Registration.Operation.REGISTER,\n            claim_token=token,\n",
+        "tests/test_state_tables.py::test_each_method_moves_exactly_what_its_table_says[registry.Registration-find_and_deactivate]",
+    ),
+    Guard(
+        "state tables: withdraw_unsent takes only a pending register",
+        "registry/models.py",
+        "                status=Registration.Status.PENDING,\n                operation=Registration.Operation.REGISTER,\n                attempts=0,\n",
+        "                operation=Registration.Operation.REGISTER,\n                attempts=0,\n",
+        "tests/test_state_tables.py::test_each_method_moves_exactly_what_its_table_says[registry.Registration-withdraw_unsent]",
+    ),
+    Guard(
+        "state tables: cancel_deactivation takes only a pending deactivation",
+        "registry/models.py",
+        "                status=Registration.Status.PENDING,\n                operation=Registration.Operation.DEACTIVATE,\n                claim_token=token,\n",
+        "                operation=Registration.Operation.DEACTIVATE,\n                claim_token=token,\n",
+        "tests/test_state_tables.py::test_each_method_moves_exactly_what_its_table_says[registry.Registration-cancel_deactivation]",
+    ),
+    Guard(
+        "state tables: reregister takes only a pending deactivation",
+        "registry/models.py",
+        "            status=Registration.Status.PENDING,\n            operation=Registration.Operation.DEACTIVATE,\n            claim_token=token,\n",
+        "            operation=Registration.Operation.DEACTIVATE,\n            claim_token=token,\n",
+        "tests/test_state_tables.py::test_each_method_moves_exactly_what_its_table_says[registry.Registration-reregister]",
+    ),
 ]
 
 

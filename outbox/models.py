@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.core.exceptions import EmptyResultSet
 from django.db import connection, models, transaction
-from django.db.models import Case, Exists, F, OuterRef, Value, When
+from django.db.models import Exists, F, OuterRef, Value
 from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce, Concat, Least
@@ -326,21 +326,10 @@ class DeliveryQuerySet(ClaimQuerySet):
         caller's claim. A late writer (its claim superseded, or the row settled) matches nothing."""
         return self.filter(status=Delivery.Status.PENDING, claim_token=token)
 
-    def mark_delivered(self, *, token: uuid.UUID, at: datetime) -> bool:
-        """End the current attempt as delivered. Takes the row only while it is pending and
-        still held by `token`; a late writer takes nothing."""
-        return (
-            self._held(token).update(
-                status=Delivery.Status.DELIVERED, delivered_at=at, claim_token=None, last_error=""
-            )
-            == 1
-        )
-
     def mark_delivered_each(self, *, token: uuid.UUID, at: datetime) -> set:
-        """The bulk form the sweep uses: mark_delivered for every row of this queryset, in one
-        UPDATE, each row under the same guard. Returns the ids it took (the others were late).
-        One UPDATE … RETURNING: the ids are the rows it wrote, each checked against the guard
-        after any lock wait."""
+        """End the current attempt of every row of this queryset as delivered, in one UPDATE …
+        RETURNING under _held's guard, checked on each row after any lock wait. Returns the ids
+        it took (the others were late)."""
         delivered = {
             "status": Delivery.Status.DELIVERED,
             "delivered_at": at,
@@ -349,35 +338,13 @@ class DeliveryQuerySet(ClaimQuerySet):
         }
         return self._held(token).update_returning_ids(delivered)
 
-    def mark_attempt_failed(self, *, token: uuid.UUID, error: str, retry_at: datetime, at: datetime) -> bool:
-        """End the current attempt as failed: due again at `retry_at`, or dead once the attempts
-        counted at claim time reach max_attempts. Same guard as mark_delivered."""
-        # A consumer paused while this attempt ran: its row is parked, never dead-lettered.
-        paused = Exists(Consumer.objects.filter(pk=OuterRef("consumer_id"), paused=True))
-        parked = When(paused, then=Value(Delivery.Status.PAUSED))
-        spent = When(attempts__gte=F("max_attempts"), then=Value(Delivery.Status.DEAD))
-        return (
-            self._held(token).update(
-                status=Case(parked, spent, default=Value(Delivery.Status.PENDING)),
-                dead_at=Case(
-                    When(paused, then=None),
-                    When(attempts__gte=F("max_attempts"), then=Value(at)),
-                    default=None,
-                    output_field=models.DateTimeField(),
-                ),
-                next_attempt_at=retry_at,
-                claim_token=None,
-                last_error=storable(error),
-            )
-            == 1
-        )
-
     def mark_attempts_failed_each(self, *, token: uuid.UUID, failures: "list[Failure]") -> set:
-        """The bulk form the sweep uses: mark_attempt_failed for each row of `failures`, with its
-        own error, retry time and end, under the same guard (_held, and this queryset's filter).
-        Returns the ids it took (the others were late). One UPDATE … FROM unnest(…)
-        whatever their number: the guard is stated on the row being updated, so a row that
-        another writer settled while this one waited for its lock is checked again and left."""
+        """End the current attempt of each row of `failures` as failed, with its own error and
+        retry time: due again at retry_at, parked if its consumer is paused (never dead-lettered),
+        dead once the attempts counted at claim time reach max_attempts. One UPDATE … FROM
+        unnest(…) under _held's guard and this queryset's filter, stated on the row being
+        updated, so a row another writer settled while this one waited for its lock is left.
+        Returns the ids it took (the others were late)."""
         if not failures:
             return set()
         # The claim's token is a column of the failures, not a constant: PostgreSQL estimates

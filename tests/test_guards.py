@@ -133,7 +133,9 @@ def test_the_bulk_failed_write_leaves_a_row_another_writer_settled_while_it_wait
         for n, row in enumerate([first, second])
     ]
 
-    with HeldWrite(lambda: Delivery.objects.filter(pk=second.pk).mark_delivered_each(token=token, at=now)) as held:
+    with HeldWrite(
+        lambda: Delivery.objects.filter(pk=second.pk).mark_delivered_each(token=token, at=now)
+    ) as held:
         taken = Delivery.objects.mark_attempts_failed_each(token=token, failures=failures)
 
     assert held.waited_for
@@ -292,7 +294,9 @@ def _delivered_each(rows, token):
 
 
 def _failed_each(rows, token):
-    failures = [Failure(row.pk, "HTTP 503", timezone.now() + timedelta(minutes=5), timezone.now()) for row in rows]
+    failures = [
+        Failure(row.pk, "HTTP 503", timezone.now() + timedelta(minutes=5), timezone.now()) for row in rows
+    ]
     return bool(rows.mark_attempts_failed_each(token=token, failures=failures))
 
 

@@ -48,13 +48,12 @@ class ConsumerQuerySet(models.QuerySet):
     what the API shows of a consumer counts a `version` (its ETag)."""
 
     def python_outside(self, allowed: tuple[str, ...]):
-        """Python consumers whose target no entry of `allowed` (ODAL_PYTHON_CONSUMERS) names: the
-        SQL form of odal.rules.python_target_allowed (an exact path, or under `prefix.*`)."""
-        named = models.Q(pk__in=[])  # (nothing, when the list is empty)
-        for entry in allowed:
-            named |= (
-                models.Q(target__startswith=entry[:-1]) if entry.endswith(".*") else models.Q(target=entry)
-            )
+        """Python consumers whose target no entry of `allowed` (ODAL_PYTHON_CONSUMERS) names, as
+        odal.rules.python_allow_list_names reads the list."""
+        paths, prefixes = rules.python_allow_list_names(allowed)
+        named = models.Q(target__in=paths)
+        for prefix in prefixes:
+            named |= models.Q(target__startswith=prefix)
         return self.filter(kind=Consumer.Kind.PYTHON).exclude(named)
 
     def pause(self, *, by: str, reason: str, at: datetime) -> bool:

@@ -3278,8 +3278,8 @@ GUARDS = [
     Guard(
         "bulk: a batch kicks the drain once, not once per passport",
         "registry/service.py",
-        '        DRAIN.on_commit()\n    return "registration queued"\n',
-        '        for _ in passport_ids:\n            DRAIN.on_commit()\n    return "registration queued"\n',
+        '        DRAIN.on_commit()\n    return RegistryOutcome(Owed.QUEUED, "registration queued")\n',
+        '        for _ in passport_ids:\n            DRAIN.on_commit()\n    return RegistryOutcome(Owed.QUEUED, "registration queued")\n',
         "tests/test_bulk_api.py::test_one_request_kicks_the_drain_once_and_wakes_the_sweep_once "
         "tests/test_passport_import.py::test_each_batch_kicks_the_drain_once_and_wakes_the_sweep_once",
     ),

@@ -3599,6 +3599,20 @@ GUARDS = [
         "tests/test_registry_unknown.py::test_the_admin_abandon_page_shows_the_window_per_row_before_confirming",
     ),
     Guard(
+        "abandon: a claim whose hold ran out is due, not in flight (Registration.claim_is_live)",
+        "registry/models.py",
+        "        return self.claim_token is not None and self.next_attempt_at > now\n",
+        "        return self.claim_token is not None\n",
+        "tests/test_registry_api.py -k states_abandon_does_not_end",
+    ),
+    Guard(
+        "publish: an owed deactivation cancelled is a change (the lifecycle reads registry.Owed)",
+        "odal/lifecycle.py",
+        "        requeued = registry_outcome.owed in (registry.Owed.QUEUED, registry.Owed.CANCELLED)\n",
+        "        requeued = registry_outcome.owed in (registry.Owed.QUEUED,)\n",
+        "tests/test_lifecycle_outcomes.py",
+    ),
+    Guard(
         "abandon: the settle window is ODAL_REGISTRY_SETTLE_SECONDS long",
         "registry/models.py",
         "        last_unknown_at__lte=now - timedelta(seconds=settings.ODAL_REGISTRY_SETTLE_SECONDS)",

@@ -338,12 +338,10 @@ class DeliveryQuerySet(ClaimQuerySet):
         return self._held(token).update_returning_ids(delivered)
 
     def mark_attempts_failed_each(self, *, token: uuid.UUID, failures: "list[Failure]") -> set:
-        """End the current attempt of each row of `failures` as failed, with its own error and
-        retry time: due again at retry_at, parked if its consumer is paused (never dead-lettered),
-        dead once the attempts counted at claim time reach max_attempts. One UPDATE … FROM
-        unnest(…) under _held's guard and this queryset's filter, stated on the row being
-        updated, so a row another writer settled while this one waited for its lock is left.
-        Returns the ids it took (the others were late)."""
+        """End each row's current attempt as failed, with its own error: parked if its consumer is
+        paused, else dead once the attempts counted at claim reach max_attempts, else due at
+        retry_at. One UPDATE … FROM unnest(…), the guard (_held, this queryset's filter) checked on
+        each row after any lock wait. Returns the ids it took (the others were late)."""
         if not failures:
             return set()
         # The claim's token is a column of the failures, not a constant: PostgreSQL estimates
@@ -382,14 +380,9 @@ class DeliveryQuerySet(ClaimQuerySet):
             return {row[0] for row in cursor.fetchall()}
 
     def note_late_success(self, *, at: datetime) -> bool:
-        """A late attempt of this delivery (its claim superseded, or the row settled meanwhile)
-        was answered 2xx at `at`: the consumer has it, whatever the row says. Noted on the row
-        whatever its status, so the note survives a pending row's later death; the surfaces
-        show it where it matters, on dead rows (the dead-letter list, replay and resend
-        previews: sending it again is a duplicate). A note, not a state change: status,
-        attempts, claim and next_attempt_at are left as they are. Takes the row only while its
-        note is older than `at` (or unset), so it only ever moves forward. Returns whether it
-        took the row."""
+        """A late attempt was answered 2xx at `at`: the consumer has it, whatever the row says (the
+        dead-letter list and replay previews warn of a duplicate). A note on the row whatever its
+        status, not a state change; it only moves forward. Returns whether it took the row."""
         newer = models.Q(late_success_at__isnull=True) | models.Q(late_success_at__lt=at)
         return self.filter(newer).update(late_success_at=at) == 1
 

@@ -30,6 +30,7 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
 # The field a machine's states are values of, when it is not `status`, and their names.
 FLAGS = {"outbox.Consumer": ("paused", {"running": False, "paused": True})}
 
+
 # Test-only writers issue 40 deletes (the product uses the _each forms): not in the tables.
 def machines() -> dict:
     """{model label: [(from states, to state or "same", QuerySet name, method)]} from the doc."""

@@ -17,12 +17,12 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce, Concat, Least
 from django.utils import timezone
 
-from odal import rules
-from odal.errors import Refused
-from odal.ids import uuid7
-from odal.models import AuditEntry
-from odal.reasons import clean_reason
-from odal.text import storable
+from odal.core import rules
+from odal.core.errors import Refused
+from odal.core.ids import uuid7
+from odal.core.models import AuditEntry
+from odal.core.reasons import clean_reason
+from odal.core.text import storable
 from odal.work.claims import ClaimQuerySet, database_now
 from odal.work.wake import SWEEP
 
@@ -49,7 +49,7 @@ class ConsumerQuerySet(models.QuerySet):
 
     def python_outside(self, allowed: tuple[str, ...]):
         """Python consumers whose target no entry of `allowed` (ODAL_PYTHON_CONSUMERS) names, as
-        odal.rules.python_allow_list_names reads the list."""
+        odal.core.rules.python_allow_list_names reads the list."""
         paths, prefixes = rules.python_allow_list_names(allowed)
         named = models.Q(target__in=paths)
         for prefix in prefixes:

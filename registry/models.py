@@ -9,9 +9,9 @@ from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from odal.ids import uuid7
-from odal.models import Passport
-from odal.text import storable
+from odal.core.ids import uuid7
+from odal.core.models import Passport
+from odal.core.text import storable
 from odal.work.claims import ClaimQuerySet
 
 # How last_error begins when a row needs a person for what the registry answered: a DUPLICATE_UPI

@@ -11,12 +11,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from odal import tally
-from odal.errors import Refused
-from odal.models import AuditEntry, Passport
-from odal.reasons import clean_reason
-from odal.rows import insert_rows
-from odal.text import unstorable
+from odal.core import tally
+from odal.core.errors import Refused
+from odal.core.models import AuditEntry, Passport
+from odal.core.reasons import clean_reason
+from odal.core.rows import insert_rows
+from odal.core.text import unstorable
 from odal.work.wake import DRAIN
 from outbox.events import emit
 from registry import adapters
@@ -95,7 +95,7 @@ def on_publish(passport: Passport) -> RegistryOutcome:
 
 def on_publish_new(passport_ids: list) -> RegistryOutcome:
     """on_publish() for passports published in the transaction that created them (bulk intake,
-    odal.bulk): none can have a registration yet, so each gets a new one, pending and due now,
+    odal.surfaces.bulk): none can have a registration yet, so each gets a new one, pending and due now,
     all in one INSERT, and the drain is kicked once for them all. Returns what it did for each, in
     on_publish()'s words."""
     if settings.ODAL_REGISTRY_ADAPTER == "none":
@@ -533,7 +533,7 @@ def reregister_if_published(reg: Registration) -> bool:
 
 
 def registry_counts() -> dict:
-    """Registrations per status, from the tally their writes keep (odal.tally: the same cost at
+    """Registrations per status, from the tally their writes keep (odal.core.tally: the same cost at
     any size), and the stalled ones (pending, so a small set) counted from the rows."""
     counts = dict.fromkeys(Registration.Status.values, 0)
     for status, n in tally.totals("registry.status")["registry.status"].items():

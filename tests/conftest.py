@@ -42,8 +42,8 @@ def _kind(item) -> int:
 def pytest_collection_finish(session):
     # Importing odal.wsgi (tests/test_fuzz.py does, to call the API in-process) marks the process
     # a web server, whose statements wait at most 10 s. The suite is not one: its own connections
-    # keep a worker's bounds (odal.database), as a test that waits on a subprocess needs.
-    from odal import database
+    # keep a worker's bounds (odal.core.database), as a test that waits on a subprocess needs.
+    from odal.core import database
 
     database.role = database.WORKER
 

@@ -11,8 +11,8 @@ from django.db import connection, connections, transaction
 from django.db.models.query import QuerySet
 from django.utils import timezone
 
-from odal.errors import Refused
-from odal.models import AuditEntry
+from odal.core.errors import Refused
+from odal.core.models import AuditEntry
 from outbox import service
 from outbox.events import emit, emit_many
 from outbox.models import Consumer, Delivery, DeliveryAttempt, Event
@@ -172,7 +172,7 @@ def test_remove_consumer_never_deletes_a_delivery_resent_while_it_runs(monkeypat
     their status or locking them: a resend committing in between made one pending (owed,
     audited as resent) and the delete took it anyway. Now the rows are locked as picked: the
     resend waits, and either it finds the row gone (and takes nothing) or the row stays."""
-    from odal.models import AuditEntry
+    from odal.core.models import AuditEntry
 
     consumer = ConsumerFactory(name="erp")
     d = DeliveryFactory(consumer=consumer, status="delivered", delivered_at=timezone.now())

@@ -10,7 +10,7 @@ from django.db.models import F
 from django.utils import timezone
 from standardwebhooks import Webhook
 
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
 from outbox import service
 from outbox.events import emit
 from outbox.models import Consumer, Delivery, DeliveryAttempt, Event, Failure

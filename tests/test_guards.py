@@ -17,9 +17,9 @@ from django.db import connection, connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from odal import lifecycle
-from odal.errors import Refused
-from odal.models import AuditEntry
+from odal.core.errors import Refused
+from odal.core.models import AuditEntry
+from odal.surfaces import lifecycle
 from outbox.models import Consumer, Delivery, Failure
 from registry.models import Registration
 from tests.factories import (

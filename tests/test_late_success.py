@@ -17,7 +17,7 @@ from django.db import connection, connections
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
 from outbox.events import emit
 from outbox.models import Delivery, DeliveryAttempt
 from outbox.sweep import sweep_once

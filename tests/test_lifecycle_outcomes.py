@@ -3,8 +3,8 @@ the enum, not the sentence)."""
 
 import pytest
 
-from odal import lifecycle
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
+from odal.surfaces import lifecycle
 from tests.factories import RegistrationFactory
 
 

@@ -19,7 +19,7 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from odal import lifecycle
+from odal.surfaces import lifecycle
 from registry import adapters, pace
 from registry.drain import drain_once
 from registry.models import Registration, RegistrationAttempt, RegistryPace

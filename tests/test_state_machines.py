@@ -26,9 +26,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from odal import lifecycle
-from odal.errors import Refused
-from odal.models import AuditEntry, Passport
+from odal.core.errors import Refused
+from odal.core.models import AuditEntry, Passport
+from odal.surfaces import lifecycle
 from outbox.models import Consumer, Delivery, Event, Failure
 from registry import adapters, service
 from registry.models import Registration

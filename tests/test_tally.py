@@ -14,8 +14,8 @@ from django.db import connection, connections, transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from odal import tally
-from odal.models import Heartbeat, Tally
+from odal.core import tally
+from odal.core.models import Heartbeat, Tally
 from outbox.models import Delivery, DeliveryAttempt
 from outbox.service import outbox_counts
 from outbox.sweep import sweep_once
@@ -157,7 +157,7 @@ def test_deleting_counted_rows_never_lowers_a_figure(client, settings):
 
 
 def test_the_chart_reads_hourly_buckets():
-    from odal.dashboard import hourly_attempts
+    from odal.surfaces.dashboard import hourly_attempts
 
     consumer = ConsumerFactory()
     d = DeliveryFactory(consumer=consumer)

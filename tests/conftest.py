@@ -263,16 +263,13 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(line)
 
 
-@pytest.fixture(params=["one", "each"])
-def fail(request):
-    """A failed attempt written as mark_attempt_failed does (one row), or as the sweep writes a
-    batch's failures (mark_attempts_failed_each): the same guard, the same outcome."""
+@pytest.fixture
+def fail():
+    """A failed attempt written as the sweep writes a batch's failures (mark_attempts_failed_each),
+    for one row: whether it took the row."""
     from outbox.models import Delivery, Failure
 
     def write(delivery, *, token, error, retry_at, at) -> bool:
-        if request.param == "one":
-            rows = Delivery.objects.filter(pk=delivery.pk)
-            return rows.mark_attempt_failed(token=token, error=error, retry_at=retry_at, at=at)
         failure = Failure(delivery.pk, error, retry_at, at)
         return Delivery.objects.mark_attempts_failed_each(token=token, failures=[failure]) == {delivery.pk}
 

@@ -110,7 +110,7 @@ def test_a_delivery_emitted_while_paused_but_committed_after_resume_is_not_parke
 
 @pytest.mark.django_db(transaction=True)
 def test_a_failure_written_while_paused_but_committed_after_resume_is_not_parked_forever(fail):
-    """The sweep's flush wrote a failure while the consumer was paused (mark_attempt_failed
+    """The sweep's flush wrote a failure while the consumer was paused (mark_attempts_failed_each
     parks it) and commits after the resume's unpark ran: the row stays parked for good."""
     consumer = ConsumerFactory(name="erp", max_attempts=5)
     d = DeliveryFactory(consumer=consumer)

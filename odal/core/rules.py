@@ -149,18 +149,23 @@ def python_target(value) -> str:
     return value
 
 
+def python_allow_list_names(allowed: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What the allow-list names, the one reading of its entries: (the dotted paths named exactly,
+    the prefixes a target may start with: each `prefix.*` without its `*`)."""
+    paths = tuple(entry for entry in allowed if not entry.endswith(".*"))
+    prefixes = tuple(entry[:-1] for entry in allowed if entry.endswith(".*"))
+    return paths, prefixes
+
+
 def python_target_allowed(target: str, allowed: tuple[str, ...]) -> bool:
-    """Whether an entry of the allow-list names `target`: the same dotted path, or `prefix.*`
-    with `target` under prefix (outbox.models.ConsumerQuerySet.python_outside is the same test
-    in SQL)."""
-    return any(
-        target.startswith(entry[:-1]) if entry.endswith(".*") else target == entry for entry in allowed
-    )
+    """Whether an entry of the allow-list names `target` (ConsumerQuerySet.python_outside: in SQL)."""
+    paths, prefixes = python_allow_list_names(allowed)
+    return target in paths or target.startswith(prefixes)
 
 
 def python_module_allowed(module: str, allowed: tuple[str, ...]) -> bool:
     """Whether the module a callable is defined in lies under a `prefix.*` entry of the list."""
-    return any(entry.endswith(".*") and f"{module}.".startswith(entry[:-1]) for entry in allowed)
+    return f"{module}.".startswith(python_allow_list_names(allowed)[1])
 
 
 def python_allow_list(value: str) -> tuple[str, ...]:

@@ -204,7 +204,7 @@ class Intake:
         holders = dict(Passport.objects.filter(upi__in=taken).values_list("upi", "pk")) if taken else {}
         entries = [("passport_created", row["id"], {}) for row in created]
         if self.publish and created:
-            outcome = registry.on_publish_new([row["id"] for row in created])
+            outcome = registry.on_publish_new([row["id"] for row in created]).sentence
             entries = [
                 entry
                 for row in created

@@ -10,7 +10,7 @@ from django.utils import timezone
 from django.utils.safestring import mark_safe
 
 from odal.core import tally
-from outbox.models import Consumer, Delivery
+from outbox.models import Consumer, Delivery, DeliveryAttempt
 from outbox.service import outbox_counts
 from registry.service import registry_counts
 
@@ -122,8 +122,8 @@ def hourly_attempts(now) -> list[tuple]:
     buckets = {start + timedelta(hours=i): [0, 0] for i in range(24)}
     for (hour, key), n in tally.hourly("outbox.attempts", start).items():
         outcome = key.split(":")[0]
-        if hour in buckets and outcome in ("delivered", "failed"):
-            buckets[hour][0 if outcome == "delivered" else 1] += n
+        if hour in buckets and outcome in (DeliveryAttempt.Outcome.DELIVERED, DeliveryAttempt.Outcome.FAILED):
+            buckets[hour][0 if outcome == DeliveryAttempt.Outcome.DELIVERED else 1] += n
     return [(hour, d, f) for hour, (d, f) in sorted(buckets.items())]
 
 

@@ -57,22 +57,22 @@ def publish(dpp_id, *, actor: str, reason: str = "") -> LifecycleResult:
                 f"The passport is {passport.status} and cannot be published.", code="not_publishable"
             )
         registry_outcome = registry.on_publish(passport)
-        requeued = "queued" in registry_outcome or "cancelled" in registry_outcome
+        requeued = registry_outcome.owed in (registry.Owed.QUEUED, registry.Owed.CANCELLED)
         if took:
             AuditEntry.objects.record(
                 actor=actor, action="passport_published", obj=passport, reason=reason,
-                details={"registry": registry_outcome},
+                details={"registry": registry_outcome.sentence},
             )  # fmt: skip
             emit("passport.published", passport_event(passport))
-            detail = f"Published; {registry_outcome}."
+            detail = f"Published; {registry_outcome.sentence}."
         elif requeued:
             AuditEntry.objects.record(
                 actor=actor, action="registry_requeued", obj=passport, reason=reason,
-                details={"registry": registry_outcome},
+                details={"registry": registry_outcome.sentence},
             )  # fmt: skip
-            detail = f"The passport was already published; {registry_outcome}."
+            detail = f"The passport was already published; {registry_outcome.sentence}."
         else:
-            detail = f"The passport was already published; nothing changed ({registry_outcome})."
+            detail = f"The passport was already published; nothing changed ({registry_outcome.sentence})."
     return LifecycleResult(passport, took or requeued, detail)
 
 
@@ -86,10 +86,10 @@ def suspend(dpp_id, *, actor: str, reason: str = "") -> LifecycleResult:
             registry_outcome = registry.on_suspend(passport)
             AuditEntry.objects.record(
                 actor=actor, action="passport_suspended", obj=passport, reason=reason,
-                details={"registry": registry_outcome},
+                details={"registry": registry_outcome.sentence},
             )  # fmt: skip
             emit("passport.suspended", passport_event(passport))
-            detail = f"Suspended; {registry_outcome}."
+            detail = f"Suspended; {registry_outcome.sentence}."
         elif passport.status == Passport.Status.DRAFT:
             raise Refused(
                 "The passport is a draft: only a published passport can be suspended.",

@@ -177,7 +177,7 @@ REGISTRATION = {
         "call": lambda rows, row, token: rows.mark_finding_waits(token=token, retry_at=later()),
     },
     "abandon": {
-        "make": [{**REGISTER, "attempts": 2, "next_attempt_at": later()}],
+        "make": [{**REGISTER, "attempts": 2, "next_attempt_at": later}],  # (later: read when the row is made)
         "call": lambda rows, row, token: rows.abandon(actor="test", reason="r", now=NOW(), seen=row),
     },
     "record_handle": {
@@ -246,7 +246,7 @@ def make(label: str, state: str, fields: dict, held: bool):
     factory, _ = DRIVERS[label]
     model = apps.get_model(label)
     name, values = field(label), states(label)
-    fields = dict(fields)
+    fields = {key: value() if callable(value) else value for key, value in fields.items()}
     then = fields.pop("then", {})
     if not held:
         return factory(**{name: values[state]}, **fields), None

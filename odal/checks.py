@@ -132,7 +132,7 @@ def task_timeouts_add_up(app_configs=None, **kwargs) -> list[CheckError]:
     """odal.E001 and odal.E002 (see the module)."""
     from odal import rules
     from odal.work.deadline import MARGIN_SECONDS
-    from registry.drain import longest_attempt_seconds
+    from registry.drain_pass import longest_attempt_seconds
 
     timeout, retry = settings.Q_CLUSTER.get("timeout"), settings.Q_CLUSTER.get("retry")
     if timeout is None:

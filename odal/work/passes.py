@@ -12,7 +12,7 @@ django-q2 task, no attempt starts that could not end, and be written, before the
 
 A kind (outbox.sweep, registry.drain) subclasses Pass and says how its rows start
 (`start_more`), what an ended attempt leaves to write (`ended`) and how a set is written
-(`write`, with `write_in_sets`).
+(`write`, with odal.work.settle).
 """
 
 import logging
@@ -23,40 +23,11 @@ from collections import deque
 from concurrent.futures import CancelledError, Future, InvalidStateError
 
 from django.conf import settings
-from django.db import transaction
 
-from odal import reconnect, stopping
+from odal import stopping
 from odal.work import deadline
 
 log = logging.getLogger(__name__)
-
-
-def write_in_sets(items: list, write, refused) -> list:
-    """Write `items` in one transaction (`write(items)` says, per item, whether its guarded write
-    took its row). If the database refuses the set, each is written again in a transaction of its
-    own (a set of one too: what the database refused may have been passing, a deadlock), so one
-    row it cannot store costs no other row its outcome; for that one `refused(item, exc)` is
-    called (it keeps its claim until the hold runs out, then it is due again) and its answer is
-    None. If the database is lost meanwhile, DatabaseLost unwinds the pass: nothing
-    more is written for its claim, and its rows are due again after the hold (odal.reconnect)."""
-    if not items:
-        return []
-    try:
-        with transaction.atomic():
-            return write(items)
-    except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below
-        reconnect.raise_if_lost(exc)
-        log.warning("writing %s outcomes together failed; writing them one by one", len(items), exc_info=True)
-    taken = []
-    for item in items:
-        try:
-            with transaction.atomic():
-                taken += write([item])
-        except Exception as exc:
-            reconnect.raise_if_lost(exc)
-            refused(item, exc)
-            taken.append(None)
-    return taken
 
 
 class AttemptFuture:

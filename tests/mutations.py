@@ -112,8 +112,8 @@ GUARDS = [
     Guard(
         "sweep: a batch's failures are one statement",
         "outbox/settling.py",
-        "    taken |= Delivery.objects.mark_attempts_failed_each(token=token, failures=failures)\n",
-        "    for f in failures:\n        taken |= Delivery.objects.mark_attempts_failed_each(token=token, failures=[f])\n",
+        "        taken |= Delivery.objects.mark_attempts_failed_each(token=token, failures=failures)\n",
+        "        for f in failures:\n            taken |= Delivery.objects.mark_attempts_failed_each(token=token, failures=[f])\n",
         "tests/test_guards.py -k as_many_statements",
     ),
     Guard(

@@ -30,9 +30,7 @@ class SweepReport(Report):
             f"{self.claimed} claimed, {self.delivered} delivered, {self.failed} failed, "
             f"{self.late} late, {self.dead_lettered} dead-lettered (never reported)"
         )
-        if self.not_started:
-            why = "given back: the task's time was up" if self.out_of_time else "hold ran out"
-            text += f", {self.not_started} not started ({why})"
+        text += self.given_back()
         if self.write_errors:
             text += f", {self.write_errors} not written (database refused; see the attempt log)"
         return text

@@ -56,9 +56,7 @@ class DrainReport(Report):
             text += f", {self.unknown} outcome unknown (may still reach the registry)"
         if self.write_errors:
             text += f", {self.write_errors} not written (database refused)"
-        if self.not_started:
-            why = "given back: the task's time was up" if self.out_of_time else "hold ran out"
-            text += f", {self.not_started} not started ({why})"
+        text += self.given_back()
         if self.rate_limited:
             text += f", {self.rate_limited} rate-limited (429; given back)"
         return text

@@ -95,12 +95,17 @@ def settle_register(attempt: Attempt, result: CallResult) -> None:
             counts="failed",
         )  # fmt: skip
     else:
-        attempt.finish(
-            "register", Outcome.REJECTED, answer.errors,
-            lambda: rows.mark_rejected(token=token, errors=answer.errors),
-            event=registration_event(reg, "passport.registration_rejected", errors=answer.errors),
-            counts="rejected",
-        )  # fmt: skip
+        rejected(attempt, "register", answer.errors)
+
+
+def rejected(attempt: Attempt, operation: str, errors: str) -> None:
+    """The registry rejected the passport (a register's answer, or a check's)."""
+    attempt.finish(
+        operation, Outcome.REJECTED, errors,
+        lambda: attempt.rows.mark_rejected(token=attempt.token, errors=errors),
+        event=registration_event(attempt.reg, "passport.registration_rejected", errors=errors),
+        counts="rejected",
+    )  # fmt: skip
 
 
 def plan_check(attempt: Attempt) -> RegistryCall:
@@ -125,12 +130,7 @@ def settle_check(attempt: Attempt, result: CallResult) -> None:
             event=registration_event(reg, "passport.registered", registrationId=answer.registration_id),
         )  # fmt: skip
     elif answer.status == "rejected":
-        attempt.finish(
-            "check", Outcome.REJECTED, answer.errors,
-            lambda: rows.mark_rejected(token=token, errors=answer.errors),
-            event=registration_event(reg, "passport.registration_rejected", errors=answer.errors),
-            counts="rejected",
-        )  # fmt: skip
+        rejected(attempt, "check", answer.errors)
     else:
         attempt.finish(
             "check", Outcome.CHECKING, "still checking",

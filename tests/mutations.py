@@ -3029,7 +3029,7 @@ GUARDS = [
     Guard(
         "wake: a turn that swept something relays even with nothing pending at its end",
         "odal/work/loops.py",
-        "        return self.claimed or self.owed()\n",
+        "        return self.found_work or self.owed()\n",
         "        return self.owed()\n",
         "tests/test_outbox_wake.py::test_a_leading_turn_that_swept_relays_even_with_nothing_pending_at_its_end",
     ),

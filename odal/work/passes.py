@@ -2,15 +2,17 @@
 
 The pass's own thread starts attempts on a pool as far as the kind's bounds allow, waits for
 them to end, and writes their outcomes a set at a time (FLUSH: so many, or so often, whichever
-comes first), each by the guarded write of the pass's claim. It is the only thread that writes,
-so a pass holds one database connection however many requests it has in flight. Rows whose
+comes first), each by the guarded write of the pass's claim (odal.work.settle). It is the only
+thread that writes them (but for a Python consumer's outcome after its timeout, which its runner
+writes as late: outbox.attempts), so a pass holds one database connection however many requests
+it has in flight. Rows whose
 attempt never started (their turn came after the claim's hold ran out, the kind held them back,
 the process is stopping, the pass's task is running out of time) are given back, their counted
 attempt returned, on every way out of the pass: `run`'s `finally`, and at once when the process
 is asked to stop or the pass's deadline for starting attempts comes (odal.work.deadline: in a
 django-q2 task, no attempt starts that could not end, and be written, before the task's timeout).
 
-A kind (outbox.sweep, registry.drain) subclasses Pass and says how its rows start
+A kind (outbox.sweep_pass, registry.drain_pass) subclasses Pass and says how its rows start
 (`start_more`), what an ended attempt leaves to write (`ended`) and how a set is written
 (`write`, with odal.work.settle).
 """

@@ -110,18 +110,12 @@ def _ending(consumer, delivery: Claimed, claim, outcome: consumers.Outcome, star
 
 
 def run_python_consumers(jobs: list, client: WebhookClient, claim, run=None) -> None:
-    """Python consumers of one claim, `(consumer, delivery, future)` each, one after another on
-    the process's Python runner thread (they may use the database, through that thread's own
-    connection), watched from the sweep's Python thread (outbox.python_consumers.run_each). Each
-    future gets its result, so the sweep's thread writes outcomes of webhooks while these run.
-
-    Each runs within its consumer's timeoutSeconds as a webhook's request does. Past it the
-    attempt is failed ("timed out after Ns", written by the pass like any failure); what the
-    consumer returns later is written then, as a late write: guarded by the claim like every
-    outcome, so once the timeout's failure is written it takes nothing and goes to the attempt
-    log as late (a late success noted as lateSuccessAt), as a late webhook answer does. Not
-    started (None) if its consumer was paused meanwhile (`run`, the Pass, reads pauses again) or
-    its threads piled up during this pass."""
+    """Python consumers of one claim, `(consumer, delivery, future)` each, in turn on the process's
+    Python runner thread (outbox.python_consumers.run_each), each within its consumer's
+    timeoutSeconds: past it the attempt fails ("timed out after Ns", written by the pass), and
+    what the consumer returns later is settled on the runner's thread, as late. Not started
+    (None) if its consumer was paused meanwhile (`run` reads pauses again) or its threads piled
+    up during this pass."""
 
     def skip(consumer) -> bool:
         if run is not None and consumer.pk in run.paused:

@@ -500,35 +500,23 @@ class RegistrationAttempt(models.Model):
     """One line of a registration's attempt log: what the drain asked and what the registry
     answered, late answers included. Never changed once written."""
 
-    class Outcome(models.TextChoices):  # (labelled as stored: the admin shows them as they were)
-        SUBMITTED = "submitted", "submitted"  # register: accepted, its requestId to check
-        DUPLICATE = "duplicate", "duplicate"  # register: DUPLICATE_UPI naming a request of ours, adopted
-        NOT_ADOPTED = (
-            "not_adopted",
-            "not_adopted",
-        )  # register: DUPLICATE_UPI naming a deactivated registration
+    class Outcome(models.TextChoices):  # (labelled as stored: the admin shows them as before)
+        SUBMITTED = "submitted", "submitted"  # register: accepted; its requestId is checked
+        DUPLICATE = "duplicate", "duplicate"  # register: DUPLICATE_UPI naming a request of ours
+        NOT_ADOPTED = "not_adopted", "not_adopted"  # ...naming a deactivated registration
         REJECTED = "rejected", "rejected"
-        WITHDRAWN = "withdrawn", "withdrawn"  # register: its passport no longer published; nothing sent
+        WITHDRAWN = "withdrawn", "withdrawn"  # register: passport no longer published; nothing sent
         REGISTERED = "registered", "registered"  # check
         CHECKING = "checking", "checking"  # check, find: the registry is still checking
         DEACTIVATED = "deactivated", "deactivated"  # deactivate, find
         CANCELLED = "cancelled", "cancelled"  # deactivate: published again; the registration stands
-        REREGISTER = "reregister", "reregister"  # deactivate: published again after one was attempted
-        UNSETTLED = "unsettled", "unsettled"  # find: a register whose outcome is unknown may still land
+        REREGISTER = "reregister", "reregister"  # deactivate: published again after an attempt
+        UNSETTLED = "unsettled", "unsettled"  # find: a register of unknown outcome may still land
         ABSENT = "absent", "absent"  # find: the registry holds nothing of it
-        FAILED = "failed", "failed"  # the registry's own refusal or unavailability, or no connection
-        UNKNOWN = (
-            "unknown",
-            "unknown",
-        )  # the request may have reached the registry; no answer of its own came back
-        RATE_LIMITED = (
-            "rate_limited",
-            "rate_limited",
-        )  # a 429: the attempt was given back (the next one has its number)
-        WRITE_ERROR = (
-            "write_error",
-            "write_error",
-        )  # the outcome the database refused (the answer says which and why)
+        FAILED = "failed", "failed"  # the registry's refusal or unavailability, or no connection
+        UNKNOWN = "unknown", "unknown"  # the request may have reached the registry; no answer came
+        RATE_LIMITED = "rate_limited", "rate_limited"  # a 429: the attempt was given back
+        WRITE_ERROR = "write_error", "write_error"  # the database refused the outcome (answer: why)
 
     registration = models.ForeignKey(Registration, on_delete=models.CASCADE, related_name="attempt_log")
     number = models.PositiveIntegerField()

@@ -186,7 +186,7 @@ def test_late_answers_and_protocol_errors_of_a_finding_are_in_the_metrics(regist
     for late, answer in ((True, "absent"), (False, "protocol error: registry answered HTTP 200 to check")):
         RegistrationAttempt.objects.create(
             registration=reg, number=1, claim_token=reg.pk, operation="find", started_at=now,
-            finished_at=now, outcome="failed", answer=answer, late=late,
+            finished_at=now, outcome=RegistrationAttempt.Outcome.FAILED, answer=answer, late=late,
         )  # fmt: skip
 
     assert metric('registry_late_writes_total{operation="find"}') == 1.0
@@ -246,7 +246,7 @@ def test_a_withdrawal_written_after_a_publish_again_leaves_the_passport_owing_it
     assert "left to the drain" in lifecycle.suspend(reg.passport_id, actor="user:ops").detail
     endings = []
     assert plan_register(Attempt(claimed, reg.claim_token, endings)) is None
-    assert [e.outcome for e in endings] == ["withdrawn"]
+    assert [e.outcome for e in endings] == [RegistrationAttempt.Outcome.WITHDRAWN]
 
     result = lifecycle.publish(reg.passport_id, actor="user:ops")  # before the pass flushes
     assert "left as it is" in result.detail

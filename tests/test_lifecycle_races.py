@@ -13,7 +13,7 @@ from django.utils import timezone
 from odal import lifecycle
 from registry import service
 from registry.drain import drain_once
-from registry.models import Registration
+from registry.models import Registration, RegistrationAttempt
 from tests.factories import PassportFactory
 
 
@@ -87,7 +87,11 @@ def test_a_deactivation_whose_passport_was_published_again_sends_nothing(
     assert registry_sim.calls == calls_before  # no deactivate went out
     reg = reg_of(passport)
     assert (reg.status, reg.operation, reg.claim_token) == (expected, "register", None)
-    assert reg.attempt_log.last().outcome == ("cancelled" if expected == "registered" else "reregister")
+    assert reg.attempt_log.last().outcome == (
+        RegistrationAttempt.Outcome.CANCELLED
+        if expected == "registered"
+        else RegistrationAttempt.Outcome.REREGISTER
+    )
 
 
 @pytest.mark.django_db(transaction=True)  # (the request, and so this publish, runs on a drain thread)

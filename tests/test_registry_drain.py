@@ -56,7 +56,7 @@ def test_still_checking_asks_again_later(registry_sim, settings):
     drain_once()
     reg = reg_of(passport)
     assert reg.status == "submitted" and reg.claim_token is None
-    assert reg.attempt_log.last().outcome == "checking"
+    assert reg.attempt_log.last().outcome == RegistrationAttempt.Outcome.CHECKING
 
 
 def test_a_5xx_fails_the_attempt_and_backs_off(registry_sim, settings):
@@ -256,7 +256,7 @@ def test_a_drain_pass_that_read_the_row_before_it_was_abandoned_changes_nothing(
     reg = reg_of(passport)
     assert reg.status == "abandoned" and reg.correlation_id == ""
     late = RegistrationAttempt.objects.get(late=True)
-    assert (late.number, late.outcome) == (1, "submitted")
+    assert (late.number, late.outcome) == (1, RegistrationAttempt.Outcome.SUBMITTED)
 
 
 def test_a_drain_pass_starts_no_register_after_its_claims_hold_ran_out(registry_sim, settings):

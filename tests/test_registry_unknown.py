@@ -28,7 +28,7 @@ from odal.models import AuditEntry, Passport
 from outbox.models import Event
 from registry import adapters, drain_pass, service
 from registry.drain import drain_once
-from registry.models import Registration
+from registry.models import Registration, RegistrationAttempt
 from tests.factories import PassportFactory, RegistrationFactory
 from tests.waiting import wait_for
 
@@ -169,7 +169,11 @@ def test_an_unknown_register_is_logged_as_unknown_and_remembered_on_the_row(regi
     assert (reg.status, reg.claim_token) == ("pending", None)
     assert before < reg.last_unknown_at <= timezone.now()
     [line] = reg.attempt_log.all()
-    assert (line.outcome, line.late, line.finished_at) == ("unknown", False, reg.last_unknown_at)
+    assert (line.outcome, line.late, line.finished_at) == (
+        RegistrationAttempt.Outcome.UNKNOWN,
+        False,
+        reg.last_unknown_at,
+    )
 
 
 def test_a_failure_is_not_remembered_as_unknown(registry_sim):
@@ -212,7 +216,7 @@ def test_a_late_unknown_attempt_is_remembered_though_it_writes_no_outcome(regist
     assert (report.late, report.unknown) == (1, 0)
     assert reg.last_unknown_at > taken_over_at
     late = reg.attempt_log.get(late=True)
-    assert (late.outcome, late.finished_at) == ("unknown", reg.last_unknown_at)
+    assert (late.outcome, late.finished_at) == (RegistrationAttempt.Outcome.UNKNOWN, reg.last_unknown_at)
     assert (reg.status, reg.attempts, reg.claim_token) == ("pending", 2, None)  # B's outcome stands
 
 
@@ -367,7 +371,7 @@ def test_suspend_after_an_unknown_register_that_landed_deactivates_what_the_regi
     report = drain_once()
     reg = reg_of(passport)
     assert (report.deactivated, reg.status, reg.claim_token) == (0, "pending", None)
-    assert reg.attempt_log.last().outcome == "unsettled"
+    assert reg.attempt_log.last().outcome == RegistrationAttempt.Outcome.UNSETTLED
     assert reg.next_attempt_at > reg.last_unknown_at + timedelta(seconds=3)
     # The late register lands, and the registry grants it.
     registry_sim.hold(passport.upi, "req-late")
@@ -400,7 +404,7 @@ def test_suspend_after_a_refused_register_ends_suspended_once_the_registry_shows
 
     reg = reg_of(passport)
     assert (reg.status, reg.claim_token) == ("suspended", None)
-    assert reg.attempt_log.last().outcome == "absent"
+    assert reg.attempt_log.last().outcome == RegistrationAttempt.Outcome.ABSENT
     assert "holds no submission" in reg.note
     assert report.claimed == 1 and not [c for c in registry_sim.calls if c[0] == "POST"][1:]
 
@@ -497,7 +501,7 @@ def test_a_register_waiting_for_its_turn_under_the_rate_limit_is_not_sent_after_
     sent = [r["upi"] for r in registry_sim.requests.values()]
     assert sent == [first.upi]
     assert reg_of(second).status == "suspended"
-    assert reg_of(second).attempt_log.get().outcome == "withdrawn"
+    assert reg_of(second).attempt_log.get().outcome == RegistrationAttempt.Outcome.WITHDRAWN
     (report,) = reports
     assert (report.claimed, report.submitted) == (2, 1)
 

@@ -45,7 +45,7 @@ def main() -> int:
 
     django.setup()
     from bench.run import consumer, fill_backlog
-    from odal import database
+    from odal.core import database
     from outbox import sweep_pass
     from outbox.sweep import sweep_until_idle
 

@@ -9,8 +9,8 @@ from collections import deque
 from django.conf import settings
 from django.utils import timezone
 
-from odal import stopping
-from odal.text import error_text, storable
+from odal.core import stopping
+from odal.core.text import error_text, storable
 from odal.work import deadline
 from odal.work.passes import AttemptFuture
 from odal.work.settle import settle

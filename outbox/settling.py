@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
-from odal.lookups import Ids
-from odal.text import error_text, storable
+from odal.core.lookups import Ids
+from odal.core.text import error_text, storable
 from odal.work.claims import backoff_delay
 from odal.work.settle import Settling
 from outbox import consumers

@@ -6,7 +6,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from odal import reconnect
+from odal.core import reconnect
 from odal.work.loops import Report
 from odal.work.passes import AttemptFuture, Pass
 from odal.work.settle import settle

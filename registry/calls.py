@@ -7,8 +7,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from odal import stopping
-from odal.text import error_text, storable
+from odal.core import stopping
+from odal.core.text import error_text, storable
 from registry import adapters
 from registry.finding import find_held
 from registry.models import Registration

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 from django.conf import settings
 
-from odal import tally
+from odal.core import tally
 from odal.work.claims import database_now
 from odal.work.loops import Work
 from odal.work.wake import DRAIN

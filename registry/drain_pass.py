@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from odal import reconnect
-from odal.models import Passport
-from odal.text import error_text
+from odal.core import reconnect
+from odal.core.models import Passport
+from odal.core.text import error_text
 from odal.work import deadline as task_deadline
 from odal.work.loops import Report
 from odal.work.passes import Pass
@@ -106,7 +106,7 @@ class DrainPass(Pass):
 
     def guarded(self, attempt: Attempt, step, *args):
         """A step of this thread for one attempt: a bug of ours (or a statement the database
-        refused) fails the attempt, not the pass; a lost database ends the pass (odal.reconnect)."""
+        refused) fails the attempt, not the pass; a lost database ends the pass (odal.core.reconnect)."""
         try:
             return step(attempt, *args)
         except Exception as exc:

@@ -6,7 +6,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from odal.models import Passport
+from odal.core.models import Passport
 from odal.work.claims import backoff_delay
 from odal.work.wake import DRAIN
 from registry import adapters, service

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from odal.text import error_text, storable
+from odal.core.text import error_text, storable
 from odal.work.claims import backoff_delay
 from odal.work.settle import Settling
 from outbox.events import emit_many

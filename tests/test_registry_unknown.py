@@ -22,9 +22,9 @@ from django.core.management.base import CommandError
 from django.db import connections
 from django.utils import timezone
 
-from odal import lifecycle
-from odal.errors import Refused
-from odal.models import AuditEntry, Passport
+from odal.core.errors import Refused
+from odal.core.models import AuditEntry, Passport
+from odal.surfaces import lifecycle
 from outbox.models import Event
 from registry import adapters, drain_pass, service
 from registry.drain import drain_once

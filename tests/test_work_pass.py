@@ -5,7 +5,8 @@ import pytest
 from django.db import DataError
 from django.utils import timezone
 
-from odal import lifecycle, stopping
+from odal.core import stopping
+from odal.surfaces import lifecycle
 from odal.work.settle import settle
 from outbox import consumers
 from outbox.models import Delivery, DeliveryAttempt

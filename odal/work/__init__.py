@@ -2,8 +2,9 @@
 
 - claims.py: the claim (one guarded UPDATE of a batch of due rows, a token and a hold each), the
   release of rows whose attempt never started, and the backoff.
-- wake.py and models.py: waking a worker when a commit creates due work (NOTIFY to the listening
-  worker, or one coalesced django-q2 task when none listens), and the task a kick runs.
+- wake.py: waking a worker when a commit creates due work (NOTIFY to the listening
+  worker, or one coalesced django-q2 task when none listens), and the task a kick runs (its table:
+  odal.core.kicks).
 - passes.py and loops.py: one pass of a claim's attempts, and the runs of passes.
 - settle.py: the one settle path: a set of endings written by their guarded writes in one
   transaction, with their attempt-log lines, late and refused endings handled.

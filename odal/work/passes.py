@@ -26,7 +26,7 @@ from concurrent.futures import CancelledError, Future, InvalidStateError
 
 from django.conf import settings
 
-from odal import stopping
+from odal.core import stopping
 from odal.work import deadline
 
 log = logging.getLogger(__name__)
@@ -258,7 +258,7 @@ class Pass(ABC):
     def give_back_unstarted(self) -> None:
         """Stopping while attempts still run: the rows queued behind them, and those whose future
         has not started, are given back now, not when the running ones end, which may be after
-        odal.stopping's clock has ended the process (their claim would then hold them, each
+        odal.core.stopping's clock has ended the process (their claim would then hold them, each
         with an attempt counted that was never made)."""
         self.not_started += self.take_waiting()
         for future, (row, _) in list(self.in_flight.items()):

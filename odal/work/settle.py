@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from django.db import transaction
 
-from odal import reconnect
-from odal.text import storable
+from odal.core import reconnect
+from odal.core.text import storable
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def write_in_sets(items: list, write, refused) -> list:
     row it cannot store costs no other row its outcome; for that one `refused(item, exc)` is
     called (it keeps its claim until the hold runs out, then it is due again) and its answer is
     None. If the database is lost meanwhile, DatabaseLost unwinds the pass: nothing
-    more is written for its claim, and its rows are due again after the hold (odal.reconnect)."""
+    more is written for its claim, and its rows are due again after the hold (odal.core.reconnect)."""
     if not items:
         return []
     try:

@@ -60,7 +60,7 @@ BEGIN
     UPDATE outbox_delivery d
     SET status = 'delivered', delivered_at = clock_timestamp(), claim_token = NULL, last_error = ''
     WHERE d.id = ANY(ids) AND d.claim_token = token AND d.status = 'pending';
-    -- the attempt log (outbox.sweep.log_attempts, which sends one COPY): the same rows in one INSERT
+    -- the attempt log (outbox.attempt_log.log_attempts, which sends one COPY): the same rows in one INSERT
     INSERT INTO outbox_deliveryattempt (delivery_id, number, claim_token, started_at, finished_at, outcome,
                                         error, http_status, duration_ms, late, answer, content_type, consumer_id)
     SELECT attempt.id, attempt.number, token, claimed_at, clock_timestamp(), 'delivered', '', NULL, 0, false, '', '',

@@ -118,7 +118,7 @@ ODAL_REGISTRY_CHECK_SECONDS = env_int(
 ODAL_PUBLIC_URL = env_url("ODAL_PUBLIC_URL", "http://127.0.0.1:8000", ("http", "https"))  # dppEndpoint base
 ODAL_REGISTRY_STALL_ATTEMPTS = env_int("ODAL_REGISTRY_STALL_ATTEMPTS", 5, minimum=1)
 # How many registry requests a drain process has in flight at once (each on a thread of its own,
-# with a database connection of its own).
+# which uses no database connection: only the pass's thread reads and writes).
 ODAL_REGISTRY_CONCURRENCY = env_int("ODAL_REGISTRY_CONCURRENCY", 8, minimum=1, maximum=64)
 # Registry requests per second across every drain process of the deployment, on every machine
 # (kept in the database: registry.pace); unset, no limit. A 429 pauses them all either way.

@@ -32,7 +32,7 @@ from django.core.checks import Warning, register
 from odal.core import rules
 from odal.core.checks import CONSEQUENCE, E001, E002, W001
 from odal.work.deadline import MARGIN_SECONDS
-from registry.drain import longest_attempt_seconds
+from registry.drain_pass import longest_attempt_seconds
 
 # What an attempt of the registry drain runs under its claim, each bounded by a setting. (Abandon's
 # own lookup runs under no claim: it writes only if the row is still what it read before it asked.)

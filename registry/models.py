@@ -500,9 +500,23 @@ class RegistrationAttempt(models.Model):
     """One line of a registration's attempt log: what the drain asked and what the registry
     answered, late answers included. Never changed once written."""
 
-    WRITE_ERROR = "write_error"  # the outcome the database refused (the answer says which and why)
-    RATE_LIMITED = "rate_limited"  # a 429: the attempt was given back (the next one has its number)
-    UNKNOWN = "unknown"  # the request may have reached the registry; no answer of its own came back
+    class Outcome(models.TextChoices):  # (labelled as stored: the admin shows them as before)
+        SUBMITTED = "submitted", "submitted"  # register: accepted; its requestId is checked
+        DUPLICATE = "duplicate", "duplicate"  # register: DUPLICATE_UPI naming a request of ours
+        NOT_ADOPTED = "not_adopted", "not_adopted"  # ...naming a deactivated registration
+        REJECTED = "rejected", "rejected"
+        WITHDRAWN = "withdrawn", "withdrawn"  # register: passport no longer published; nothing sent
+        REGISTERED = "registered", "registered"  # check
+        CHECKING = "checking", "checking"  # check, find: the registry is still checking
+        DEACTIVATED = "deactivated", "deactivated"  # deactivate, find
+        CANCELLED = "cancelled", "cancelled"  # deactivate: published again; the registration stands
+        REREGISTER = "reregister", "reregister"  # deactivate: published again after an attempt
+        UNSETTLED = "unsettled", "unsettled"  # find: a register of unknown outcome may still land
+        ABSENT = "absent", "absent"  # find: the registry holds nothing of it
+        FAILED = "failed", "failed"  # the registry's refusal or unavailability, or no connection
+        UNKNOWN = "unknown", "unknown"  # the request may have reached the registry; no answer came
+        RATE_LIMITED = "rate_limited", "rate_limited"  # a 429: the attempt was given back
+        WRITE_ERROR = "write_error", "write_error"  # the database refused the outcome (answer: why)
 
     registration = models.ForeignKey(Registration, on_delete=models.CASCADE, related_name="attempt_log")
     number = models.PositiveIntegerField()
@@ -510,8 +524,7 @@ class RegistrationAttempt(models.Model):
     operation = models.CharField(max_length=16)  # register, check, deactivate
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField()
-    outcome = models.CharField(max_length=32)  # submitted, duplicate, registered, rejected, checking,
-    # failed (the registry's own refusal or unavailability, or no connection), unknown (UNKNOWN), ...
+    outcome = models.CharField(max_length=32, choices=Outcome.choices)
     answer = models.TextField(blank=True, default="")
     late = models.BooleanField(default=False)
 

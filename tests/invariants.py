@@ -639,7 +639,9 @@ def check(figures, *, max_attempts: int, withdrawn_enforced: bool = True) -> Vio
     )
     reg_late = {(r, t) for r, t, late, _ in reg_log if late}
     reg_taken = {
-        (r, t) for r, t, late, outcome in reg_log if not late and outcome != RegistrationAttempt.WRITE_ERROR
+        (r, t)
+        for r, t, late, outcome in reg_log
+        if not late and outcome != RegistrationAttempt.Outcome.WRITE_ERROR
     }
     if reg_late & token_writes:
         violations.add(LATE, f"{len(reg_late & token_writes)} late registry writes changed a row")

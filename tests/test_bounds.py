@@ -24,9 +24,10 @@ from django.test import Client
 
 from odal.core import database, reconnect, stopping
 from odal.core.database.base import BoundedConnection, Unanswered
+from outbox.attempts import attempt
 from outbox.models import Delivery, DeliveryAttempt
-from outbox.sweep import attempt, sweep_once
-from registry import drain
+from outbox.sweep import sweep_once
+from registry import calls, drain
 from registry.models import Registration
 from registry.pace import Pace
 from tests import consumers
@@ -186,7 +187,8 @@ def test_an_attempt_whose_turn_comes_after_the_stop_is_not_started(monkeypatch):
     assert attempt(delivery.consumer, claim.rows[0], httpx.Client(), claim) is None
     now = time.monotonic()
     assert (
-        drain.send_in_turn(drain.Request("register", None), None, Pace(), now, now + 3600) is drain.GIVEN_BACK
+        calls.send_in_turn(calls.RegistryCall(calls.Ask.REGISTER, None), None, Pace(), now, now + 3600)
+        is calls.GIVEN_BACK
     )
 
 

@@ -16,7 +16,8 @@ from odal.core.models import AuditEntry
 from outbox import service
 from outbox.events import emit, emit_many
 from outbox.models import Consumer, Delivery, DeliveryAttempt, Event
-from outbox.sweep import REFRESH_SECONDS, sweep_once
+from outbox.sweep import sweep_once
+from outbox.sweep_pass import REFRESH_SECONDS
 from tests import consumers as recorder
 from tests.factories import ConsumerFactory, DeliveryFactory
 from tests.waiting import sweeping
@@ -390,7 +391,7 @@ def test_no_webhook_request_starts_after_a_pause_the_pass_has_seen(settings, mon
     thread: the rows it has not started when the pass sees a pause are taken back from it at
     once (their futures cancelled, the rows given back), not sent once the running request ends,
     nor left to the loop to turn down one by one."""
-    from outbox.sweep import SweepPass
+    from outbox.sweep_pass import SweepPass
     from tests.factories import WebhookConsumerFactory
     from tests.webhook_server import WebhookServer
 

@@ -189,8 +189,9 @@ def test_a_batch_of_failures_is_written_in_as_many_statements_whatever_its_size(
     batch (one UPDATE for the failures, one INSERT for their attempt-log lines)."""
     from django.test.utils import CaptureQueriesContext
 
+    from odal.work.settle import settle
     from outbox.consumers import Outcome
-    from outbox.sweep import Finished, finish_attempts
+    from outbox.settling import DeliverySettling, Ending
 
     def statements(size: int) -> int:
         consumer = ConsumerFactory(max_attempts=5)
@@ -198,13 +199,12 @@ def test_a_batch_of_failures_is_written_in_as_many_statements_whatever_its_size(
             DeliveryFactory(consumer=consumer)
         claim = Delivery.objects.claim(limit=size, hold_seconds=300)
         now = timezone.now()
-        finished = [
-            Finished(row, Outcome(ok=False, error="HTTP 500", http_status=500), now, now)
-            for row in claim.rows
+        endings = [
+            Ending(row, Outcome(ok=False, error="HTTP 500", http_status=500), now, now) for row in claim.rows
         ]
         with CaptureQueriesContext(connection) as queries:
-            settled = finish_attempts(claim.token, finished)
-        assert len(settled.taken) == size
+            written = settle(DeliverySettling(claim.token), endings)
+        assert len(written.taken) == size
         return len(queries)
 
     few, many = statements(2), statements(100)

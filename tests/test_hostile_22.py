@@ -186,7 +186,7 @@ def test_late_answers_and_protocol_errors_of_a_finding_are_in_the_metrics(regist
     for late, answer in ((True, "absent"), (False, "protocol error: registry answered HTTP 200 to check")):
         RegistrationAttempt.objects.create(
             registration=reg, number=1, claim_token=reg.pk, operation="find", started_at=now,
-            finished_at=now, outcome="failed", answer=answer, late=late,
+            finished_at=now, outcome=RegistrationAttempt.Outcome.FAILED, answer=answer, late=late,
         )  # fmt: skip
 
     assert metric('registry_late_writes_total{operation="find"}') == 1.0
@@ -233,7 +233,9 @@ def test_a_withdrawal_written_after_a_publish_again_leaves_the_passport_owing_it
     whose registration ended suspended, owing the registry nothing, never registered."""
     import uuid
 
-    from registry.drain import Attempt, DrainReport, plan_register, write_endings
+    from odal.work.settle import settle
+    from registry.operations import plan_register
+    from registry.settling import REGISTRATIONS, Attempt
     from tests.factories import RegistrationFactory
 
     reg = RegistrationFactory(
@@ -243,12 +245,12 @@ def test_a_withdrawal_written_after_a_publish_again_leaves_the_passport_owing_it
     claimed = Registration.objects.select_related("passport").get(pk=reg.pk)  # as the claim read it
     assert "left to the drain" in lifecycle.suspend(reg.passport_id, actor="user:ops").detail
     endings = []
-    assert plan_register(Attempt(claimed, reg.claim_token, DrainReport(), endings)) is None
-    assert [e.outcome for e in endings] == ["withdrawn"]
+    assert plan_register(Attempt(claimed, reg.claim_token, endings)) is None
+    assert [e.outcome for e in endings] == [RegistrationAttempt.Outcome.WITHDRAWN]
 
     result = lifecycle.publish(reg.passport_id, actor="user:ops")  # before the pass flushes
     assert "left as it is" in result.detail
-    write_endings(endings)
+    settle(REGISTRATIONS, endings)
 
     after = Registration.objects.get(pk=reg.pk)
     assert Passport.objects.get(pk=reg.passport_id).status == "published"

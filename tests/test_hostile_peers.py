@@ -13,7 +13,7 @@ from outbox.events import emit
 from outbox.models import Delivery, Event
 from outbox.sweep import sweep_once
 from registry.drain import drain_once
-from registry.models import Registration
+from registry.models import Registration, RegistrationAttempt
 from tests.factories import PassportFactory, WebhookConsumerFactory, backed_off_registration
 from tests.webhook_server import Answer, WebhookServer
 
@@ -210,7 +210,7 @@ def test_a_hostile_check_answer_fails_only_its_own_registration(registry_sim, ki
         assert reg.status == "registered" and reg.handle.startswith("reg-") and not reg.last_error
     reg = registration(bad)
     assert reg.status == "submitted" and reg.handle == "" and reg.claim_token is None
-    outcome = "unknown" if unknown else "failed"
+    outcome = RegistrationAttempt.Outcome.UNKNOWN if unknown else RegistrationAttempt.Outcome.FAILED
     assert reg.attempt_log.last().outcome == outcome and reg.attempt_log.last().answer == reg.last_error
     assert_readable(reg.last_error, "registry ", *error)
 

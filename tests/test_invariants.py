@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 from django.utils import timezone
 
+from odal.work.settle import settle
 from outbox import consumers
 from outbox.models import Delivery, DeliveryAttempt
-from outbox.sweep import Finished, finish_attempts
+from outbox.settling import DeliverySettling, Ending
 from registry.models import Registration, RegistrationAttempt
 from registry.simulator import RegistryState
 from tests import invariants
@@ -111,9 +112,11 @@ def test_a_late_success_noted_on_a_dead_letter_is_no_violation():
     claim = dead_lettered_under_a_late_attempt()
     now = timezone.now()
 
-    settled = finish_attempts(claim.token, [Finished(claim.rows[0], consumers.Outcome(True), now, now)])
+    written = settle(
+        DeliverySettling(claim.token), [Ending(claim.rows[0], consumers.Outcome(True), now, now)]
+    )
 
-    assert settled.taken == set() and Delivery.objects.get().late_success_at == now
+    assert written.taken == [] and Delivery.objects.get().late_success_at == now
     assert delivery_violations() == []
 
 

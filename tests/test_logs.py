@@ -19,12 +19,15 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from odal.core.logs import JsonFormatter
+from odal.work.settle import settle
 from outbox import consumers
 from outbox.events import emit
 from outbox.models import Delivery, DeliveryAttempt
-from outbox.sweep import Finished, finish_attempts, sweep_once
-from registry.drain import Attempt, DrainReport, drain_once
+from outbox.settling import DeliverySettling, Ending
+from outbox.sweep import sweep_once
+from registry.drain import drain_once
 from registry.models import Registration, RegistrationAttempt
+from registry.settling import REGISTRATIONS, Attempt
 from tests.factories import DeliveryFactory, RegistrationFactory, WebhookConsumerFactory
 from tests.webhook_server import WebhookServer
 
@@ -90,9 +93,9 @@ def test_a_late_delivery_outcome_is_a_json_line_with_its_ids(json_log):
     stale = first.rows[0]
     now = timezone.now()
 
-    settled = finish_attempts(first.token, [Finished(stale, consumers.Outcome(True), now, now)])
+    written = settle(DeliverySettling(first.token), [Ending(stale, consumers.Outcome(True), now, now)])
 
-    assert settled.taken == set()
+    assert written.taken == []
     line = the_line(json_log(), "outbox.sweep", "late")
     assert line["level"] == "WARNING"
     assert (line["delivery"], line["claim"], line["attempt"], line["event"]) == (
@@ -121,7 +124,9 @@ def test_a_late_registry_answer_is_a_json_line_with_its_ids(json_log):
     stale = Registration.objects.claim(limit=1, select_related=("passport",))
     token = uuid.uuid4()  # a claim that no longer holds the row
 
-    Attempt(stale.rows[0], token, DrainReport()).failed("register", "registry answered HTTP 503")
+    endings = []
+    Attempt(stale.rows[0], token, endings).failed("register", "registry answered HTTP 503")
+    settle(REGISTRATIONS, endings)
 
     lines = json_log()
     late = the_line(lines, "registry.drain", "late")

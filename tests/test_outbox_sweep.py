@@ -222,7 +222,7 @@ def test_a_pass_starts_no_attempt_after_its_claims_hold_ran_out(settings):
 
 @pytest.mark.django_db(transaction=True)  # (the Python runner's thread reads what this one committed)
 def test_a_pass_reads_only_what_it_claimed_no_field_of_a_claimed_row_is_loaded_again(monkeypatch):
-    """The claim reads the fields a pass uses and each row's event whole (outbox.sweep.read_claimed):
+    """The claim reads the fields a pass uses and each row's event whole (outbox.claimed.read_claimed):
     a field of the event left out would be loaded again by Django, one query per row, on
     whichever thread touched it (a webhook's body, a Python consumer's argument). Successes and
     failures, Python consumers and webhooks, written and logged: none is."""

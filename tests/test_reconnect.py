@@ -19,8 +19,7 @@ from django_q.models import OrmQ
 from odal.core import reconnect
 from odal.work import wake
 from odal.work.wake import SWEEP, Listener
-from outbox import sweep as sweep_module
-from outbox import tasks
+from outbox import sweep_pass, tasks
 from outbox.events import emit
 from outbox.models import Delivery
 from outbox.sweep import sweep_listening, sweep_until_idle
@@ -294,7 +293,7 @@ def test_a_sweep_that_loses_the_database_during_an_attempt_writes_nothing_of_tha
     # The pass re-reads its consumers every REFRESH_SECONDS while the webhook answers: that read,
     # not the flush, would meet the cut first whenever it came before the answer (on a fast
     # machine, always), and the flush this test is about would never run.
-    monkeypatch.setattr(sweep_module, "REFRESH_SECONDS", 60)
+    monkeypatch.setattr(sweep_pass, "REFRESH_SECONDS", 60)
     with WebhookServer(script=[("stall", 0.5, 204), 204]) as server:
         delivery = DeliveryFactory(consumer=WebhookConsumerFactory(url=server.url))
         if loop == "odal outbox sweep":
@@ -330,7 +329,7 @@ def test_a_python_consumer_gets_a_working_connection_after_the_database_was_lost
     """Python consumers run on the runner's thread, with a connection of its own, while the
     pass's thread reads their consumers again (a pause, a rotated secret) on its own: a cut one
     is replaced on each before the next pass's consumers run."""
-    monkeypatch.setattr(sweep_module, "REFRESH_SECONDS", 0)  # the pass reads at every look
+    monkeypatch.setattr(sweep_pass, "REFRESH_SECONDS", 0)  # the pass reads at every look
     consumers.calls.clear()
     consumer = ConsumerFactory(target="tests.consumers.reads_the_database")
     sweep = start(lambda should_stop: sweep_listening(None, poll_seconds=0.05, should_stop=should_stop))

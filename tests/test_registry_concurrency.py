@@ -444,5 +444,5 @@ def test_a_429_makes_every_drain_process_wait_its_retry_after(registry_sim, sett
     seen = registry_sim.rate_seen(window=1.0)
     assert seen["refused"] >= 1 and seen["unheeded"] == 0, seen
     lines = RegistrationAttempt.objects.filter(registration__in=rows)
-    assert lines.filter(outcome="rate_limited").count() == seen["refused"]
-    assert not lines.filter(outcome="failed").exists()
+    assert lines.filter(outcome=RegistrationAttempt.Outcome.RATE_LIMITED).count() == seen["refused"]
+    assert not lines.filter(outcome=RegistrationAttempt.Outcome.FAILED).exists()

@@ -24,7 +24,7 @@ from odal.surfaces import lifecycle
 from outbox.models import Event
 from registry import service
 from registry.drain import drain_once, drain_until_idle
-from registry.models import Registration
+from registry.models import Registration, RegistrationAttempt
 from tests.factories import PassportFactory
 
 pytestmark = pytest.mark.django_db
@@ -123,7 +123,7 @@ def test_a_duplicate_upi_naming_a_deactivated_registration_is_not_adopted_and_co
     assert reg.last_error.startswith("not adopted: the registry answered DUPLICATE_UPI naming request ")
     assert old_request in reg.last_error and old_handle in reg.last_error and "deactivated" in reg.last_error
     line = reg.attempt_log.filter(operation="register").last()
-    assert (line.outcome, line.answer) == ("not_adopted", reg.last_error)
+    assert (line.outcome, line.answer) == (RegistrationAttempt.Outcome.NOT_ADOPTED, reg.last_error)
     assert reg.attempts == 1  # below ODAL_REGISTRY_STALL_ATTEMPTS, and stalled all the same: for a person
     assert list(Registration.objects.stalled()) == [reg]
     assert api_as("read").get("registry").json()["stalled"] == 1
@@ -367,7 +367,11 @@ def test_a_finding_whose_remembered_request_the_registry_does_not_know_goes_on_t
     reg = reg_of(passport)
     assert (reg.status, reg.claim_token) == ("suspended", None), (reg.status, reg.last_error, report)
     line = reg.attempt_log.last()
-    assert line.outcome == "absent" and forgotten in line.answer and "404" in line.answer
+    assert (
+        line.outcome == RegistrationAttempt.Outcome.ABSENT
+        and forgotten in line.answer
+        and "404" in line.answer
+    )
     assert ("GET", f"/dpp-registration-requests/{forgotten}") in sim.calls
 
 
@@ -404,7 +408,7 @@ def test_a_remembered_request_answered_404_by_something_else_than_the_registry_i
 
     reg = reg_of(passport)
     assert (reg.status, reg.operation, reg.correlation_id) == ("pending", "deactivate", forgotten)
-    assert report.unknown == 1 and reg.attempt_log.last().outcome == "unknown"
+    assert report.unknown == 1 and reg.attempt_log.last().outcome == RegistrationAttempt.Outcome.UNKNOWN
 
 
 def test_a_request_the_task_list_names_is_never_dropped_for_a_404(settings):

@@ -6,6 +6,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.db import connections
 from django.utils import timezone
 
 from odal.core.models import Passport
@@ -55,7 +56,7 @@ def test_still_checking_asks_again_later(registry_sim, settings):
     drain_once()
     reg = reg_of(passport)
     assert reg.status == "submitted" and reg.claim_token is None
-    assert reg.attempt_log.last().outcome == "checking"
+    assert reg.attempt_log.last().outcome == RegistrationAttempt.Outcome.CHECKING
 
 
 def test_a_5xx_fails_the_attempt_and_backs_off(registry_sim, settings):
@@ -223,32 +224,39 @@ def test_no_drain_write_takes_a_row_held_by_another_claim(write):
     assert DRAIN_WRITES[write](Registration.objects.filter(pk=reg.pk), reg.claim_token) is True
 
 
+@pytest.mark.django_db(transaction=True)  # (B and the abandon run on A's pool thread, during its request)
 def test_a_drain_pass_that_read_the_row_before_it_was_abandoned_changes_nothing(registry_sim, settings):
     """A claims the row and stalls past its hold; B claims it and fails; a person abandons it
     (the registry holds nothing); then A's register call finally runs. Its answer bounces off.
     (B taking over A's claim records an outcome unknown, and its settle window would refuse this
     abandon: tests/test_unknown_outcomes.py. Here the window is 0, to see the write bounce.)"""
     settings.ODAL_REGISTRY_SETTLE_SECONDS = 0
-    registry_sim.faults["register_5xx"] = 1
+    settings.ODAL_CLAIM_HOLD_SECONDS = 1
     passport = published()
-    slow = Registration.objects.claim(limit=1, hold_seconds=1, select_related=("passport",))
-    time.sleep(1.1)
-    assert drain_once().failed == 1  # B
-    Registration.objects.filter(passport=passport).update(
-        next_attempt_at=timezone.now() + timedelta(minutes=5)
-    )
-    service.abandon(passport.pk, actor="user:ops", reason="registry refuses it")
+    adapter = _adapter()
+    register = adapter.register
 
-    from registry.drain import Attempt, DrainReport, run_register
+    def register_after_b_and_the_abandon(reg):
+        try:
+            time.sleep(1.1)  # A's hold runs out while its request waits
+            registry_sim.faults["register_5xx"] = 1
+            assert drain_once().failed == 1  # B
+            Registration.objects.filter(passport=passport).update(
+                next_attempt_at=timezone.now() + timedelta(minutes=5)
+            )
+            service.abandon(passport.pk, actor="user:ops", reason="registry refuses it")
+        finally:
+            connections.close_all()  # this thread's
+        return register(reg)
 
-    report = DrainReport()
-    run_register(Attempt(slow.rows[0], slow.token, report), adapter=_adapter())  # A, late
+    adapter.register = register_after_b_and_the_abandon
+    report = drain_once(adapter=adapter)  # A, late
 
     assert report.late == 1 and report.submitted == 0
     reg = reg_of(passport)
     assert reg.status == "abandoned" and reg.correlation_id == ""
     late = RegistrationAttempt.objects.get(late=True)
-    assert (late.number, late.outcome) == (1, "submitted")
+    assert (late.number, late.outcome) == (1, RegistrationAttempt.Outcome.SUBMITTED)
 
 
 def test_a_drain_pass_starts_no_register_after_its_claims_hold_ran_out(registry_sim, settings):

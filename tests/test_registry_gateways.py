@@ -18,7 +18,7 @@ from odal.core.models import AuditEntry
 from odal.surfaces import lifecycle
 from registry import adapters
 from registry.drain import drain_once, drain_until_idle
-from registry.models import Registration
+from registry.models import Registration, RegistrationAttempt
 from registry.simulator import GATEWAY_ANSWERS
 from tests.factories import PassportFactory, RegistrationFactory
 
@@ -359,7 +359,10 @@ def test_abandon_after_a_register_a_gateway_answered_is_409_outcome_unknown_not_
     assert (reg.status, reg.attempts, reg.claim_token) == ("pending", 1, None)
     assert reg.last_unknown_at is not None
     [line] = reg.attempt_log.all()
-    assert line.outcome == "unknown" and f"HTTP {GATEWAY_ANSWERS[answer][0]}" in line.answer
+    assert (
+        line.outcome == RegistrationAttempt.Outcome.UNKNOWN
+        and f"HTTP {GATEWAY_ANSWERS[answer][0]}" in line.answer
+    )
     assert held(sim, passport.upi) == [] and sim.landing(passport.upi) == 1  # on its way
     sim.land_pending()  # the request lands, as the issue saw it 9 s later
     assert len(held(sim, passport.upi)) == 1

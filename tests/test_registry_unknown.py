@@ -19,15 +19,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connections
 from django.utils import timezone
 
 from odal.core.errors import Refused
 from odal.core.models import AuditEntry, Passport
 from odal.surfaces import lifecycle
 from outbox.models import Event
-from registry import adapters, service
-from registry.drain import Attempt, DrainReport, drain_once, run_register
-from registry.models import Registration
+from registry import adapters, drain_pass, service
+from registry.drain import drain_once
+from registry.models import Registration, RegistrationAttempt
 from tests.factories import PassportFactory, RegistrationFactory
 from tests.waiting import wait_for
 
@@ -168,7 +169,11 @@ def test_an_unknown_register_is_logged_as_unknown_and_remembered_on_the_row(regi
     assert (reg.status, reg.claim_token) == ("pending", None)
     assert before < reg.last_unknown_at <= timezone.now()
     [line] = reg.attempt_log.all()
-    assert (line.outcome, line.late, line.finished_at) == ("unknown", False, reg.last_unknown_at)
+    assert (line.outcome, line.late, line.finished_at) == (
+        RegistrationAttempt.Outcome.UNKNOWN,
+        False,
+        reg.last_unknown_at,
+    )
 
 
 def test_a_failure_is_not_remembered_as_unknown(registry_sim):
@@ -182,26 +187,36 @@ def test_a_failure_is_not_remembered_as_unknown(registry_sim):
     assert list(reg.attempt_log.values_list("outcome", flat=True)) == ["failed"]
 
 
+@pytest.mark.django_db(transaction=True)  # (B runs on A's pool thread, during its request)
 def test_a_late_unknown_attempt_is_remembered_though_it_writes_no_outcome(registry_sim, settings):
     """A claims and stalls past its hold; B takes the row over and is answered; A's register
     then times out. A writes nothing (late), but its request may land: the row remembers it."""
     settings.ODAL_REGISTRY_TIMEOUT_SECONDS = 1
+    settings.ODAL_CLAIM_HOLD_SECONDS = 1
     passport = published()
-    slow = Registration.objects.claim(limit=1, hold_seconds=1, select_related=("passport",))
-    time.sleep(1.1)
-    registry_sim.faults["register_5xx"] = 1
-    assert drain_once().failed == 1  # B
-    taken_over_at = reg_of(passport).last_unknown_at  # B took over A's claim: unknown as of then
-    registry_sim.faults["latency"] = 1.5
+    adapter = adapters.get_adapter()
+    register, taken_over = adapter.register, []
 
-    report = DrainReport()
-    run_register(Attempt(slow.rows[0], slow.token, report), adapter=adapters.get_adapter())  # A, late
+    def register_after_b(reg):
+        try:
+            time.sleep(1.1)  # A's hold runs out while its request waits
+            registry_sim.faults["register_5xx"] = 1
+            assert drain_once().failed == 1  # B
+            taken_over.append(reg_of(passport).last_unknown_at)  # B took over A's claim: unknown as of then
+        finally:
+            connections.close_all()  # this thread's
+        registry_sim.faults["latency"] = 1.5
+        return register(reg)
+
+    adapter.register = register_after_b
+    report = drain_once(adapter=adapter)  # A, late
+    [taken_over_at] = taken_over
 
     reg = reg_of(passport)
     assert (report.late, report.unknown) == (1, 0)
     assert reg.last_unknown_at > taken_over_at
     late = reg.attempt_log.get(late=True)
-    assert (late.outcome, late.finished_at) == ("unknown", reg.last_unknown_at)
+    assert (late.outcome, late.finished_at) == (RegistrationAttempt.Outcome.UNKNOWN, reg.last_unknown_at)
     assert (reg.status, reg.attempts, reg.claim_token) == ("pending", 2, None)  # B's outcome stands
 
 
@@ -356,7 +371,7 @@ def test_suspend_after_an_unknown_register_that_landed_deactivates_what_the_regi
     report = drain_once()
     reg = reg_of(passport)
     assert (report.deactivated, reg.status, reg.claim_token) == (0, "pending", None)
-    assert reg.attempt_log.last().outcome == "unsettled"
+    assert reg.attempt_log.last().outcome == RegistrationAttempt.Outcome.UNSETTLED
     assert reg.next_attempt_at > reg.last_unknown_at + timedelta(seconds=3)
     # The late register lands, and the registry grants it.
     registry_sim.hold(passport.upi, "req-late")
@@ -389,7 +404,7 @@ def test_suspend_after_a_refused_register_ends_suspended_once_the_registry_shows
 
     reg = reg_of(passport)
     assert (reg.status, reg.claim_token) == ("suspended", None)
-    assert reg.attempt_log.last().outcome == "absent"
+    assert reg.attempt_log.last().outcome == RegistrationAttempt.Outcome.ABSENT
     assert "holds no submission" in reg.note
     assert report.claimed == 1 and not [c for c in registry_sim.calls if c[0] == "POST"][1:]
 
@@ -445,10 +460,9 @@ def test_a_finding_the_drain_starts_after_a_publish_again_registers_afresh(regis
     lifecycle.suspend(passport.pk, actor="user:ops")
     claim = Registration.objects.claim(limit=1, select_related=("passport",))
     Passport.objects.filter(pk=passport.pk).update(status=Passport.Status.PUBLISHED)
+    Registration.objects.filter(passport=passport).release(token=claim.token)  # (its next pass's)
 
-    from registry.drain import run_deactivate
-
-    run_deactivate(Attempt(claim.rows[0], claim.token, DrainReport()), adapters.get_adapter())
+    drain_once()
 
     reg = reg_of(passport)
     assert (reg.status, reg.operation, reg.attempts, reg.handle) == ("pending", "register", 1, "")
@@ -487,7 +501,7 @@ def test_a_register_waiting_for_its_turn_under_the_rate_limit_is_not_sent_after_
     sent = [r["upi"] for r in registry_sim.requests.values()]
     assert sent == [first.upi]
     assert reg_of(second).status == "suspended"
-    assert reg_of(second).attempt_log.get().outcome == "withdrawn"
+    assert reg_of(second).attempt_log.get().outcome == RegistrationAttempt.Outcome.WITHDRAWN
     (report,) = reports
     assert (report.claimed, report.submitted) == (2, 1)
 
@@ -544,35 +558,35 @@ def test_suspend_does_not_withdraw_a_register_whose_unknown_outcome_still_settle
     assert (row(reg)["status"], row(reg)["operation"]) == ("pending", "deactivate")
 
 
-def suspended_while_claimed(attempts: int, **fields):
-    """A register claimed (its `attempts`-th attempt) when its passport is suspended."""
-    reg = RegistrationFactory(
-        attempts=attempts,
-        claim_token=uuid.uuid4(),
-        next_attempt_at=timezone.now() + timedelta(minutes=5),
-        **fields,
-    )
-    claimed = Registration.objects.select_related("passport").get(pk=reg.pk)  # as the claim read it
-    result = lifecycle.suspend(reg.passport_id, actor="user:ops")
-    assert "left to the drain" in result.detail
-    return claimed
+def drained_suspended_once_claimed(monkeypatch, attempts: int) -> Registration:
+    """A register whose passport is suspended after the drain claimed it (its `attempts`-th
+    attempt) and before its call is planned, drained by one pass."""
+    reg = RegistrationFactory(attempts=attempts - 1)
+    plan_and_settle = drain_pass.operation_of
+
+    def suspended_first(claimed):
+        result = lifecycle.suspend(claimed.passport_id, actor="user:ops")
+        assert "left to the drain" in result.detail
+        return plan_and_settle(claimed)
+
+    monkeypatch.setattr(drain_pass, "operation_of", suspended_first)
+    drain_once()
+    return reg
 
 
-def test_a_claimed_first_register_whose_passport_was_suspended_is_withdrawn_unsent(registry_sim):
-    reg = suspended_while_claimed(1)
-
-    run_register(Attempt(reg, reg.claim_token, DrainReport()), adapters.get_adapter())
+def test_a_claimed_first_register_whose_passport_was_suspended_is_withdrawn_unsent(registry_sim, monkeypatch):
+    reg = drained_suspended_once_claimed(monkeypatch, 1)
 
     assert (row(reg)["status"], row(reg)["claim_token"]) == ("suspended", None)
     assert not registry_sim.calls
 
 
-def test_a_claimed_later_register_whose_passport_was_suspended_is_found_not_withdrawn(registry_sim):
+def test_a_claimed_later_register_whose_passport_was_suspended_is_found_not_withdrawn(
+    registry_sim, monkeypatch
+):
     """Its earlier attempt may have reached the registry: this one sends nothing, and the row owes
     the deactivation that finds what the registry holds."""
-    reg = suspended_while_claimed(2)
-
-    run_register(Attempt(reg, reg.claim_token, DrainReport()), adapters.get_adapter())
+    reg = drained_suspended_once_claimed(monkeypatch, 2)
 
     after = row(reg)
     assert (after["status"], after["operation"], after["claim_token"]) == ("pending", "deactivate", None)

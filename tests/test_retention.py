@@ -114,7 +114,7 @@ def add_registry_lines(reg: Registration, at, n: int = 2) -> set:
                 operation="register",
                 started_at=at - timedelta(seconds=1),
                 finished_at=at,
-                outcome="submitted",
+                outcome=RegistrationAttempt.Outcome.SUBMITTED,
             ).pk
         )
     return made

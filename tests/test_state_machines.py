@@ -616,17 +616,21 @@ class UncertainOutcomeMachine(RuleBasedStateMachine):
     @rule(fate=st.sampled_from(["in transit", "answered", "refused", "unknown", "in transit"]))
     def drain_attempt(self, fate):
         """One whole attempt of whatever the row owes, through the drain's plan and settle."""
-        from registry.drain import Attempt, DrainReport, operation_of
+        from odal.work.settle import settle
+        from registry.operations import operation_of
+        from registry.settling import REGISTRATIONS, Attempt
 
         claim = self.claim_when_due()
         if not claim.rows:
             return
         reg = claim.rows[0]
         self.adapter.fate = fate
-        attempt = Attempt(reg, claim.token, DrainReport())
-        plan, settle = operation_of(reg)
-        if request := plan(attempt):
-            settle(attempt, request.send(self.adapter))
+        endings = []
+        attempt = Attempt(reg, claim.token, endings)
+        plan, settle_answer = operation_of(reg)
+        if call := plan(attempt):
+            settle_answer(attempt, call.send(self.adapter))
+        settle(REGISTRATIONS, endings)
 
     @rule()
     def a_register_goes_missing_then_a_suspend(self):

@@ -202,13 +202,13 @@ def test_registry_attempt_lines_count_late_answers_protocol_errors_and_write_err
     def line(**fields):
         RegistrationAttempt.objects.create(
             registration=reg, number=1, claim_token=reg.pk, started_at=now, finished_at=now,
-            **{"operation": "register", "outcome": "submitted", **fields},
+            **{"operation": "register", "outcome": RegistrationAttempt.Outcome.SUBMITTED, **fields},
         )  # fmt: skip
 
     line(late=True)
-    line(operation="check", outcome="failed", answer="protocol error: not JSON")
-    line(outcome="failed", answer="HTTP 503")
-    line(outcome="write_error", answer="refused")
+    line(operation="check", outcome=RegistrationAttempt.Outcome.FAILED, answer="protocol error: not JSON")
+    line(outcome=RegistrationAttempt.Outcome.FAILED, answer="HTTP 503")
+    line(outcome=RegistrationAttempt.Outcome.WRITE_ERROR, answer="refused")
     found = tally.totals("registry.late", "registry.protocol_errors", "registry.write_errors")
     assert found == {
         "registry.late": {"register": 1},

@@ -17,7 +17,7 @@ from odal.work import deadline
 from outbox import tasks
 from outbox.models import Delivery, DeliveryAttempt
 from outbox.sweep import sweep_once
-from registry import adapters, checks, drain
+from registry import adapters, checks, drain_pass
 from registry.drain import drain_once
 from registry.models import Registration, RegistrationAttempt
 from tests.factories import DeliveryFactory, PassportFactory, RegistrationFactory, WebhookConsumerFactory
@@ -183,7 +183,7 @@ def test_a_deactivation_that_must_find_first_waits_for_a_task_with_time_for_its_
     finding.refresh_from_db()
     assert (finding.status, finding.attempts, finding.claim_token) == ("pending", 1, None)
     with deadline.task(60):  # a task with time for it
-        assert deadline.start_by(drain.longest_attempt_seconds(finds=True)) > deadline.now()
+        assert deadline.start_by(drain_pass.longest_attempt_seconds(finds=True)) > deadline.now()
 
 
 def test_outside_a_task_a_pass_has_no_deadline_but_the_hold():

@@ -705,7 +705,7 @@ def test_no_request_starts_when_its_consumer_was_paused_while_its_host_was_looke
     no request goes out; the row is given back."""
     from outbox import service
     from outbox.models import Consumer
-    from outbox.sweep import SweepPass
+    from outbox.sweep_pass import SweepPass
 
     settings.ODAL_ALLOW_PRIVATE_WEBHOOKS = True
     asked, release = slow_lookup(monkeypatch)

@@ -7,10 +7,11 @@ from django.utils import timezone
 
 from odal.core import stopping
 from odal.surfaces import lifecycle
-from outbox import consumers, sweep
+from odal.work.settle import settle
+from outbox import consumers
 from outbox.models import Delivery, DeliveryAttempt
-from outbox.sweep import Finished, finish_attempts
-from registry import adapters, drain
+from outbox.settling import DeliverySettling, Ending
+from registry import adapters, drain_pass
 from registry.drain import drain_once
 from registry.models import Registration
 from tests.factories import DeliveryFactory, PassportFactory
@@ -24,18 +25,18 @@ def test_one_outcome_the_database_refuses_once_is_written_on_its_retry(monkeypat
     DeliveryFactory()
     claim = Delivery.objects.claim(limit=1, select_related=("event",))
     d, now = claim.rows[0], timezone.now()
-    real, calls = sweep._settle, []
+    real, calls = DeliverySettling.write, []
 
-    def refuse_once(token, finished):
-        calls.append(len(finished))
+    def refuse_once(settling, endings):
+        calls.append(len(endings))
         if len(calls) == 1:
             raise DataError("deadlock detected (transient)")
-        return real(token, finished)
+        return real(settling, endings)
 
-    monkeypatch.setattr(sweep, "_settle", refuse_once)
-    settled = finish_attempts(claim.token, [Finished(d, consumers.Outcome(True), now, now)])
+    monkeypatch.setattr(DeliverySettling, "write", refuse_once)
+    written = settle(DeliverySettling(claim.token), [Ending(d, consumers.Outcome(True), now, now)])
 
-    assert settled.taken == {d.pk} and calls == [1, 1]
+    assert [ending.delivery.pk for ending in written.taken] == [d.pk] and calls == [1, 1]
     d.refresh_from_db()
     assert d.status == Delivery.Status.DELIVERED
     assert not DeliveryAttempt.objects.filter(outcome=DeliveryAttempt.Outcome.WRITE_ERROR).exists()
@@ -57,7 +58,7 @@ def test_a_drain_asked_to_stop_during_a_request_plans_no_further_row(settings, m
         def close(self):
             pass
 
-    planned, real = [], drain.operation_of
+    planned, real = [], drain_pass.operation_of
 
     def counting(reg):
         plan, settle = real(reg)
@@ -68,7 +69,7 @@ def test_a_drain_asked_to_stop_during_a_request_plans_no_further_row(settings, m
 
         return counted, settle
 
-    monkeypatch.setattr(drain, "operation_of", counting)
+    monkeypatch.setattr(drain_pass, "operation_of", counting)
     report = drain_once(adapter=Adapter())
     assert report.submitted == 1 and report.not_started == 2
     assert len(planned) == 1, planned

@@ -119,7 +119,7 @@ def passport_story(passport: Passport) -> Story:
         attempts = list(registration.attempt_log.order_by("-started_at", "-id")[: LINES + 1])
         more |= len(attempts) > LINES
         for a in attempts[:LINES]:
-            unknown = a.outcome == RegistrationAttempt.UNKNOWN
+            unknown = a.outcome == RegistrationAttempt.Outcome.UNKNOWN
             note = (
                 "the request may have reached the registry; no answer of its own came back"
                 if unknown

@@ -5,8 +5,11 @@
 - wake.py: waking a worker when a commit creates due work (NOTIFY to the listening
   worker, or one coalesced django-q2 task when none listens), and the task a kick runs (its table:
   odal.core.kicks).
+- passes.py and loops.py: one pass of a claim's attempts, and the runs of passes.
+- settle.py: the one settle path: a set of endings written by their guarded writes in one
+  transaction, with their attempt-log lines, late and refused endings handled.
 - http.py: HTTP whose every request ends by its deadline (the webhooks' and the registry's).
 
-Neither kind of work is imported here: each says what its attempts are (outbox.sweep,
-registry.drain) and uses these.
+Neither kind of work is imported here: each says what its attempts are and how they are
+written (outbox.sweep_pass and outbox.settling, registry.drain_pass and registry.settling).
 """

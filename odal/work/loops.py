@@ -5,8 +5,8 @@ A kind is a `Work`: it says what one pass of it does (`one_pass`), what a run of
 `due`). Its runs are these methods:
 
 - `until_idle`: passes until one claims nothing (lingering for rows falling due within
-  `linger_seconds`, or for a pause the kind asks for), for at most `max_seconds`; what a task
-  that cannot lead, and `--once`, run.
+  `linger_seconds`, or for a pause the kind asks for), or until one ends past `max_seconds` (a
+  pass is not cut short); what a task that cannot lead, and `--once`, run.
 - `listening`: passes back to back while they find work; when one finds none, wait for a NOTIFY
   or the poll; for `seconds` or until told to stop. What a leading task runs for its turn.
 - `forever`: `listening` on a listener of its own, until told to stop (`odal outbox sweep`,
@@ -49,6 +49,13 @@ class Report:
     passes: int = 0
     out_of_time: int = 0  # passes that met their task's deadline (odal.work.deadline): the run ends
 
+    def given_back(self) -> str:
+        """The summary's words for rows given back, if any."""
+        if not self.not_started:
+            return ""
+        why = "given back: the task's time was up" if self.out_of_time else "hold ran out"
+        return f", {self.not_started} not started ({why})"
+
     def add(self, other: "Report") -> None:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
@@ -64,7 +71,7 @@ class Work(ABC):
     rows = None  # the claimed model's manager (a ClaimQuerySet)
     batch: int  # rows a pass claims
     linger_seconds: float = 0.0  # until_idle waits for rows falling due this soon
-    claimed: bool = False  # whether a pass of the current (or last) `listening` run claimed anything
+    found_work: bool = False  # whether a pass of the current (or last) `listening` run claimed anything
 
     @contextmanager
     def tools(self):
@@ -88,7 +95,7 @@ class Work(ABC):
         turn, or if work is `owed()`. On a steady trickle every row may be settled at
         the moment of asking; a leader that did not relay then left nobody listening until the
         next commit's task started (200 ms of commits unswept at 50 events/s)."""
-        return self.claimed or self.owed()
+        return self.found_work or self.owed()
 
     def due(self) -> bool:
         """Whether anything is due now: a leader's last look."""
@@ -103,8 +110,8 @@ class Work(ABC):
         while_full: bool = False,
     ) -> Report:
         """Passes until one claims nothing and nothing falls due within `linger_seconds` (nor
-        does the kind ask to pause), or `max_seconds` have gone by. A database lost meanwhile is
-        waited for until then; past it, its error is raised. `while_full`: a helper beside a
+        does the kind ask to pause), or until one ends past `max_seconds`. A database lost
+        meanwhile is waited for until then; past it, its error is raised. `while_full`: a helper beside a
         leader, which stops at the first pass that claims less than a full batch (no backlog:
         the leader keeps up); on a steady trickle a helper that waited for idle would keep its
         worker for max_seconds, and a leader's relay successor would find no worker to start on."""
@@ -160,7 +167,7 @@ class Work(ABC):
         beside the leader (claims take turns safely; the run's first pass is its slowest: its
         housekeeping, its first requests' connections): if it says no, no more passes run."""
         report = self.Report()
-        self.claimed = False
+        self.found_work = False
         with self.tools() as tools:
             if lead is not None and not stopping.requested():
                 try:
@@ -183,7 +190,7 @@ class Work(ABC):
                         close_old_connections()  # a long-lived loop drops a connection past its age or broken
                     one = self.one_pass(batch=batch or self.batch, **tools)
                     report.add(one)
-                    self.claimed = self.claimed or one.claimed > 0
+                    self.found_work = self.found_work or one.claimed > 0
                     if one.out_of_time:
                         break  # (its task's time is up: the rows it gave back go to another, below)
                     if one.claimed == 0 and not should_stop():

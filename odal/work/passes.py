@@ -2,17 +2,19 @@
 
 The pass's own thread starts attempts on a pool as far as the kind's bounds allow, waits for
 them to end, and writes their outcomes a set at a time (FLUSH: so many, or so often, whichever
-comes first), each by the guarded write of the pass's claim. It is the only thread that writes,
-so a pass holds one database connection however many requests it has in flight. Rows whose
+comes first), each by the guarded write of the pass's claim (odal.work.settle). It is the only
+thread that writes them (but for a Python consumer's outcome after its timeout, which its runner
+writes as late: outbox.attempts), so a pass holds one database connection however many requests
+it has in flight. Rows whose
 attempt never started (their turn came after the claim's hold ran out, the kind held them back,
 the process is stopping, the pass's task is running out of time) are given back, their counted
 attempt returned, on every way out of the pass: `run`'s `finally`, and at once when the process
 is asked to stop or the pass's deadline for starting attempts comes (odal.work.deadline: in a
 django-q2 task, no attempt starts that could not end, and be written, before the task's timeout).
 
-A kind (outbox.sweep, registry.drain) subclasses Pass and says how its rows start
+A kind (outbox.sweep_pass, registry.drain_pass) subclasses Pass and says how its rows start
 (`start_more`), what an ended attempt leaves to write (`ended`) and how a set is written
-(`write`, with `write_in_sets`).
+(`write`, with odal.work.settle).
 """
 
 import logging
@@ -23,40 +25,11 @@ from collections import deque
 from concurrent.futures import CancelledError, Future, InvalidStateError
 
 from django.conf import settings
-from django.db import transaction
 
-from odal.core import reconnect, stopping
+from odal.core import stopping
 from odal.work import deadline
 
 log = logging.getLogger(__name__)
-
-
-def write_in_sets(items: list, write, refused) -> list:
-    """Write `items` in one transaction (`write(items)` says, per item, whether its guarded write
-    took its row). If the database refuses the set, each is written again in a transaction of its
-    own (a set of one too: what the database refused may have been passing, a deadlock), so one
-    row it cannot store costs no other row its outcome; for that one `refused(item, exc)` is
-    called (it keeps its claim until the hold runs out, then it is due again) and its answer is
-    None. If the database is lost meanwhile, DatabaseLost unwinds the pass: nothing
-    more is written for its claim, and its rows are due again after the hold (odal.core.reconnect)."""
-    if not items:
-        return []
-    try:
-        with transaction.atomic():
-            return write(items)
-    except Exception as exc:  # DataError, or psycopg refusing to encode: see which row, below
-        reconnect.raise_if_lost(exc)
-        log.warning("writing %s outcomes together failed; writing them one by one", len(items), exc_info=True)
-    taken = []
-    for item in items:
-        try:
-            with transaction.atomic():
-                taken += write([item])
-        except Exception as exc:
-            reconnect.raise_if_lost(exc)
-            refused(item, exc)
-            taken.append(None)
-    return taken
 
 
 class AttemptFuture:

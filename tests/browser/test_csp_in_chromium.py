@@ -12,7 +12,7 @@ from django.contrib import admin
 from outbox.models import Consumer, Delivery
 from tests.browser.test_admin_in_chromium import a_busy_day, choose_action, log_in
 from tests.browser.test_buttons_in_chromium import change_url, superuser
-from tests.factories import DeliveryFactory, PassportFactory, PublishedPassportFactory
+from tests.factories import DeliveryFactory, PassportFactory, PublishedPassportFactory, WebhookConsumerFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -92,6 +92,17 @@ def test_the_admins_main_pages_run_under_the_policy_without_a_violation(watched)
     page.click("input[type=submit].default")
     assert "Replayed 1 of 1 selected." in page.locator(".messagelist").inner_text()
     visited.append("replay's reason form")
+
+    # A button of an object's page, its reason form, and the secret shown once with its copy button.
+    visit(change_url(WebhookConsumerFactory(name="billing-hook")))
+    page.get_by_role("button", name="Rotate the signing secret…", exact=True).click()
+    page.wait_for_selector("textarea[name=reason]")
+    page.fill("input[name=grace]", "0s")
+    page.fill("textarea[name=reason]", "the old one was pasted in a ticket")
+    page.click("input[type=submit].default")
+    page.wait_for_selector("#secret-once")
+    page.get_by_role("button", name="Copy", exact=True).click()
+    visited.append("rotate's reason form and the secret's page")
 
     # The API's own documentation (django-ninja's Swagger UI, served from odal's static files).
     visit("/vault/api/v1/docs")

@@ -283,6 +283,41 @@ STORAGES = {
 SESSION_COOKIE_SECURE = PRODUCTION
 CSRF_COOKIE_SECURE = PRODUCTION
 
+# -- Headers: CSP, referrer, HSTS (docs/security.md, "Headers") ------------------------------
+
+# Every answer carries a Content-Security-Policy (django-csp): the admin's scripts, styles, fonts
+# and images come from odal itself (static files: no inline script or style anywhere), images also
+# as data: URLs (the second factor's QR code), and no other site may frame a page, post its forms
+# or reset its base URL. A deployment that needs another source adds it here.
+MIDDLEWARE.insert(
+    MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1, "csp.middleware.CSPMiddleware"
+)
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'none'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],  # live.js polls its own pages
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+        "base-uri": ["'self'"],
+        "object-src": ["'none'"],
+    }
+}
+X_FRAME_OPTIONS = "DENY"  # (Django's default; frame-ancestors says the same to newer browsers)
+SECURE_REFERRER_POLICY = "same-origin"  # (Django's default) no page address leaves for another site
+# HSTS in production, on every https answer (the balancer's X-Forwarded-Proto, which gunicorn believes
+# from FORWARDED_ALLOW_IPS): a year, this host's subdomains too, and no request for the browsers'
+# preload list, which would bind the whole registrable domain (security.W021, silenced). odal does
+# not redirect http itself (security.W008, silenced): the balancer does, and its plain-http health
+# checks of /healthz must not get a redirect.
+SECURE_HSTS_SECONDS = 365 * 86400 if PRODUCTION else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = PRODUCTION
+SECURE_HSTS_PRELOAD = False
+SILENCED_SYSTEM_CHECKS = ["security.W008", "security.W021"]
+
 # django-q2: its ORM broker on the same database unless ODAL_BROKER_URL names Redis.
 # django-q2 ends a task at its timeout wherever its code is; a pass in a task starts no attempt that
 # could not end before it (odal.work.deadline), and registry.checks refuses a timeout too short for the

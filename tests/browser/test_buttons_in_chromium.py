@@ -227,7 +227,7 @@ def test_rotate_from_the_consumer_page_and_copy_the_secret(browser, live_server)
 
         page.evaluate("navigator.clipboard.writeText('nothing yet')")
         page.get_by_role("button", name="Copy", exact=True).click()
-        page.wait_for_function("document.getElementById('secret-copied').textContent === 'Copied.'")
+        page.wait_for_function("() => document.getElementById('secret-copied').textContent === 'Copied.'")
         assert page.evaluate("navigator.clipboard.readText()") == consumer.secret
         no_serious_violations(page)
         photograph(page, "rotate-secret-shown")

@@ -97,12 +97,12 @@ def test_a_passport_page_follows_its_registration_in_place(page, registry_sim):
 
     drain_once()  # the registry takes the register: submitted
     page.wait_for_function(
-        "document.querySelector('.field-registration_panel .readonly').innerText.includes('submitted')",
+        "() => document.querySelector('.field-registration_panel .readonly').innerText.includes('submitted')",
         timeout=SWAP_MS,
     )
     drain_once()  # its check: registered
     page.wait_for_function(
-        "document.querySelector('.field-registration_panel .readonly').innerText.includes('registered')",
+        "() => document.querySelector('.field-registration_panel .readonly').innerText.includes('registered')",
         timeout=SWAP_MS,
     )
     still_the_same_page(page)
@@ -110,7 +110,9 @@ def test_a_passport_page_follows_its_registration_in_place(page, registry_sim):
     assert page.input_value("#id_data") == '{"capacityKWh": 80, "half-typed'
     assert page.evaluate("document.activeElement.id") == "id_data"
     # At rest now: the slow poll, said so.
-    page.wait_for_function("document.querySelector('p.odal-live').innerText.includes('nothing in flight')")
+    page.wait_for_function(
+        "() => document.querySelector('p.odal-live').innerText.includes('nothing in flight')"
+    )
     shoot(page, "passport-registered")
 
 
@@ -125,7 +127,7 @@ def test_a_dashboard_count_changes_in_place(page):
 
     DeadDeliveryFactory(consumer=consumer)
     page.wait_for_function(
-        "[...document.querySelectorAll('a.fig')].some(a => a.innerText.includes('dead letters') "
+        "() => [...document.querySelectorAll('a.fig')].some(a => a.innerText.includes('dead letters') "
         "&& a.querySelector('b').innerText === '2')",
         timeout=SWAP_MS,
     )
@@ -146,7 +148,7 @@ def test_a_delivery_page_goes_from_pending_to_delivered_in_place(page):
     sweep_once()
     assert Delivery.objects.get(pk=delivery.pk).status == "delivered"
     page.wait_for_function(
-        "document.querySelector('.field-status .readonly').innerText.toLowerCase() === 'delivered'",
+        "() => document.querySelector('.field-status .readonly').innerText.toLowerCase() === 'delivered'",
         timeout=SWAP_MS,
     )
     still_the_same_page(page)
@@ -164,7 +166,7 @@ def test_a_list_of_owed_work_keeps_the_ticked_rows(page):
 
     Delivery.objects.filter(pk__in=[d.pk for d in others]).update(status="delivered")  # (they leave)
     page.wait_for_function(
-        "document.querySelectorAll('#result_list input.action-select').length === 1", timeout=SWAP_MS
+        "() => document.querySelectorAll('#result_list input.action-select').length === 1", timeout=SWAP_MS
     )
     still_the_same_page(page)
     assert page.is_checked(f"input[name=_selected_action][value='{kept.pk}']")
@@ -256,7 +258,7 @@ def test_the_consumer_health_and_the_object_buttons_follow_in_place(page):
     mark_the_window(page)
     sweep_once()
     page.wait_for_function(
-        "document.querySelector('.odal-health .n-delivered').innerText === '1'", timeout=SWAP_MS
+        "() => document.querySelector('.odal-health .n-delivered').innerText === '1'", timeout=SWAP_MS
     )
     still_the_same_page(page)
     shoot(page, "consumer-health")

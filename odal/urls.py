@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import path
 from django.views.generic import RedirectView
 
-from odal import live, views
+from odal import live, signin, sso, views
 from odal.admin import view_on_site
 from odal.api import api
 
@@ -17,6 +17,11 @@ urlpatterns = [
         admin.site.admin_view(live.stamp_view),
         name="odal_live_object",
     ),
+    # Sign-in (odal.signin, odal.sso): the admin's login page with the lock's sentence and single
+    # sign-on's button, and single sign-on's two steps (404 while it is off).
+    path("admin/login/", signin.login),
+    path("admin/sso/start/", sso.SignOnStart.as_view(), name="oidc_authentication_init"),
+    path("admin/sso/callback/", sso.SignOnCallback.as_view(), name="oidc_authentication_callback"),
     path("admin/", admin.site.urls),
     path("vault/api/v1/", api.urls),
     path("metrics", views.metrics, name="metrics"),

@@ -17,7 +17,7 @@ from django.utils.html import escape
 
 from odal.models import AuditEntry
 from odal.sso import NOT_STAFF
-from tests.factories import UserFactory
+from tests.factories import UserFactory, issue_token
 from tests.oidc_provider import OpenIdProvider
 from tests.test_settings import read_settings, refusal
 
@@ -72,7 +72,18 @@ def test_five_wrong_passwords_lock_the_account_from_that_address_even_with_the_r
     assert sign_in(alice.username, PASSWORD).status_code == 429  # and still locked from here
 
 
+def test_the_apis_bearer_tokens_are_not_touched_by_a_lock_on_their_address():
+    """(What must not change: this one passed before issue 41 too.)"""
+    guess(UserFactory(username="alice").username, 5)
+    token = issue_token("read")
+    answer = Client().get(
+        "/vault/api/v1/registry", REMOTE_ADDR=ATTACKER, headers={"Authorization": f"Bearer {token}"}
+    )
+    assert answer.status_code == 200
+
+
 def test_fewer_wrong_passwords_than_the_limit_do_not_lock():
+    """(The limit's other side: this one passed before issue 41 too.)"""
     alice = UserFactory(username="alice")
     guess(alice.username, 4)
     assert signed_in(sign_in(alice.username, PASSWORD))

@@ -143,7 +143,7 @@ def login_page(request, *, status: int, **extra) -> TemplateResponse:
         "subtitle": None,
         "app_path": request.get_full_path(),
         "username": request.user.get_username() if hasattr(request, "user") else "",
-        "form": AdminAuthenticationForm(request),
+        "form": (admin.site.login_form or AdminAuthenticationForm)(request),
         REDIRECT_FIELD_NAME: request.POST.get(REDIRECT_FIELD_NAME)
         or request.GET.get(REDIRECT_FIELD_NAME)
         or reverse("admin:index"),

@@ -399,7 +399,7 @@ if not ODAL_PASSWORD_LOGIN and not ODAL_OIDC:
         "(ODAL_OIDC_ISSUER, ODAL_OIDC_CLIENT_ID, ODAL_OIDC_CLIENT_SECRET): without it no one could sign in"
     )
 AUTHENTICATION_BACKENDS = [
-    "axes.backends.AxesStandaloneBackend",  # first: a locked pair goes no further
+    "odal.signin.LockBackend",  # first: a locked pair goes no further
     *(["odal.sso.SignOnBackend"] if ODAL_OIDC else []),
     # (single sign-on's backend answers permissions as Django's does, for the sessions it signs in)
     *(["django.contrib.auth.backends.ModelBackend"] if ODAL_PASSWORD_LOGIN else []),

@@ -8,6 +8,7 @@ import ipaddress
 import math
 from datetime import timedelta
 
+from axes.backends import AxesStandaloneBackend
 from axes.helpers import get_client_username
 from axes.models import AccessAttempt
 from axes.signals import user_locked_out
@@ -64,6 +65,17 @@ def client_address(request) -> str | None:
         if not trusted(address):
             return str(address)
     return str(peer)
+
+
+class LockBackend(AxesStandaloneBackend):
+    """axes' backend, first of AUTHENTICATION_BACKENDS: a locked pair goes no further. An
+    authentication without a request (Django's test client's login(), code of our own) has no
+    address to count against and is left to the next backend; every sign-in page passes one."""
+
+    def authenticate(self, request, username=None, password=None, **kwargs):
+        if request is None:
+            return None
+        return super().authenticate(request, username, password, **kwargs)
 
 
 def not_a_password(request, credentials) -> bool:

@@ -5970,7 +5970,7 @@ GUARDS = [
     Guard(
         "sign-in lock: the right password is refused during the lock (axes' backend first)",
         "odal/settings.py",
-        '    "axes.backends.AxesStandaloneBackend",  # first: a locked pair goes no further\n',
+        '    "odal.signin.LockBackend",  # first: a locked pair goes no further\n',
         "",
         "tests/test_signin.py::test_five_wrong_passwords_lock_the_account_from_that_address_even_with_the_right_one",
     ),

@@ -82,6 +82,12 @@ def test_the_apis_bearer_tokens_are_not_touched_by_a_lock_on_their_address():
     assert answer.status_code == 200
 
 
+def test_an_authentication_without_a_request_is_left_to_the_password_backend():
+    """Django's test client's login() passes no request: no address to count against."""
+    UserFactory(username="alice")
+    assert Client().login(username="alice", password=PASSWORD)
+
+
 def test_fewer_wrong_passwords_than_the_limit_do_not_lock():
     """(The limit's other side: this one passed before issue 41 too.)"""
     alice = UserFactory(username="alice")
@@ -217,7 +223,7 @@ def provider(settings):
         settings.ODAL_OIDC_CLIENT_ID = provider.client_id
         settings.ODAL_OIDC_CLIENT_SECRET = provider.client_secret
         settings.AUTHENTICATION_BACKENDS = [
-            "axes.backends.AxesStandaloneBackend",
+            "odal.signin.LockBackend",
             "odal.sso.SignOnBackend",
             "django.contrib.auth.backends.ModelBackend",
         ]
@@ -302,7 +308,7 @@ def test_without_single_sign_on_there_is_no_button_and_no_route():
 
 def test_with_password_sign_in_off_the_form_is_gone_and_a_password_is_refused(provider, settings):
     settings.ODAL_PASSWORD_LOGIN = False
-    settings.AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "odal.sso.SignOnBackend"]
+    settings.AUTHENTICATION_BACKENDS = ["odal.signin.LockBackend", "odal.sso.SignOnBackend"]
     UserFactory(username="alice")
     page = Client().get("/admin/login/").content.decode()
     assert 'id="login-form"' not in page and "Sign in with single sign-on" in page

@@ -9,14 +9,11 @@ class OdalConfig(AppConfig):
         from django.conf import settings
         from django.contrib import admin
 
-        from odal import signin  # (its receivers: the lock's audit entry, the session's marks)
         from odal.admin import check_every_list
         from odal.checks import refuse_deploy_errors, register_checks
-        from odal.metrics import register
         from odal.record import superusers_only
 
         register_checks()  # odal.W001, on every start and in `odal check`
-        register(signin.SignInCollector())
         # Every app's admin is registered by now (the admin app's ready came first, and ran autodiscover).
         check_every_list(admin.site)
         superusers_only(admin.site, "django_q")  # its task tables are internals

@@ -347,7 +347,7 @@ if ODAL_LOG_FORMAT == "json":
     for name in ("odal", "outbox", "registry"):
         LOGGING["loggers"][name]["propagate"] = False
 
-# -- Sign-in: lockout (django-axes; odal.signin, docs/security.md "Lockout") ------------------
+# -- Sign-in: lockout (django-axes; odal.signin.lockout, docs/security.md "Lockout") ------------------
 
 # ODAL_LOGIN_ATTEMPTS wrong passwords for one account from one address, none of them more than
 # ODAL_LOGIN_WINDOW after the one before, lock that account from that address until the window
@@ -358,21 +358,21 @@ ODAL_LOGIN_WINDOW = env_duration(
     "ODAL_LOGIN_WINDOW", "15m", low_seconds=1, high_seconds=30 * 86400, may_be_off=False
 )
 ODAL_TRUSTED_PROXIES = env_networks("ODAL_TRUSTED_PROXIES")
-INSTALLED_APPS += ["axes"]
+INSTALLED_APPS += ["axes", "odal.signin"]
 MIDDLEWARE += ["axes.middleware.AxesMiddleware"]  # turns a locked sign-in's answer into the lock's page
 AXES_FAILURE_LIMIT = ODAL_LOGIN_ATTEMPTS
 AXES_COOLOFF_TIME = timedelta(seconds=ODAL_LOGIN_WINDOW)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]  # the pair, never either alone
-AXES_CLIENT_IP_CALLABLE = "odal.signin.client_address"  # (never ipware's guesses)
-AXES_WHITELIST_CALLABLE = "odal.signin.not_a_password"  # single sign-on's callback is no guess
-AXES_LOCKOUT_CALLABLE = "odal.signin.locked_out"
+AXES_CLIENT_IP_CALLABLE = "odal.signin.lockout.client_address"  # (never ipware's guesses)
+AXES_WHITELIST_CALLABLE = "odal.signin.lockout.not_a_password"  # single sign-on's callback is no guess
+AXES_LOCKOUT_CALLABLE = "odal.signin.lockout.locked_out"
 AXES_RESET_ON_SUCCESS = True  # the right password before the limit starts the count again
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False  # a refused try does not move the lock's end
 AXES_DISABLE_ACCESS_LOG = True  # the audit trail records locks; no table of every sign-in
 AXES_ENABLE_ADMIN = False
 AXES_VERBOSE = False
 
-# -- Sign-in: single sign-on (mozilla-django-oidc; odal.sso, docs/security.md) ---------------
+# -- Sign-in: single sign-on (mozilla-django-oidc; odal.signin.sso, docs/security.md) ---------------
 
 # On when the three are set; ODAL_OIDC_GROUPS_CLAIM names the claim whose values Operators and
 # Viewers map to odal's groups. ODAL_PASSWORD_LOGIN=0 (only with single sign-on) turns staff
@@ -399,8 +399,8 @@ if not ODAL_PASSWORD_LOGIN and not ODAL_OIDC:
         "(ODAL_OIDC_ISSUER, ODAL_OIDC_CLIENT_ID, ODAL_OIDC_CLIENT_SECRET): without it no one could sign in"
     )
 AUTHENTICATION_BACKENDS = [
-    "odal.signin.LockBackend",  # first: a locked pair goes no further
-    *(["odal.sso.SignOnBackend"] if ODAL_OIDC else []),
+    "odal.signin.lockout.LockBackend",  # first: a locked pair goes no further
+    *(["odal.signin.sso.SignOnBackend"] if ODAL_OIDC else []),
     # (single sign-on's backend answers permissions as Django's does, for the sessions it signs in)
     *(["django.contrib.auth.backends.ModelBackend"] if ODAL_PASSWORD_LOGIN else []),
 ]
@@ -410,7 +410,7 @@ OIDC_USE_PKCE = True
 OIDC_TIMEOUT = 10
 LOGIN_REDIRECT_URL = "/admin/"
 
-# -- Sign-in: sessions (odal.signin.mark_session) ----------------------------------------------
+# -- Sign-in: sessions (odal.signin.pages.mark_session) ----------------------------------------------
 
 # A signed-in session ends this many seconds after sign-in, however busy it is (absolute, not
 # renewed by activity).

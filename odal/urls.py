@@ -2,9 +2,10 @@ from django.contrib import admin
 from django.urls import path
 from django.views.generic import RedirectView
 
-from odal import live, signin, sso, views
+from odal import live, views
 from odal.admin import view_on_site
 from odal.api import api
+from odal.signin import pages, sso
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
@@ -17,9 +18,9 @@ urlpatterns = [
         admin.site.admin_view(live.stamp_view),
         name="odal_live_object",
     ),
-    # Sign-in (odal.signin, odal.sso): the admin's login page with the lock's sentence and single
+    # Sign-in (odal.signin): the admin's login page with the lock's sentence and single
     # sign-on's button, and single sign-on's two steps (404 while it is off).
-    path("admin/login/", signin.login),
+    path("admin/login/", pages.login),
     path("admin/sso/start/", sso.SignOnStart.as_view(), name="oidc_authentication_init"),
     path("admin/sso/callback/", sso.SignOnCallback.as_view(), name="oidc_authentication_callback"),
     path("admin/", admin.site.urls),

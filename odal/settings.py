@@ -1,6 +1,6 @@
 """odal's settings: Django's, and the knobs of CONTRACT.md's table, read from the environment.
 
-Every variable goes through a typed reader of odal.env that raises ImproperlyConfigured naming
+Every variable goes through a typed reader of odal.core.env that raises ImproperlyConfigured naming
 the variable, so a typo in a deployment stops start-up instead of running with a surprise. What
 is left here are names, grouped by what they govern, each with why it has its default; the
 refusals that judge settings together (production's) stay beside the names they judge.
@@ -18,9 +18,9 @@ from django.core.checks.security.base import (
 )
 from django.core.exceptions import ImproperlyConfigured
 
-from odal import rules
-from odal.database import embedded
-from odal.env import (
+from odal.core import rules
+from odal.core.database import embedded
+from odal.core.env import (
     database_from_env,
     env_address,
     env_bool,
@@ -136,11 +136,11 @@ ODAL_REGISTRY_RATE_PER_SECOND = env_rate(
 
 # -- bounds -----------------------------------------------------------------------------------
 
-# How long a statement may wait for PostgreSQL (see odal.database): unset, 10 s in a web request
+# How long a statement may wait for PostgreSQL (see odal.core.database): unset, 10 s in a web request
 # and 60 s elsewhere; 0, no bound. Past it the connection is given up as a lost database.
 ODAL_DB_STATEMENT_SECONDS = env_int("ODAL_DB_STATEMENT_SECONDS", None, minimum=0, maximum=3600)
 # After SIGTERM or SIGINT a long-running odal process has exited within this many seconds, whatever
-# it waits for (see odal.stopping); a supervisor's stop timeout must exceed it.
+# it waits for (see odal.core.stopping); a supervisor's stop timeout must exceed it.
 ODAL_STOP_SECONDS = env_int("ODAL_STOP_SECONDS", 30, minimum=1, maximum=3600)
 
 # -- the event outbox -------------------------------------------------------------------------
@@ -208,15 +208,16 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_q",
     "ninja",
-    "odal",
+    "odal.core",  # label "odal": its models, migrations and permissions keep their names
     "outbox",
     "registry",
+    "odal.surfaces",
 ]
 
 MIDDLEWARE = [
-    "odal.middleware.ApiErrorsAsJsonMiddleware",  # outermost: it sees every answer under the API
-    "odal.middleware.BodySizeLimitMiddleware",
-    "odal.middleware.UnstorableInputMiddleware",
+    "odal.core.middleware.ApiErrorsAsJsonMiddleware",  # outermost: it sees every answer under the API
+    "odal.core.middleware.BodySizeLimitMiddleware",
+    "odal.core.middleware.UnstorableInputMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",  # static files, before anything spends work on them
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -225,7 +226,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "odal.database.middleware.DatabaseUnansweredMiddleware",  # a page's lost database: 503, not 500
+    "odal.core.database.middleware.DatabaseUnansweredMiddleware",  # a page's lost database: 503, not 500
 ]
 
 ROOT_URLCONF = "odal.urls"
@@ -247,7 +248,7 @@ TEMPLATES = [
 ]
 
 # DATABASE_URL (and ODAL_DB_CONN_MAX_AGE, the seconds a connection is kept: 60); unset, the
-# embedded PostgreSQL in ODAL_PG_DIR (var/pg; odal.database.embedded), which odal's command line
+# embedded PostgreSQL in ODAL_PG_DIR (var/pg; odal.core.database.embedded), which odal's command line
 # starts.
 ODAL_PG_DIR = Path(env_str("ODAL_PG_DIR", "").strip() or VAR_DIR / "pg").resolve()
 ODAL_EMBEDDED_DATABASE = None if env_str("DATABASE_URL", "").strip() else ODAL_PG_DIR
@@ -264,7 +265,7 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
-FORMAT_MODULE_PATH = ["odal.formats"]  # every time the admin shows to the second, with its zone
+FORMAT_MODULE_PATH = ["odal.core.formats"]  # every time the admin shows to the second, with its zone
 
 STATIC_URL = "static/"
 # `odal serve` collects the static files into it (a folder of their own for each release, or
@@ -286,7 +287,7 @@ CSRF_COOKIE_SECURE = PRODUCTION
 
 # django-q2: its ORM broker on the same database unless ODAL_BROKER_URL names Redis.
 # django-q2 ends a task at its timeout wherever its code is; a pass in a task starts no attempt that
-# could not end before it (odal.work.deadline), and odal.checks refuses a timeout too short for the
+# could not end before it (odal.work.deadline), and registry.checks refuses a timeout too short for the
 # longest attempt (docs/runbook.md, "Task timeouts"). A task still running at `retry` would be
 # presented to another worker: retry stays above the timeout.
 ODAL_Q_TIMEOUT_SECONDS = env_int("ODAL_Q_TIMEOUT_SECONDS", 90, minimum=1, maximum=86400)
@@ -309,7 +310,7 @@ if ODAL_BROKER_URL:
 else:
     Q_CLUSTER["orm"] = "default"
 
-# text: one plain line per record; json: one JSON object per line (odal/logs.py says which keys).
+# text: one plain line per record; json: one JSON object per line (odal/core/logs.py says which keys).
 ODAL_LOG_FORMAT = env_choice("ODAL_LOG_FORMAT", "text", ("text", "json"))
 ODAL_LOG_LEVEL = env_choice("ODAL_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
 LOGGING = {
@@ -317,11 +318,11 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
-        "json": {"()": "odal.logs.JsonFormatter"},
+        "json": {"()": "odal.core.logs.JsonFormatter"},
     },
     "filters": {
-        "redact_urls": {"()": "odal.logs.RedactUrls"},  # no URL credentials in a log
-        "lost_database_in_a_line": {"()": "odal.logs.LostDatabaseInALine"},
+        "redact_urls": {"()": "odal.core.logs.RedactUrls"},  # no URL credentials in a log
+        "lost_database_in_a_line": {"()": "odal.core.logs.LostDatabaseInALine"},
     },
     "handlers": {
         "console": {
@@ -347,7 +348,7 @@ if ODAL_LOG_FORMAT == "json":
     for name in ("odal", "outbox", "registry"):
         LOGGING["loggers"][name]["propagate"] = False
 
-# -- Sign-in: lockout (django-axes; odal.signin.lockout, docs/security.md "Lockout") ------------------
+# -- Sign-in: lockout (django-axes; odal.surfaces.signin.lockout, docs/security.md "Lockout") -----
 
 # ODAL_LOGIN_ATTEMPTS wrong passwords for one account from one address, none of them more than
 # ODAL_LOGIN_WINDOW after the one before, lock that account from that address until the window
@@ -358,21 +359,23 @@ ODAL_LOGIN_WINDOW = env_duration(
     "ODAL_LOGIN_WINDOW", "15m", low_seconds=1, high_seconds=30 * 86400, may_be_off=False
 )
 ODAL_TRUSTED_PROXIES = env_networks("ODAL_TRUSTED_PROXIES")
-INSTALLED_APPS += ["axes", "odal.signin"]
+INSTALLED_APPS += ["axes", "odal.surfaces.signin"]
 MIDDLEWARE += ["axes.middleware.AxesMiddleware"]  # turns a locked sign-in's answer into the lock's page
 AXES_FAILURE_LIMIT = ODAL_LOGIN_ATTEMPTS
 AXES_COOLOFF_TIME = timedelta(seconds=ODAL_LOGIN_WINDOW)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]  # the pair, never either alone
-AXES_CLIENT_IP_CALLABLE = "odal.signin.lockout.client_address"  # (never ipware's guesses)
-AXES_WHITELIST_CALLABLE = "odal.signin.lockout.not_a_password"  # single sign-on's callback is no guess
-AXES_LOCKOUT_CALLABLE = "odal.signin.lockout.locked_out"
+AXES_CLIENT_IP_CALLABLE = "odal.surfaces.signin.lockout.client_address"  # (never ipware's guesses)
+AXES_WHITELIST_CALLABLE = (
+    "odal.surfaces.signin.lockout.not_a_password"  # single sign-on's callback is no guess
+)
+AXES_LOCKOUT_CALLABLE = "odal.surfaces.signin.lockout.locked_out"
 AXES_RESET_ON_SUCCESS = True  # the right password before the limit starts the count again
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False  # a refused try does not move the lock's end
 AXES_DISABLE_ACCESS_LOG = True  # the audit trail records locks; no table of every sign-in
 AXES_ENABLE_ADMIN = False
 AXES_VERBOSE = False
 
-# -- Sign-in: single sign-on (mozilla-django-oidc; odal.signin.sso, docs/security.md) ---------------
+# -- Sign-in: single sign-on (mozilla-django-oidc; odal.surfaces.signin.sso, docs/security.md) ----
 
 # On when the three are set; ODAL_OIDC_GROUPS_CLAIM names the claim whose values Operators and
 # Viewers map to odal's groups. ODAL_PASSWORD_LOGIN=0 (only with single sign-on) turns staff
@@ -399,8 +402,8 @@ if not ODAL_PASSWORD_LOGIN and not ODAL_OIDC:
         "(ODAL_OIDC_ISSUER, ODAL_OIDC_CLIENT_ID, ODAL_OIDC_CLIENT_SECRET): without it no one could sign in"
     )
 AUTHENTICATION_BACKENDS = [
-    "odal.signin.lockout.LockBackend",  # first: a locked pair goes no further
-    *(["odal.signin.sso.SignOnBackend"] if ODAL_OIDC else []),
+    "odal.surfaces.signin.lockout.LockBackend",  # first: a locked pair goes no further
+    *(["odal.surfaces.signin.sso.SignOnBackend"] if ODAL_OIDC else []),
     # (single sign-on's backend answers permissions as Django's does, for the sessions it signs in)
     *(["django.contrib.auth.backends.ModelBackend"] if ODAL_PASSWORD_LOGIN else []),
 ]
@@ -410,7 +413,7 @@ OIDC_USE_PKCE = True
 OIDC_TIMEOUT = 10
 LOGIN_REDIRECT_URL = "/admin/"
 
-# -- Sign-in: sessions (odal.signin.pages.mark_session) ----------------------------------------------
+# -- Sign-in: sessions (odal.surfaces.signin.pages.mark_session) -----------------------------------
 
 # A signed-in session ends this many seconds after sign-in, however busy it is (absolute, not
 # renewed by activity).

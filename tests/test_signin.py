@@ -15,8 +15,8 @@ from django.test import Client
 from django.utils import timezone
 from django.utils.html import escape
 
-from odal.models import AuditEntry
-from odal.signin.sso import NOT_STAFF
+from odal.core.models import AuditEntry
+from odal.surfaces.signin.sso import NOT_STAFF
 from tests.factories import UserFactory, issue_token
 from tests.oidc_provider import OpenIdProvider
 from tests.test_settings import read_settings, refusal
@@ -178,7 +178,7 @@ def test_sign_in_settings_and_their_defaults():
     assert default["AXES_COOLOFF_TIME"] == timedelta(minutes=15)
     assert default["ODAL_TRUSTED_PROXIES"] == ()
     assert default["SESSION_COOKIE_AGE"] == 28800
-    assert "odal.signin.sso.SignOnBackend" not in default["AUTHENTICATION_BACKENDS"]
+    assert "odal.surfaces.signin.sso.SignOnBackend" not in default["AUTHENTICATION_BACKENDS"]
     given = read_settings(
         ODAL_LOGIN_ATTEMPTS="3",
         ODAL_LOGIN_WINDOW="1h",
@@ -223,8 +223,8 @@ def provider(settings):
         settings.ODAL_OIDC_CLIENT_ID = provider.client_id
         settings.ODAL_OIDC_CLIENT_SECRET = provider.client_secret
         settings.AUTHENTICATION_BACKENDS = [
-            "odal.signin.lockout.LockBackend",
-            "odal.signin.sso.SignOnBackend",
+            "odal.surfaces.signin.lockout.LockBackend",
+            "odal.surfaces.signin.sso.SignOnBackend",
             "django.contrib.auth.backends.ModelBackend",
         ]
         yield provider
@@ -308,7 +308,10 @@ def test_without_single_sign_on_there_is_no_button_and_no_route():
 
 def test_with_password_sign_in_off_the_form_is_gone_and_a_password_is_refused(provider, settings):
     settings.ODAL_PASSWORD_LOGIN = False
-    settings.AUTHENTICATION_BACKENDS = ["odal.signin.lockout.LockBackend", "odal.signin.sso.SignOnBackend"]
+    settings.AUTHENTICATION_BACKENDS = [
+        "odal.surfaces.signin.lockout.LockBackend",
+        "odal.surfaces.signin.sso.SignOnBackend",
+    ]
     UserFactory(username="alice")
     page = Client().get("/admin/login/").content.decode()
     assert 'id="login-form"' not in page and "Sign in with single sign-on" in page

@@ -7,6 +7,7 @@ refusals that judge settings together (production's) stay beside the names they 
 """
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 from django.core.checks.security.base import (
@@ -27,6 +28,7 @@ from odal.core.env import (
     env_duration,
     env_int,
     env_list,
+    env_networks,
     env_python_consumers,
     env_rate,
     env_redis_url,
@@ -380,3 +382,75 @@ if ODAL_LOG_FORMAT == "json":
     LOGGING["loggers"]["django"] = {"handlers": [], "level": "INFO"}
     for name in ("odal", "outbox", "registry"):
         LOGGING["loggers"][name]["propagate"] = False
+
+# -- Sign-in: lockout (django-axes; odal.surfaces.signin.lockout, docs/security.md "Lockout") -----
+
+# ODAL_LOGIN_ATTEMPTS wrong passwords for one account from one address, none of them more than
+# ODAL_LOGIN_WINDOW after the one before, lock that account from that address until the window
+# has passed since the last of them, even with the right password. Other accounts and other
+# addresses are not locked. X-Forwarded-For is believed only from ODAL_TRUSTED_PROXIES.
+ODAL_LOGIN_ATTEMPTS = env_int("ODAL_LOGIN_ATTEMPTS", 5, minimum=1, maximum=1000)
+ODAL_LOGIN_WINDOW = env_duration(
+    "ODAL_LOGIN_WINDOW", "15m", low_seconds=1, high_seconds=30 * 86400, may_be_off=False
+)
+ODAL_TRUSTED_PROXIES = env_networks("ODAL_TRUSTED_PROXIES")
+INSTALLED_APPS += ["axes", "odal.surfaces.signin"]
+MIDDLEWARE += ["axes.middleware.AxesMiddleware"]  # turns a locked sign-in's answer into the lock's page
+AXES_FAILURE_LIMIT = ODAL_LOGIN_ATTEMPTS
+AXES_COOLOFF_TIME = timedelta(seconds=ODAL_LOGIN_WINDOW)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]  # the pair, never either alone
+AXES_CLIENT_IP_CALLABLE = "odal.surfaces.signin.lockout.client_address"  # (never ipware's guesses)
+AXES_WHITELIST_CALLABLE = (
+    "odal.surfaces.signin.lockout.not_a_password"  # single sign-on's callback is no guess
+)
+AXES_LOCKOUT_CALLABLE = "odal.surfaces.signin.lockout.locked_out"
+AXES_RESET_ON_SUCCESS = True  # the right password before the limit starts the count again
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False  # a refused try does not move the lock's end
+AXES_DISABLE_ACCESS_LOG = True  # the audit trail records locks; no table of every sign-in
+AXES_ENABLE_ADMIN = False
+AXES_VERBOSE = False
+
+# -- Sign-in: single sign-on (mozilla-django-oidc; odal.surfaces.signin.sso, docs/security.md) ----
+
+# On when the three are set; ODAL_OIDC_GROUPS_CLAIM names the claim whose values Operators and
+# Viewers map to odal's groups. ODAL_PASSWORD_LOGIN=0 (only with single sign-on) turns staff
+# password sign-in off.
+ODAL_OIDC_ISSUER = env_str("ODAL_OIDC_ISSUER", "").strip()
+ODAL_OIDC_CLIENT_ID = env_str("ODAL_OIDC_CLIENT_ID", "").strip()
+ODAL_OIDC_CLIENT_SECRET = env_str("ODAL_OIDC_CLIENT_SECRET", "").strip()
+_OIDC_SET = {"ODAL_OIDC_ISSUER": ODAL_OIDC_ISSUER, "ODAL_OIDC_CLIENT_ID": ODAL_OIDC_CLIENT_ID,
+             "ODAL_OIDC_CLIENT_SECRET": ODAL_OIDC_CLIENT_SECRET}  # fmt: skip
+ODAL_OIDC = all(_OIDC_SET.values())
+if any(_OIDC_SET.values()) and not ODAL_OIDC:
+    raise ImproperlyConfigured(
+        "Single sign-on needs ODAL_OIDC_ISSUER, ODAL_OIDC_CLIENT_ID and ODAL_OIDC_CLIENT_SECRET all set; "
+        f"{', '.join(name for name, value in _OIDC_SET.items() if not value)} "
+        f"{'is' if sum(not value for value in _OIDC_SET.values()) == 1 else 'are'} not"
+    )
+if ODAL_OIDC:
+    ODAL_OIDC_ISSUER = env_url("ODAL_OIDC_ISSUER", "", ("https",) if PRODUCTION else ("http", "https"))
+ODAL_OIDC_GROUPS_CLAIM = env_str("ODAL_OIDC_GROUPS_CLAIM", "").strip() or "groups"
+ODAL_PASSWORD_LOGIN = env_bool("ODAL_PASSWORD_LOGIN", True)
+if not ODAL_PASSWORD_LOGIN and not ODAL_OIDC:
+    raise ImproperlyConfigured(
+        "ODAL_PASSWORD_LOGIN=0 turns password sign-in off only when single sign-on is on "
+        "(ODAL_OIDC_ISSUER, ODAL_OIDC_CLIENT_ID, ODAL_OIDC_CLIENT_SECRET): without it no one could sign in"
+    )
+AUTHENTICATION_BACKENDS = [
+    "odal.surfaces.signin.lockout.LockBackend",  # first: a locked pair goes no further
+    *(["odal.surfaces.signin.sso.SignOnBackend"] if ODAL_OIDC else []),
+    # (single sign-on's backend answers permissions as Django's does, for the sessions it signs in)
+    *(["django.contrib.auth.backends.ModelBackend"] if ODAL_PASSWORD_LOGIN else []),
+]
+OIDC_RP_SIGN_ALGO = "RS256"
+OIDC_RP_SCOPES = "openid email profile"
+OIDC_USE_PKCE = True
+OIDC_TIMEOUT = 10
+LOGIN_REDIRECT_URL = "/admin/"
+
+# -- Sign-in: sessions (odal.surfaces.signin.pages.mark_session) -----------------------------------
+
+# A signed-in session ends this many seconds after sign-in, however busy it is (absolute, not
+# renewed by activity).
+ODAL_SESSION_SECONDS = env_int("ODAL_SESSION_SECONDS", 28800, minimum=60, maximum=30 * 86400)
+SESSION_COOKIE_AGE = ODAL_SESSION_SECONDS

@@ -5,6 +5,7 @@ from django.views.generic import RedirectView
 from odal.core.admin import view_on_site
 from odal.surfaces import live, views
 from odal.surfaces.api import api
+from odal.surfaces.signin import pages, sso
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
@@ -17,6 +18,11 @@ urlpatterns = [
         admin.site.admin_view(live.stamp_view),
         name="odal_live_object",
     ),
+    # Sign-in (odal.surfaces.signin): the admin's login page with the lock's sentence and single
+    # sign-on's button, and single sign-on's two steps (404 while it is off).
+    path("admin/login/", pages.login),
+    path("admin/sso/start/", sso.SignOnStart.as_view(), name="oidc_authentication_init"),
+    path("admin/sso/callback/", sso.SignOnCallback.as_view(), name="oidc_authentication_callback"),
     path("admin/", admin.site.urls),
     path("vault/api/v1/", api.urls),
     path("metrics", views.metrics, name="metrics"),

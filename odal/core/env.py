@@ -7,6 +7,7 @@ default (env_str alone answers the text as it is set). A refusal that shows a UR
 a terminal, a log, a CI run).
 """
 
+import ipaddress
 import os
 import re
 from urllib.parse import parse_qsl, urlencode, urlparse
@@ -81,14 +82,18 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     return value
 
 
-def env_duration(name: str, default: str, *, low_seconds: int, high_seconds: int) -> int | None:
-    """Seconds of a duration such as 24h, 90m or 7d (d, h, m or s), or None for "off"."""
+def env_duration(
+    name: str, default: str, *, low_seconds: int, high_seconds: int, may_be_off: bool = True
+) -> int | None:
+    """Seconds of a duration such as 24h, 90m or 7d (d, h, m or s), or None for "off" (where
+    `may_be_off`)."""
     raw = (os.environ.get(name) or "").strip() or default
-    if raw.lower() == "off":
+    if may_be_off and raw.lower() == "off":
         return None
     units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
     if len(raw) < 2 or raw[-1].lower() not in units or not raw[:-1].isdigit() or len(raw) > 12:
-        raise ImproperlyConfigured(f"{name} must be a duration such as 24h, 90m or 7d, or off; got {raw!r}")
+        off = ", or off" if may_be_off else ""
+        raise ImproperlyConfigured(f"{name} must be a duration such as 24h, 90m or 7d{off}; got {raw!r}")
     seconds = int(raw[:-1]) * units[raw[-1].lower()]
     if not low_seconds <= seconds <= high_seconds:
         raise ImproperlyConfigured(
@@ -104,6 +109,20 @@ def env_address(name: str, default: str) -> str:
         return rules.address(raw)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name} {exc}, got {raw!r}") from None
+
+
+def env_networks(name: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """Comma-separated IP addresses or CIDR networks (10.0.0.0/8, 2001:db8::/32); unset, none."""
+    networks = []
+    for item in env_list(name):
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"{name} must be comma-separated IP addresses or networks (such as 10.0.0.5 or "
+                f"10.0.0.0/8), got {item!r}"
+            ) from None
+    return tuple(networks)
 
 
 def env_python_consumers(name: str, default: str) -> tuple[str, ...]:

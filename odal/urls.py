@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import path
 from django.views.generic import RedirectView
 
-from odal import live, views
+from odal import live, second_factor_views, views
 from odal.admin import view_on_site
 from odal.api import api
 
@@ -16,6 +16,17 @@ urlpatterns = [
         "admin/odal/live/<slug:kind>/<str:pk>/",
         admin.site.admin_view(live.stamp_view),
         name="odal_live_object",
+    ),
+    # The second factor's pages (odal.second_factor), the only admin pages a session that owes it sees.
+    path(
+        "admin/second-factor/",
+        admin.site.admin_view(second_factor_views.enrol_view),
+        name="odal_second_factor",
+    ),
+    path(
+        "admin/second-factor/code/",
+        admin.site.admin_view(second_factor_views.code_view),
+        name="odal_second_factor_code",
     ),
     path("admin/", admin.site.urls),
     path("vault/api/v1/", api.urls),

@@ -15,8 +15,8 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.shortcuts import redirect
 from django.urls import reverse
-from django_otp import devices_for_user, user_has_device, verify_token
 from django_otp import login as otp_login
+from django_otp import user_has_device, verify_token
 from django_otp.oath import TOTP
 from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
 from django_otp.plugins.otp_totp.models import TOTPDevice
@@ -129,10 +129,8 @@ def check_code(request, code: str) -> str | None:
     mark the session verified. Returns None when it did, else the sentence that says why not."""
     user = request.user
     code = "".join(code.split()).lower()
-    kind = TOTPDevice if code.isdigit() else StaticDevice
-    for device in devices_for_user(user):
-        if not isinstance(device, kind):
-            continue
+    kind = TOTPDevice if len(code) == 6 and code.isdigit() else StaticDevice  # recovery codes: 8 letters
+    for device in kind.objects.devices_for_user(user):
         allowed, why = device.verify_is_allowed()
         if not allowed:
             return (
@@ -143,12 +141,10 @@ def check_code(request, code: str) -> str | None:
         if verify_token(user, device.persistent_id, code):
             signed_in_with(request, device)
             return None
-    if kind is TOTPDevice:
-        return (
-            "That code is not right, or was used already: type the six digits your authenticator "
-            "app shows now (each works once), or one of your recovery codes."
-        )
-    return "That recovery code is not one of yours, or was used already: each works once."
+    return (
+        "That code is not right, or was used already: type the six digits your authenticator app "
+        "shows now, or one of your recovery codes (each works once)."
+    )
 
 
 def signed_in_with(request, device) -> None:

@@ -189,6 +189,23 @@ def test_a_recovery_code_works_once(production, client):
     assert StaticToken.objects.filter(device__user=user).count() == 9
 
 
+def test_a_wrong_code_is_a_sentence_and_the_next_try_waits(production, client):
+    user = person("superuser")
+    sign_in(client, user)
+    key, _ = enrol(client)
+    client.post("/admin/logout/")
+    sign_in(client, user)
+    right = code(key, steps_ahead=1)
+    wrong = client.post(CODE, {"code": f"{(int(right) + 1) % 10**6:06d}"})
+    assert wrong.status_code == 200 and b"That code is not right" in wrong.content
+    assert client.get("/admin/").status_code == 302
+    # guessing is slowed: straight after a wrong code even the right one waits (1, 2, 4… s)
+    waits = client.post(CODE, {"code": right})
+    assert waits.status_code == 200 and b"Too many wrong codes in a row: try again after" in waits.content
+    assert client.get("/admin/").status_code == 302
+    assert StaticToken.objects.filter(device__user=user).count() == 10
+
+
 def test_an_enrolled_account_is_asked_for_its_code_in_development_too(client):
     user = person("Viewers")
     sign_in(client, user)

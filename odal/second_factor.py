@@ -21,7 +21,8 @@ from django_otp.oath import TOTP
 from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from odal import rules
+from odal import reconnect, rules
+from odal.database.middleware import unanswered_page
 from odal.errors import Refused
 from odal.models import AuditEntry
 from odal.reasons import clean_reason
@@ -65,8 +66,15 @@ class SecondFactorMiddleware:
 
     def __call__(self, request):
         path = request.path_info
-        if path.startswith(reverse("admin:index")) and path not in open_paths() and (owes := owed(request)):
-            return redirect(f"{reverse(PAGES[owes])}?{urlencode({'next': request.get_full_path()})}")
+        if path.startswith(reverse("admin:index")) and path not in open_paths():
+            try:
+                owes = owed(request)
+            except reconnect.ERRORS as exc:  # before the view: DatabaseUnansweredMiddleware sees none
+                if (page := unanswered_page(request, exc)) is None:
+                    raise
+                return page
+            if owes:
+                return redirect(f"{reverse(PAGES[owes])}?{urlencode({'next': request.get_full_path()})}")
         return self.get_response(request)
 
 

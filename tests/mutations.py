@@ -5984,8 +5984,8 @@ GUARDS = [
     Guard(
         "issue 41 second factor: every admin page of a session that owes it redirects, not only the index",
         "odal/second_factor.py",
-        '        if path.startswith(reverse("admin:index")) and path not in open_paths() and (owes := owed(request)):\n',
-        '        if path == reverse("admin:index") and path not in open_paths() and (owes := owed(request)):\n',
+        '        if path.startswith(reverse("admin:index")) and path not in open_paths():\n',
+        '        if path == reverse("admin:index") and path not in open_paths():\n',
         "tests/test_second_factor.py -k changer_without_a_verified_device",
     ),
     Guard(
@@ -6008,6 +6008,13 @@ GUARDS = [
         "        if not any(removed):\n            return 0\n",
         "",
         "tests/test_second_factor.py -k without_one_says_so",
+    ),
+    Guard(
+        "issue 41 second factor: a database that does not answer the middleware's check is 503, not 500",
+        "odal/second_factor.py",
+        "                if (page := unanswered_page(request, exc)) is None:\n                    raise\n                return page\n",
+        "                raise\n",
+        "tests/test_second_factor.py -k does_not_answer",
     ),
 ]
 

@@ -8,10 +8,12 @@ import io
 import re
 from base64 import b32decode
 
+import psycopg
 import pytest
 from django.contrib.admin import helpers
 from django.contrib.auth.models import Group
 from django.core.management import CommandError, call_command
+from django.db import connection
 from django.test import Client
 from django_otp.oath import totp
 from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
@@ -213,6 +215,22 @@ def test_an_enrolled_account_is_asked_for_its_code_in_development_too(client):
     client.post("/admin/logout/")
     sign_in(client, user)
     assert client.get("/admin/")["Location"].startswith(CODE)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_admin_page_whose_database_does_not_answer_the_check_is_503_not_500(settings, admin_client):
+    """The check runs before the view, where DatabaseUnansweredMiddleware does not see it."""
+    settings.ODAL_DB_STATEMENT_SECONDS = 1
+    connection.close()
+    params = {
+        k: v for k, v in connection.get_connection_params().items() if k not in ("options", "cursor_factory")
+    }
+    with psycopg.connect(**params) as other:
+        other.execute(f"LOCK TABLE {TOTPDevice._meta.db_table} IN ACCESS EXCLUSIVE MODE")
+        admin_client.raise_request_exception = False
+        page = admin_client.get("/admin/")
+    assert page.status_code == 503, page.content[:300]
+    assert page["Retry-After"] and b"does not answer in time" in page.content
 
 
 # -- odal user reset-2fa -----------------------------------------------------------------------

@@ -6010,6 +6010,13 @@ GUARDS = [
         "tests/test_second_factor.py -k without_one_says_so",
     ),
     Guard(
+        "issue 41 second factor: reset-2fa asks a reason (one line, not blank)",
+        "odal/second_factor.py",
+        "    reason = clean_reason(reason)\n    with transaction.atomic():\n",
+        "    with transaction.atomic():\n",
+        "tests/test_input_rules.py -k reason",
+    ),
+    Guard(
         "issue 41 second factor: a database that does not answer the middleware's check is 503, not 500",
         "odal/second_factor.py",
         "                if (page := unanswered_page(request, exc)) is None:\n                    raise\n                return page\n",

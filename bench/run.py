@@ -28,10 +28,12 @@ docs/performance.md (and docs/performance.svg).
 - issue 23 (bench/bounds.py): the no-op sweep's deliveries/s (2 processes) with the database
   statement bounds on (ODAL_DB_STATEMENT_SECONDS unset) over off (=0), interleaved runs;
 - issue 39 (bench/embedded.py): the no-op sweep's deliveries/s (2 processes) on the embedded
-  PostgreSQL (`make run`'s) next to the system one, interleaved runs, and the embedded server's memory.
+  PostgreSQL (`make run`'s) next to the system one, interleaved runs, and the embedded server's memory;
+- issue 40 (bench/clients.py): the webhook pass (2 processes) with odal's webhook client, aiohttp's and
+  httpx's, interleaved runs.
 
 Usage: python bench/run.py [--backlog 100000] [--processes 1,2,4] [--big-counts 10000000] [--quick]
-[--only counts|reads|drain|retention|bounds|pipeline|claim|latency|embedded]
+[--only counts|reads|drain|retention|bounds|pipeline|claim|latency|embedded|clients]
 (DATABASE_URL must name a PostgreSQL server; `make bench` finds one.) Exits 1 when a target is
 missed.
 """
@@ -52,7 +54,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import bounds, bulk, counts, drain, embedded, pipeline, reads, retention  # noqa: E402
+from bench import bounds, bulk, clients, counts, drain, embedded, pipeline, reads, retention  # noqa: E402
 from odal.ids import uuid7  # noqa: E402
 
 # The bench's no-op consumer is a Python consumer: the allow-list names it (else the sweep pauses it).
@@ -188,11 +190,12 @@ def sweep_rate(
     *,
     last_attempt: bool = False,
     settled: str = "delivered",
+    command: tuple = ("-m", "odal"),
 ) -> float:
     """Deliveries/s of `processes` `odal outbox sweep` processes draining the backlog (each
     delivery on its last attempt if `last_attempt`: a failure dead-letters it) until every one
     is `settled`: from the first attempt's start to the last row's settling, by the database's
-    own record of them, so the processes' start-up (about a second of imports, a large share
+    own record of them (`command` starts odal: bench/clients.py's picks the webhook client), so the processes' start-up (about a second of imports, a large share
     of a short measurement) is left out, as the ceiling's connecting is."""
     from django.db.models import Max, Min
 
@@ -200,7 +203,7 @@ def sweep_rate(
 
     fill_backlog(backlog, consumer_id, attempts=7 if last_attempt else 0)  # (max_attempts 8)
     pending = Delivery.objects.filter(status="pending")
-    timed_run(["-m", "odal", "outbox", "sweep", "--batch", "500"], env, processes, pending.exists)
+    timed_run([*command, "outbox", "sweep", "--batch", "500"], env, processes, pending.exists)
     done = Delivery.objects.filter(status=settled)
     if done.count() != backlog:
         raise SystemExit(f"benchmark broken: {done.count()} of {backlog} {settled}")
@@ -522,6 +525,7 @@ def main() -> int:
         default=3,
         help="sweep measurements on the system and the embedded server",
     )
+    parser.add_argument("--client-repeats", type=int, default=3, help="webhook passes with each client")
     parser.add_argument("--quick", action="store_true", help="small sizes, to try the benchmark itself")
     parser.add_argument(
         "--only",
@@ -535,6 +539,7 @@ def main() -> int:
             "claim",
             "latency",
             "embedded",
+            "clients",
         ],
         help="run only this part (to work on it; the report then has only it)",
     )
@@ -552,7 +557,7 @@ def main() -> int:
         args.drain_registrations, args.publishes = 600, 1000
         args.retention_rows, args.retention_kept = 100_000, 10_000
         args.pipeline_backlog, args.pipeline_repeats = 5000, 1
-        args.embedded_repeats = 1
+        args.embedded_repeats, args.client_repeats = 1, 1
     if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
         print(
             "the benchmark needs DATABASE_URL naming PostgreSQL (run it through make bench)", file=sys.stderr
@@ -619,6 +624,12 @@ def main() -> int:
                   f"embedded PostgreSQL, {args.embedded_repeats} times each…", flush=True)  # fmt: skip
             r["embedded"] = embedded.run(
                 sweep_rate, consumer, env, backlog=args.backlog, repeats=args.embedded_repeats
+            )
+        if args.only in (None, "clients"):
+            print(f"measuring the webhook pass, 2 processes, {args.backlog:,} deliveries, with odal's, aiohttp's and "
+                  f"httpx's client, {args.client_repeats} times each…", flush=True)  # fmt: skip
+            r["clients"] = clients.run(
+                sweep_rate, consumer, env, base=base, backlog=args.backlog, repeats=args.client_repeats
             )
         if args.only in (None, "pipeline"):
             print(f"measuring odal against its own SQL run in the database, {args.pipeline_backlog:,} deliveries, "
@@ -726,6 +737,10 @@ def report(args, processes: list[int], r: dict, server: str, fsync: str) -> int:
         more, embedded_doc = embedded.report(r["embedded"])
         rows += more
         retention_doc += embedded_doc
+    if "clients" in r:
+        more, clients_doc = clients.report(r["clients"])
+        rows += more
+        retention_doc += clients_doc
     if "pipeline" in r:
         more, more_26, pipeline_doc = pipeline.report(r["pipeline"])
         rows += more
@@ -769,6 +784,7 @@ def report(args, processes: list[int], r: dict, server: str, fsync: str) -> int:
         f"PostgreSQL {server} (fsync {fsync}), everything in one run on the same machine"
         f"{' (--quick: small sizes, not the figures of record)' if args.quick else ''}"
         f"{f' (--only {args.only}: only that part)' if args.only else ''}. "
+        "This output is the source of the figures docs/scaling.md quotes. "
     )
     if targets:
         out.with_name("performance.svg").write_text(svg)

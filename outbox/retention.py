@@ -5,10 +5,7 @@ the DELETE that removes them):
 - delivered deliveries (no claim) delivered before `delivered_before`, with their attempt lines;
 - dead deliveries (no claim) dead-lettered before `dead_before`, with their attempt lines;
 - events created before `delivered_before` with no delivery left (or that never had one);
-- the registry's attempt lines of registrations that no claim holds and that owe no work (see
-  registry_attempts_to_purge): finished before `delivered_before`, the lines of a registered or
-  rejected registration's current work; finished before `evidence_before` too, the evidence: the
-  lines of registrations that ended abandoned, suspended or deactivated, and of earlier work.
+- what other apps' walks take (add_walk): the registry's attempt lines (registry.retention).
 Never: pending deliveries, claimed rows, the attempt lines of pending or submitted
 registrations, passports, registrations, the audit trail.
 
@@ -27,7 +24,7 @@ The walks, each over the rows that may hold candidates (the rule is checked when
   (delivered_at >= created_at, so delivered before the cutoff implies created before it);
 - dead: `delivery_dead_idx` (dead_at, partial on status='dead');
 - events: the index on Event.created_at;
-- registry attempt lines: `regattempt_finished_idx` (finished_at, id).
+- registry attempt lines: `regattempt_finished_idx` (finished_at, id), registry.retention's.
 
 Each walk resumes where it stopped, so that rows retention must keep at the front of an index
 (young dead letters and long-parked rows among the oldest deliveries, their events) are walked
@@ -55,14 +52,12 @@ past once a lap, not at every run:
   others still have theirs, and what a walk does not need goes to those after it.
 """
 
-import logging
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.apps import apps
 from django.conf import settings
 from django.db import transaction
 from django.db.models import BooleanField, Exists, F, Func, OuterRef, Q, QuerySet
@@ -72,31 +67,25 @@ from odal import tally
 from odal.models import RetentionPosition
 from outbox.models import Delivery, DeliveryAttempt, Event
 
-log = logging.getLogger(__name__)
-
 PURGED = "outbox.purged"
-# Registrations whose attempt log is history: no work is owed on them (the registry's statuses
-# live in registry.models; read by name so that the outbox imports nothing of the registry).
-# Those that hold, or were refused, a registration: their lines are ordinary lines.
-ORDINARY_REGISTRATIONS = ("registered", "rejected")
-# Those that ended without a registration the registry holds, given up by a person or withdrawn:
-# their lines are the evidence of what was sent and what the registry answered.
-EVIDENCE_REGISTRATIONS = ("abandoned", "suspended", "deactivated")
 SCHEDULED_SECONDS = 50.0  # a scheduled run stops between batches after this (django-q2 kills at 90 s)
-IDLE_WORKERS = timedelta(days=7)
 # After each batch the purge rests this many times as long as the batch took, so it keeps a CPU
 # busy at most half the time. Measured on two CPUs (docs/runbook.md, Retention): a no-op sweep
 # kept about 45% of its passes next to a purge that never rested, 90% or more next to this one.
 REST = 1.0
 
 
-# The walks, by the name of their position, and what a person calls them.
-WALKS = {
-    "delivered": "delivered deliveries",
-    "dead": "dead letters",
-    "events": "events",
-    "registry_attempts": "registry attempt lines",
-}
+# The walks, by the name of their position, and what a person calls them: the outbox's, then
+# those other apps add (add_walk), each made for a run by OTHER_WALKS[name].
+WALKS = {"delivered": "delivered deliveries", "dead": "dead letters", "events": "events"}
+OTHER_WALKS: dict[str, Callable] = {}
+
+
+def add_walk(name: str, called: str, walk: Callable) -> None:
+    """Add another app's walk to every purge, after the outbox's: `walk(run, delivered_before=,
+    evidence_before=)` gives its (index range, key, take)."""
+    WALKS[name] = called
+    OTHER_WALKS[name] = walk
 
 
 @dataclass
@@ -111,6 +100,7 @@ class PurgeReport:
     dry_run: bool = False
     stopped: list[str] = field(default_factory=list)  # walks max_seconds stopped before their lap ended
     shared: list[str] = field(default_factory=list)  # walks another purge running at once moved on too
+    cutoffs: tuple = ()  # delivered_before, dead_before, evidence_before
 
     @property
     def rows(self) -> int:
@@ -165,30 +155,6 @@ def events_to_purge(before: datetime, *, going: Q | None = None) -> QuerySet:
     if going is not None:
         left = left.exclude(going)
     return old_events(before).filter(~Exists(left))
-
-
-def old_registry_attempts(before: datetime) -> QuerySet:
-    RegistrationAttempt = apps.get_model("registry", "RegistrationAttempt")
-    return RegistrationAttempt.objects.filter(finished_at__lt=before)
-
-
-def registry_attempts_to_purge(before: datetime, evidence_before: datetime) -> QuerySet:
-    """The registry's attempt lines finished before `before`, of registrations no claim holds:
-    - of a registered or rejected registration, the lines of its current work;
-    - finished before `evidence_before` too, the evidence: every line of an abandoned, suspended
-      or deactivated registration, and the lines of a registered or rejected one's earlier work
-      (attempts that started before its current work was queued: it was published again, or
-      suspended, after an outcome its status no longer shows, which may have been an abandon).
-    Never the lines of a pending or submitted registration: it owes work, its log is live. The
-    status is read when the purge runs (and restated in its DELETE). Evidence is never kept
-    shorter than ordinary lines: every line here finished before `before`."""
-    ordinary = Q(registration__status__in=ORDINARY_REGISTRATIONS)
-    this_work = Q(started_at__gte=F("registration__queued_at"))
-    evidence = Q(registration__status__in=EVIDENCE_REGISTRATIONS) | (ordinary & ~this_work)
-    return old_registry_attempts(before).filter(
-        (ordinary & this_work) | (evidence & Q(finished_at__lt=evidence_before)),
-        registration__claim_token__isnull=True,
-    )
 
 
 # -- the walk -------------------------------------------------------------------------------------
@@ -409,7 +375,6 @@ def purge(
     run = _Purge(batch=batch, dry_run=dry_run, progress=progress, max_seconds=max_seconds)
     delivered, dead = delivered_rule(delivered_before), dead_rule(dead_before)
     events = events_to_purge(delivered_before, going=(delivered | dead) if dry_run else None)
-    lines = registry_attempts_to_purge(delivered_before, evidence_before)
     run.run(
         [
             # delivery_listing_idx: a delivery delivered before the cutoff was created before it.
@@ -422,52 +387,26 @@ def purge(
             # delivery_dead_idx: the rule holds its condition (status='dead') and its key.
             ("dead", Delivery.objects.filter(dead), "dead_at", run.deliveries(dead)),
             ("events", old_events(delivered_before), "created_at", run.rows(events, "events")),
-            (
-                "registry_attempts",
-                old_registry_attempts(delivered_before),
-                "finished_at",
-                run.rows(lines, "registry_attempts"),
+            *(
+                (name, *walk(run, delivered_before=delivered_before, evidence_before=evidence_before))
+                for name, walk in OTHER_WALKS.items()
             ),
         ]
     )
+    run.report.cutoffs = (delivered_before, dead_before, evidence_before)
     run.report.seconds = time.monotonic() - run.started
     return run.report
 
 
-def scheduled_purge() -> str:
-    """The scheduled task (every 10 minutes): purge with the configured periods (at most SCHEDULED_SECONDS per run),
-    fold old tally buckets, forget workers gone a week and idempotency keys past their 24 hours;
-    one log line saying what went."""
-    from odal.models import IdempotencyRecord
-
+def scheduled() -> PurgeReport:
+    """The retention service (outbox.housekeeping.RETENTION): purge with the configured periods,
+    at most SCHEDULED_SECONDS."""
     now = timezone.now()
-    delivered_before = now - timedelta(days=settings.ODAL_RETENTION_DAYS)
-    dead_before = now - timedelta(days=settings.ODAL_DEAD_RETENTION_DAYS)
     # (Evidence goes never before the ordinary lines: the walk stops at delivered_before anyway.)
-    evidence_before = now - timedelta(
-        days=max(settings.ODAL_EVIDENCE_RETENTION_DAYS, settings.ODAL_RETENTION_DAYS)
-    )
-    report = purge(
-        delivered_before=delivered_before,
-        dead_before=dead_before,
-        evidence_before=evidence_before,
+    evidence_days = max(settings.ODAL_EVIDENCE_RETENTION_DAYS, settings.ODAL_RETENTION_DAYS)
+    return purge(
+        delivered_before=now - timedelta(days=settings.ODAL_RETENTION_DAYS),
+        dead_before=now - timedelta(days=settings.ODAL_DEAD_RETENTION_DAYS),
+        evidence_before=now - timedelta(days=evidence_days),
         max_seconds=SCHEDULED_SECONDS,
     )
-    typed = Delivery.objects.copy_event_types()  # (a rolling deploy's stragglers: usually none)
-    if typed:
-        log.info("gave %d deliveries made without it their event's type", typed)
-    folded = tally.compact(now=now)
-    forgotten = tally.forget_idle_workers(older_than=IDLE_WORKERS, now=now)
-    keys = IdempotencyRecord.objects.forget_expired(now=now)  # a small table: one DELETE
-    log.info(
-        "%s (delivered before %s, dead before %s, registry evidence before %s); deleted %d expired "
-        "idempotency keys; folded %d tally buckets, forgot %d idle workers",
-        report.summary(),
-        f"{delivered_before:%Y-%m-%d %H:%M:%S}Z",
-        f"{dead_before:%Y-%m-%d %H:%M:%S}Z",
-        f"{evidence_before:%Y-%m-%d %H:%M:%S}Z",
-        keys,
-        folded,
-        forgotten,
-    )
-    return report.summary()

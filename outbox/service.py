@@ -580,7 +580,7 @@ def pause_python_consumers_outside_allow_list(*, now: datetime | None = None) ->
     (parked), none is called; a person changes its target to an allowed one, or widens the list,
     then resumes it. Each pause is audited (`consumer_paused`, automatic, with the target and the
     list) and emits `consumer.paused`, as an automatic pause does. The sweep calls this at the
-    start of every run of passes and about once a second after (outbox.sweep.Every). One UPDATE
+    start of every run of passes and about once a second after (outbox.housekeeping.ALLOW_LIST). One UPDATE
     that takes nothing while every Python consumer is allowed or paused. Returns the names."""
     allowed = settings.ODAL_PYTHON_CONSUMERS
     now = now or timezone.now()

@@ -1,6 +1,6 @@
 """django-q2 task entry points. The schedules run `sweep` every minute (migration outbox/0002)
-and `purge` every 10 minutes (outbox/0007, retention); a commit that creates deliveries wakes the
-listening sweep, or enqueues `sweep` when no sweep listens (odal.work.wake, odal.work.wake).
+and `purge` every 10 minutes (outbox/0007, the slow housekeeping services); a commit that creates
+deliveries wakes the listening sweep, or enqueues `sweep` when no sweep listens (odal.work.wake).
 
 A sweep task that takes the listener lock listens for a turn (odal.work.wake.run_kicked_task), then hands
 over to a successor it enqueues itself (a relay), as long as there is pending work: so one
@@ -8,7 +8,8 @@ django-q2 worker keeps a listening sweep while deliveries are pending, and a ret
 attempted within about a second. Turns are short so that stopping the cluster never waits long.
 """
 
-from outbox import retention
+from odal.work.services import Due
+from outbox import housekeeping
 from outbox.sweep import SWEEPING
 
 
@@ -17,5 +18,6 @@ def sweep(relay: bool = False) -> str:
 
 
 def purge() -> str:
-    """Retention, every 10 minutes (migration outbox/0007): see outbox.retention."""
-    return retention.scheduled_purge()
+    """The slow housekeeping services (outbox.housekeeping.SCHEDULED), every 10 minutes
+    (migration outbox/0007), and one log line saying what went."""
+    return housekeeping.said(Due(housekeeping.SCHEDULED).run())

@@ -4,7 +4,9 @@ Measured (issue 26, item 2): through httpx a webhook cost about 1 ms of a sweep 
 (httpx and httpcore per request, a pool thread and a Future per attempt, the GIL handed between
 32 threads); h11 on asyncio 100 µs; this, asyncio streams with httptools' parser (C), about
 25 µs. A pass hands its requests to the loop a set at a time (one thread hop, not one per
-request), and the loop hands each ended attempt back through its future.
+request), and the loop hands each ended attempt back through its future. On the whole sweep pass
+(issue 40, `make bench`) it was faster than aiohttp's client in 7 rounds of 8 (1.2–2×) and than
+httpx's in all (4.6–12×) (docs/performance.md, "The webhook client"): it stays for that.
 
 What the httpx client did and this one keeps:
 - Pinned: a connection goes to the address checked for its host (outbox.consumers.Target), and

@@ -8,5 +8,7 @@ class RegistryConfig(AppConfig):
     def ready(self):
         from odal.metrics import register
         from registry.metrics import RegistryCollector
+        from registry.retention import add_to_purges
 
         register(RegistryCollector())
+        add_to_purges()

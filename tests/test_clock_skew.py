@@ -10,9 +10,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from outbox import service
+from odal.work.services import Due
+from outbox import housekeeping, service
 from outbox.models import Delivery
-from outbox.sweep import SWEEPING, housekeep, sweep_once
+from outbox.sweep import SWEEPING, sweep_once
 from registry import drain
 from registry.models import Registration
 from tests.factories import ConsumerFactory, DeliveryFactory, RegistrationFactory
@@ -83,7 +84,7 @@ def test_a_sweep_whose_clock_runs_ahead_does_not_dead_letter_a_row_whose_last_at
     row = DeliveryFactory(max_attempts=1)
     Delivery.objects.claim(limit=1, hold_seconds=300)  # its last attempt, in flight elsewhere
     Clock(monkeypatch, +SKEW)
-    assert housekeep() == 0
+    assert Due(housekeeping.SWEEP).run()[housekeeping.DEAD_LETTER.name] == 0
     assert Delivery.objects.get(pk=row.pk).status == "pending"
 
 
@@ -94,7 +95,7 @@ def test_a_pause_in_a_process_whose_clock_runs_ahead_parks_no_row_a_live_claim_h
     claim = Delivery.objects.claim(limit=1, hold_seconds=300)
     Clock(monkeypatch, +SKEW)
     service.pause(consumer, actor="ops", reason="maintenance")
-    assert housekeep() == 0
+    assert Due(housekeeping.SWEEP).run()[housekeeping.PARK.name] == 0
     held = Delivery.objects.get(pk=row.pk)
     assert (held.status, held.claim_token) == ("pending", claim.token)
 

@@ -466,12 +466,3 @@ def test_odal_auto_pause_after_is_read_from_the_environment(value, seconds):
     from tests.test_settings import read_settings
 
     assert read_settings(ODAL_AUTO_PAUSE_AFTER=value)["ODAL_AUTO_PAUSE_AFTER"] == seconds
-
-
-def test_a_run_of_passes_parks_on_its_first_pass_then_about_once_a_second(monkeypatch):
-    from outbox import sweep as sweep_module
-
-    chores = sweep_module.Every(sweep_module.HOUSEKEEPING_SECONDS)
-    clock = iter([100.0, 100.2, 100.9, 101.1, 101.5])
-    monkeypatch.setattr(sweep_module.time, "monotonic", lambda: next(clock))
-    assert [chores.elapsed() for _ in range(5)] == [True, False, False, True, False]

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from odal.models import AuditEntry, IdempotencyRecord, Passport
 from outbox import api as outbox_api
-from outbox import retention
+from outbox import tasks
 from outbox.models import Delivery, Event
 from tests.factories import ConsumerFactory, UserFactory, issue_token
 
@@ -305,7 +305,7 @@ def test_the_scheduled_purge_forgets_keys_older_than_24_hours(caplog):
         )
 
     with caplog.at_level(logging.INFO, logger="outbox.retention"):
-        retention.scheduled_purge()
+        tasks.purge()
 
     assert list(IdempotencyRecord.objects.values_list("key", flat=True)) == ["k2"]
     [logged] = [r.getMessage() for r in caplog.records if r.name == "outbox.retention"]

@@ -334,13 +334,13 @@ def test_the_migration_ends_when_an_events_type_is_empty():
 def test_deliveries_made_without_their_type_get_it_from_the_retention_task():
     # A process of the release before 0016, still running after it (a rolling deploy), makes
     # deliveries with the column's default: the retention task gives them their type.
-    from outbox import retention
+    from outbox import tasks
     from outbox.models import Delivery
 
     made = [DeliveryFactory(event__type=f"passport.t{n}") for n in range(5)]
     Delivery.objects.filter(pk__in=[d.pk for d in made[:4]]).update(event_type="")
     assert Delivery.objects.copy_event_types(batch=2, max_batches=1) == 2  # (bounded per call)
-    retention.scheduled_purge()
+    tasks.purge()
     assert sorted(Delivery.objects.values_list("event_type", flat=True)) == [
         f"passport.t{n}" for n in range(5)
     ]

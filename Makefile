@@ -34,13 +34,14 @@ test: $(VENV)/.installed-test
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 format: $(VENV)/.installed-test
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
 openapi: $(VENV)/.installed
-	$(BIN)/odal export_openapi_schema --api odal.api.api --indent 2 --sorted --output docs/api/openapi.json
+	$(BIN)/odal export_openapi_schema --api odal.surfaces.api.api --indent 2 --sorted --output docs/api/openapi.json
 	@echo "wrote docs/api/openapi.json"
 
 clean:

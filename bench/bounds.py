@@ -76,6 +76,6 @@ def report(r: dict) -> tuple[list, list, str]:
         f"medians: {r['off_median']:,.0f} and {r['on_median']:,.0f}/s, ratio "
         f"{r['on_median'] / r['off_median']:.3f}. On: each connection carries `statement_timeout`, "
         "`lock_timeout` and `idle_in_transaction_session_timeout` to the server, and each wait in the client "
-        "is bounded (odal.database).\n"
+        "is bounded (odal.core.database).\n"
     )
     return rows, targets, doc

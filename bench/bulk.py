@@ -84,7 +84,7 @@ def run(env: dict, *, passports: int) -> dict:
     """Import `passports` published passports, check what it wrote, import them again."""
     from django.db.models import Count
 
-    from odal.models import AuditEntry, Passport
+    from odal.core.models import AuditEntry, Passport
     from outbox.models import Consumer, Delivery, Event
     from registry.models import Registration
 
@@ -199,7 +199,7 @@ def main() -> int:
         django.setup()
         from django.db import connection
 
-        from odal import database
+        from odal.core import database
 
         database.role = database.UNBOUNDED  # the bench's own fills and counts; its odal processes keep theirs
 

@@ -168,7 +168,7 @@ def age_tally(sessions_per_hour: int) -> int:
     ODAL_DB_CONN_MAX_AGE (60 s). So the delivered and attempt figures are laid out again by the
     hour each row was delivered / its attempt finished, and `sessions_per_hour` sessions an hour
     (120: two sweep processes, a new connection a minute each), keeping every sum. Nothing is
-    compacted unless the code schedules odal.tally.compact (see compaction_scheduled)."""
+    compacted unless the code schedules odal.core.tally.compact (see compaction_scheduled)."""
     from django.db import connection, transaction
 
     hour = "date_trunc('hour', {col} AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
@@ -208,7 +208,7 @@ def rewrite_tally() -> None:
 
 def compaction_scheduled() -> bool:
     """Whether the hourly retention task is scheduled (a django-q2 Schedule of outbox.tasks.purge):
-    it folds the tally's old buckets (odal.tally.compact) after purging."""
+    it folds the tally's old buckets (odal.core.tally.compact) after purging."""
     from django_q.models import Schedule
 
     return Schedule.objects.filter(func="outbox.tasks.purge").exists()
@@ -226,7 +226,7 @@ def surfaces(expected_delivered: int, *, warmups: int = 3, calls: int = 20) -> d
     from django.test import Client
     from django.test.utils import override_settings
 
-    from odal.models import ApiToken
+    from odal.core.models import ApiToken
 
     user_model = get_user_model()
     admin = user_model.objects.filter(username="bench-admin").first() or user_model.objects.create_superuser(
@@ -448,8 +448,8 @@ def timed_purge(*, delivered_days: int = 30, dead_days: int = 90) -> dict:
 def start_sweep(spawn, env: dict):
     """A running `odal outbox sweep` (batch 500), once it has finished its first pass (its
     heartbeat is there): the measurements then leave out its start-up."""
-    from odal import tally
-    from odal.models import Heartbeat
+    from odal.core import tally
+    from odal.core.models import Heartbeat
 
     proc = spawn(["-m", "odal", "outbox", "sweep", "--batch", "500"], env)
     worker = f"{socket.gethostname()}:{proc.pid}"[:200]
@@ -495,7 +495,7 @@ def warm_sweep_rate(consumer_id: int, backlog: int, sweep) -> float:
 
 
 def purged_so_far() -> int:
-    from odal import tally
+    from odal.core import tally
 
     return sum(tally.totals("outbox.purged")["outbox.purged"].values())
 
@@ -656,8 +656,8 @@ def run(spawn, stop, env: dict, *, sizes: list[int], sessions_per_hour: int, bac
         fill = fill_history(size, ids, sessions_per_hour=sessions_per_hour)
         fill["tally_rows_laid_out"] = fill["tally_rows"]
         if out["compaction"]:
-            from odal import tally
-            from odal.models import Tally
+            from odal.core import tally
+            from odal.core.models import Tally
 
             tally.compact()
             rewrite_tally()

@@ -127,8 +127,8 @@ def kicks(spawn, stop, env: dict, publishes: int) -> dict:
     from django.conf import settings
     from django.db import connection, connections
 
-    from odal import lifecycle
-    from odal.models import Passport
+    from odal.core.models import Passport
+    from odal.surfaces import lifecycle
 
     sim = Simulator(spawn, stop, env)
     cluster_env = {**env, "ODAL_KICK_SWEEP": "true", "ODAL_REGISTRY_URL": sim.url, "ODAL_Q_WORKERS": "2"}

@@ -32,7 +32,7 @@ def run(sweep_rate, consumer, env: dict, *, backlog: int, repeats: int) -> dict:
     system, of the best), "versions", "memory" (the embedded server's PSS and RSS, MiB)}."""
     from django.db import connection
 
-    from odal.database import embedded
+    from odal.core.database import embedded
 
     folder = Path(tempfile.mkdtemp(prefix="odal-bench-pg-"))
     server = embedded.Server(folder / "pg")

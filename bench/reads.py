@@ -13,7 +13,7 @@ the passports beside them), each with its statements' plans.
   failure, recent attempts, pending and dead counts) and a passport's with its story;
 - `GET dpp` (10,000 and `passports` passports, with their registrations): a page of 50, the next
   page, a page of 200, filtered by status; the statements per page;
-- the polls of the admin's live pages (issue 38, item 2: odal.live), each a stamp read in one
+- the polls of the admin's live pages (issue 38, item 2: odal.surfaces.live), each a stamp read in one
   query: the dashboard's, the deliveries' and registrations' lists', and a passport's, a
   registration's, a pending delivery's and a consumer's.
 
@@ -174,7 +174,7 @@ def reads(s: dict) -> dict[str, tuple[str, str, dict]]:
         # a quarter of a day's, as every consumer's), and a passport's page with its story.
         "consumer_health": ("consumer admin page, with its health (outbox.health)",
                             f"/admin/outbox/consumer/{s['consumer_id']}/change/", {}),
-        **({"passport_story": ("passport admin page, with its story (odal.story)",
+        **({"passport_story": ("passport admin page, with its story (odal.surfaces.story)",
                                f"/admin/odal/passport/{s['passport_id']}/change/", {})}
            if s.get("passport_id") else {}),
         "audit_search_upi": ("audit trail admin, search: a UPI", trail, {"q": s["upi"]}),
@@ -210,7 +210,7 @@ def live_samples() -> dict:
 
 
 def live_reads(s: dict) -> dict[str, tuple[str, str, dict]]:
-    """The polls of the admin's live pages (odal.live: /admin/odal/live/<kind>/[<pk>/])."""
+    """The polls of the admin's live pages (odal.surfaces.live: /admin/odal/live/<kind>/[<pk>/])."""
     poll = "/admin/odal/live"
     return {
         "live_dashboard": ("live poll: the dashboard's stamp", f"{poll}/dashboard/", {}),
@@ -243,7 +243,7 @@ def measure(named: dict, *, warmups: int = 3, calls: int = 20) -> dict:
     from django.test import Client
     from django.test.utils import override_settings
 
-    from odal.models import ApiToken
+    from odal.core.models import ApiToken
 
     user_model = get_user_model()
     admin = user_model.objects.filter(username="bench-admin").first() or user_model.objects.create_superuser(

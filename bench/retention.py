@@ -51,7 +51,7 @@ def fill(n: int, kept: int) -> float:
     """The table (see the module's docstring); seconds it took."""
     from django.db import connection
 
-    from odal.models import RetentionPosition
+    from odal.core.models import RetentionPosition
 
     history, parked = consumers()
     started = time.monotonic()
@@ -114,7 +114,7 @@ def run(*, rows: int, kept: int, seconds: float, max_runs: int) -> dict:
     from django.db import connection
     from django.utils import timezone
 
-    from odal.models import RetentionPosition
+    from odal.core.models import RetentionPosition
     from outbox.models import Delivery
     from outbox.retention import purge
 

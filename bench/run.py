@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import bounds, bulk, clients, counts, drain, embedded, pipeline, reads, retention  # noqa: E402
-from odal.ids import uuid7  # noqa: E402
+from odal.core.ids import uuid7  # noqa: E402
 
 # The bench's no-op consumer is a Python consumer: the allow-list names it (else the sweep pauses it).
 PYTHON_CONSUMERS = "outbox.receiver.*,bench.noop.*"
@@ -575,7 +575,7 @@ def main() -> int:
     django.setup()
     from django.db import connection
 
-    from odal import database
+    from odal.core import database
 
     database.role = database.UNBOUNDED  # the bench's own fills and counts; its odal processes keep theirs
 
@@ -860,10 +860,10 @@ def counts_report(args, c: dict) -> tuple[list, list, str]:
     fill = c[big]["fill"]
     compaction = (
         "The hourly retention task (outbox.tasks.purge) folds buckets older than 48 hours "
-        "(odal.tally.compact), so the bench compacts the tally after each fill, as that task would."
+        "(odal.core.tally.compact), so the bench compacts the tally after each fill, as that task would."
         if c["compaction"]
         else "Nothing schedules the retention task (outbox.tasks.purge), which is what compacts the tally "
-        "(odal.tally.compact), so the bench leaves it uncompacted."
+        "(odal.core.tally.compact), so the bench leaves it uncompacted."
     )
     where = "\n".join(
         f"- {SURFACES[name]}: {t['statements']} statements, {t['sql_ms']:.1f} ms of SQL in a {t['wall_ms']:.1f} ms "

@@ -17,7 +17,8 @@ def main() -> None:
         django.setup()  # (production's refusals of Django's deploy checks come as the apps are ready)
     except ImproperlyConfigured as exc:
         sys.exit(f"odal cannot start: {exc}")
-    from odal import database, reconnect
+    # odal's modules are imported here, not above: after the settings, which they read
+    from odal.core import database, reconnect
 
     if needs_the_database(sys.argv):
         start_the_embedded_database()
@@ -58,7 +59,7 @@ def start_the_embedded_database() -> None:
     answers already); a one-shot command leaves it running, `odal up` stops it as it stops."""
     from django.conf import settings
 
-    from odal.database import embedded
+    from odal.core.database import embedded  # (as it runs: the console script loads before the settings)
 
     if settings.ODAL_EMBEDDED_DATABASE is None:
         return
@@ -94,12 +95,12 @@ def starts_the_cluster(argv: list[str]) -> bool:
 
 
 def database_answers(what: str) -> bool:
-    """A worker started while its database is down waits for it (odal.reconnect.Outage), as
+    """A worker started while its database is down waits for it (odal.core.reconnect.Outage), as
     `odal outbox sweep` does: django-q2's cluster with its ORM broker (the default) connects as
     it starts and ended with tracebacks and exit 1. False if SIGINT or SIGTERM came first."""
     import django
 
-    from odal import reconnect
+    from odal.core import reconnect  # (as it runs: the script loads before the settings)
 
     django.setup()
     stop = []
@@ -122,7 +123,7 @@ def database_answers(what: str) -> bool:
 def stop_the_cluster_in_time() -> None:
     """django-q2's cluster stops on SIGTERM or SIGINT once its workers have finished their tasks,
     however long that takes, and hears the signal in its main process only. odal's stop reaches
-    every process of it, and its clock (odal.stopping) ends it, its processes first, if it has
+    every process of it, and its clock (odal.core.stopping) ends it, its processes first, if it has
     not stopped within ODAL_STOP_SECONDS:
 
     - the stop is shared (stopping.share, made before the cluster forks): the main process's
@@ -139,7 +140,7 @@ def stop_the_cluster_in_time() -> None:
     from django_q.cluster import Cluster
     from django_q.signals import post_spawn
 
-    from odal import stopping
+    from odal.core import stopping  # (as it runs: the script loads before the settings)
 
     stopping.share()
     stop = Cluster.sig_handler
@@ -165,10 +166,10 @@ def stop_the_cluster_in_time() -> None:
 
 def a_worker_stops_as_odal_does(sender, proc_name, **kwargs) -> None:
     """In each django-q2 worker as it starts (its post_spawn): SIGTERM, sent to it alone or to
-    the whole group, is odal's stop of this worker (odal.stopping: its pass starts nothing more and
+    the whole group, is odal's stop of this worker (odal.core.stopping: its pass starts nothing more and
     gives back what it did not start, its clock ends it within ODAL_STOP_SECONDS). SIGINT stays
     ignored, as django-q2 has it: the main process stops the cluster."""
-    from odal import stopping
+    from odal.core import stopping  # (as it runs: the script loads before the settings)
 
     stopping.on_signals(signals=(signal.SIGTERM,))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})

@@ -1,6 +1,6 @@
 """odal's settings: Django's, and the knobs of CONTRACT.md's table, read from the environment.
 
-Every variable goes through a typed reader of odal.env that raises ImproperlyConfigured naming
+Every variable goes through a typed reader of odal.core.env that raises ImproperlyConfigured naming
 the variable, so a typo in a deployment stops start-up instead of running with a surprise. What
 is left here are names, grouped by what they govern, each with why it has its default; the
 refusals that judge settings together (production's) stay beside the names they judge.
@@ -17,9 +17,9 @@ from django.core.checks.security.base import (
 )
 from django.core.exceptions import ImproperlyConfigured
 
-from odal import rules
-from odal.database import embedded
-from odal.env import (
+from odal.core import rules
+from odal.core.database import embedded
+from odal.core.env import (
     database_from_env,
     env_address,
     env_bool,
@@ -134,11 +134,11 @@ ODAL_REGISTRY_RATE_PER_SECOND = env_rate(
 
 # -- bounds -----------------------------------------------------------------------------------
 
-# How long a statement may wait for PostgreSQL (see odal.database): unset, 10 s in a web request
+# How long a statement may wait for PostgreSQL (see odal.core.database): unset, 10 s in a web request
 # and 60 s elsewhere; 0, no bound. Past it the connection is given up as a lost database.
 ODAL_DB_STATEMENT_SECONDS = env_int("ODAL_DB_STATEMENT_SECONDS", None, minimum=0, maximum=3600)
 # After SIGTERM or SIGINT a long-running odal process has exited within this many seconds, whatever
-# it waits for (see odal.stopping); a supervisor's stop timeout must exceed it.
+# it waits for (see odal.core.stopping); a supervisor's stop timeout must exceed it.
 ODAL_STOP_SECONDS = env_int("ODAL_STOP_SECONDS", 30, minimum=1, maximum=3600)
 
 # -- the event outbox -------------------------------------------------------------------------
@@ -206,15 +206,16 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_q",
     "ninja",
-    "odal",
+    "odal.core",  # label "odal": its models, migrations and permissions keep their names
     "outbox",
     "registry",
+    "odal.surfaces",
 ]
 
 MIDDLEWARE = [
-    "odal.middleware.ApiErrorsAsJsonMiddleware",  # outermost: it sees every answer under the API
-    "odal.middleware.BodySizeLimitMiddleware",
-    "odal.middleware.UnstorableInputMiddleware",
+    "odal.core.middleware.ApiErrorsAsJsonMiddleware",  # outermost: it sees every answer under the API
+    "odal.core.middleware.BodySizeLimitMiddleware",
+    "odal.core.middleware.UnstorableInputMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",  # static files, before anything spends work on them
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -223,11 +224,11 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "odal.database.middleware.DatabaseUnansweredMiddleware",  # a page's lost database: 503, not 500
+    "odal.core.database.middleware.DatabaseUnansweredMiddleware",  # a page's lost database: 503, not 500
 ]
 
 # Sign-in: second factor. TOTP devices and single-use recovery codes (django-otp); OTPMiddleware
-# marks a session verified once a code was typed, and odal.second_factor's middleware keeps a
+# marks a session verified once a code was typed, and odal.core.second_factor's middleware keeps a
 # session that owes one (production's changers, anyone enrolled) to the enrolment or code page.
 INSTALLED_APPS += ["django_otp", "django_otp.plugins.otp_totp", "django_otp.plugins.otp_static"]
 MIDDLEWARE.insert(
@@ -235,7 +236,8 @@ MIDDLEWARE.insert(
     "django_otp.middleware.OTPMiddleware",
 )
 MIDDLEWARE.insert(
-    MIDDLEWARE.index("django_otp.middleware.OTPMiddleware") + 1, "odal.second_factor.SecondFactorMiddleware"
+    MIDDLEWARE.index("django_otp.middleware.OTPMiddleware") + 1,
+    "odal.core.second_factor.SecondFactorMiddleware",
 )
 OTP_TOTP_ISSUER = "odal"  # the name an authenticator app shows beside the code
 # (end of "Sign-in: second factor")
@@ -259,7 +261,7 @@ TEMPLATES = [
 ]
 
 # DATABASE_URL (and ODAL_DB_CONN_MAX_AGE, the seconds a connection is kept: 60); unset, the
-# embedded PostgreSQL in ODAL_PG_DIR (var/pg; odal.database.embedded), which odal's command line
+# embedded PostgreSQL in ODAL_PG_DIR (var/pg; odal.core.database.embedded), which odal's command line
 # starts.
 ODAL_PG_DIR = Path(env_str("ODAL_PG_DIR", "").strip() or VAR_DIR / "pg").resolve()
 ODAL_EMBEDDED_DATABASE = None if env_str("DATABASE_URL", "").strip() else ODAL_PG_DIR
@@ -276,7 +278,7 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
-FORMAT_MODULE_PATH = ["odal.formats"]  # every time the admin shows to the second, with its zone
+FORMAT_MODULE_PATH = ["odal.core.formats"]  # every time the admin shows to the second, with its zone
 
 STATIC_URL = "static/"
 # `odal serve` collects the static files into it (a folder of their own for each release, or
@@ -298,7 +300,7 @@ CSRF_COOKIE_SECURE = PRODUCTION
 
 # django-q2: its ORM broker on the same database unless ODAL_BROKER_URL names Redis.
 # django-q2 ends a task at its timeout wherever its code is; a pass in a task starts no attempt that
-# could not end before it (odal.work.deadline), and odal.checks refuses a timeout too short for the
+# could not end before it (odal.work.deadline), and registry.checks refuses a timeout too short for the
 # longest attempt (docs/runbook.md, "Task timeouts"). A task still running at `retry` would be
 # presented to another worker: retry stays above the timeout.
 ODAL_Q_TIMEOUT_SECONDS = env_int("ODAL_Q_TIMEOUT_SECONDS", 90, minimum=1, maximum=86400)
@@ -321,7 +323,7 @@ if ODAL_BROKER_URL:
 else:
     Q_CLUSTER["orm"] = "default"
 
-# text: one plain line per record; json: one JSON object per line (odal/logs.py says which keys).
+# text: one plain line per record; json: one JSON object per line (odal/core/logs.py says which keys).
 ODAL_LOG_FORMAT = env_choice("ODAL_LOG_FORMAT", "text", ("text", "json"))
 ODAL_LOG_LEVEL = env_choice("ODAL_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
 LOGGING = {
@@ -329,11 +331,11 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
-        "json": {"()": "odal.logs.JsonFormatter"},
+        "json": {"()": "odal.core.logs.JsonFormatter"},
     },
     "filters": {
-        "redact_urls": {"()": "odal.logs.RedactUrls"},  # no URL credentials in a log
-        "lost_database_in_a_line": {"()": "odal.logs.LostDatabaseInALine"},
+        "redact_urls": {"()": "odal.core.logs.RedactUrls"},  # no URL credentials in a log
+        "lost_database_in_a_line": {"()": "odal.core.logs.LostDatabaseInALine"},
     },
     "handlers": {
         "console": {

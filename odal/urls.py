@@ -2,22 +2,22 @@ from django.contrib import admin
 from django.urls import path
 from django.views.generic import RedirectView
 
-from odal import live, second_factor_views, views
-from odal.admin import view_on_site
-from odal.api import api
+from odal.core.admin import view_on_site
+from odal.surfaces import live, second_factor_views, views
+from odal.surfaces.api import api
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
     # (before the admin's own: its "view on site" answered an id of the wrong form with a 500)
     path("admin/r/<path:content_type_id>/<path:object_id>/", admin.site.admin_view(view_on_site)),
-    # The stamps live pages poll (odal.live), before the admin's own catch-all.
+    # The stamps live pages poll (odal.surfaces.live), before the admin's own catch-all.
     path("admin/odal/live/<slug:kind>/", admin.site.admin_view(live.stamp_view), name="odal_live"),
     path(
         "admin/odal/live/<slug:kind>/<str:pk>/",
         admin.site.admin_view(live.stamp_view),
         name="odal_live_object",
     ),
-    # The second factor's pages (odal.second_factor), the only admin pages a session that owes it sees.
+    # The second factor's pages (odal.core.second_factor), the only admin pages a session that owes it sees.
     path(
         "admin/second-factor/",
         admin.site.admin_view(second_factor_views.enrol_view),

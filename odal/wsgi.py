@@ -2,7 +2,7 @@ import os
 
 from django.core.wsgi import get_wsgi_application
 
-from odal import database
+from odal.core import database
 
 database.role = database.WEB  # a web request's statements wait ODAL_DB_STATEMENT_SECONDS, or 10 s
 

@@ -7,14 +7,13 @@ from django.contrib.admin.utils import unquote
 from django.db.models import Q
 from django.db.models.fields.json import KT
 
-from odal import rules
-from odal.admin import OdalAdmin, ReadOnlyAdmin, ReadOnlyInline, actor_of, distinct_values
-from odal.admin_actions import ReasonForm, StorableFormMixin, reason_action, secret_page
-from odal.admin_buttons import Button, ObjectButtons
-from odal.checks import consumer_timeout_warning
-from odal.errors import Refused
-from odal.models import Passport
-from odal.record import (
+from odal.core import rules
+from odal.core.admin import OdalAdmin, ReadOnlyAdmin, ReadOnlyInline, actor_of, distinct_values
+from odal.core.admin_actions import ReasonForm, StorableFormMixin, reason_action, secret_page
+from odal.core.admin_buttons import Button, ObjectButtons
+from odal.core.errors import Refused
+from odal.core.models import Passport
+from odal.core.record import (
     delivery_log,
     next_attempt,
     pretty_json,
@@ -24,9 +23,10 @@ from odal.record import (
     without_internals,
     yes_or_no,
 )
-from odal.redact import redacted_url
-from odal.upi import canonical_upi
+from odal.core.redact import redacted_url
+from odal.core.upi import canonical_upi
 from outbox import service
+from outbox.checks import consumer_timeout_warning
 from outbox.consumers import check_python_target, check_webhook_url
 from outbox.events import check_event_pattern
 from outbox.health import consumer_health
@@ -57,7 +57,7 @@ class EventTypesField(forms.CharField):
 
 class ConsumerForm(StorableFormMixin, forms.ModelForm):
     """A consumer as the API and `odal outbox consumer add` take it: each field through its rule
-    (odal.rules), the URL or target through the consumer's own checks."""
+    (odal.core.rules), the URL or target through the consumer's own checks."""
 
     url = forms.URLField(max_length=2000, required=False, assume_scheme="https")
     # The version of the consumer this form was opened on: a change saved since makes it stale
@@ -158,7 +158,7 @@ class ConsumerAdmin(ObjectButtons, OdalAdmin):
         return shown if obj is None or self.sees_whole_urls(request, obj) else [*shown, "url_redacted"]
 
     # A webhook URL whole only to staff who may change consumers (they configure it); to everyone
-    # else, Viewers and Operators, without its credentials (odal.redact). Nor may they search by
+    # else, Viewers and Operators, without its credentials (odal.core.redact). Nor may they search by
     # it: a search for "token=a", then "token=ab"… would spell the secret out.
     def sees_whole_urls(self, request, obj=None) -> bool:
         return self.has_change_permission(request, obj)
@@ -403,7 +403,7 @@ class AttemptInline(ReadOnlyInline):
 
 def event_types() -> list[str]:
     """The distinct event types, by hopping through the index on outbox_event.type (see
-    odal.admin.distinct_values)."""
+    odal.core.admin.distinct_values)."""
     return distinct_values(Event, "type")
 
 

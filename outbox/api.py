@@ -1,7 +1,5 @@
 """The outbox's routes: events in, consumers, counts, the delivery lists and replay."""
 
-import base64
-import binascii
 import uuid
 from datetime import datetime
 
@@ -11,11 +9,12 @@ from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 from pydantic import field_validator
 
-from odal import rules
-from odal.auth import ScopedAuth
-from odal.errors import Refused
-from odal.idempotency import IdempotencyKey, idempotent
-from odal.schemas import ReasonIn, responses
+from odal.core import rules
+from odal.core.auth import ScopedAuth
+from odal.core.cursors import decode_cursor, encode_cursor
+from odal.core.errors import Refused
+from odal.core.idempotency import IdempotencyKey, idempotent
+from odal.core.schemas import ReasonIn, responses
 from outbox import service
 from outbox.events import emit
 from outbox.models import Consumer, Delivery, Event
@@ -85,7 +84,7 @@ class ConsumerIn(Schema):
     url: str | None = None
     target: str | None = None
     eventTypes: list[str] = Field(default_factory=list)  # checked by create_consumer: invalid_event_type
-    # The bounds are documented here and checked by the rule (odal.rules), which runs first.
+    # The bounds are documented here and checked by the rule (odal.core.rules), which runs first.
     maxAttempts: int | None = Field(default=None, ge=rules.ATTEMPTS[0], le=rules.ATTEMPTS[1])
     timeoutSeconds: int = Field(default=10, ge=rules.TIMEOUT_SECONDS[0], le=rules.TIMEOUT_SECONDS[1])
 
@@ -139,18 +138,6 @@ class BulkReplayOut(Schema):
 
 
 # -- cursor pagination -------------------------------------------------------------------------------
-
-
-def encode_cursor(d: Delivery) -> str:
-    return base64.urlsafe_b64encode(f"{d.created_at.isoformat()}|{d.pk}".encode()).decode()
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
-    try:
-        at, pk = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
-        return rules.moment(at), rules.uuid_id(pk)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise Refused("The cursor is not one this API gave out.", code="invalid_cursor", status=422) from None
 
 
 # -- routes ------------------------------------------------------------------------------------------

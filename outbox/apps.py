@@ -6,7 +6,10 @@ class OutboxConfig(AppConfig):
     verbose_name = "Event outbox"
 
     def ready(self):
-        from odal.metrics import register
+        # Imported here: apps.py loads before the models, which these modules import.
+        from odal.core.metrics import register
+        from outbox.checks import register_checks
         from outbox.metrics import OutboxCollector
 
         register(OutboxCollector())
+        register_checks()  # odal.W001 of consumers, on every start and in `odal check`

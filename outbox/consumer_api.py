@@ -14,10 +14,10 @@ from django.utils.cache import add_never_cache_headers
 from ninja import Field, Router, Schema, Status
 from pydantic import field_validator, model_validator
 
-from odal import rules
-from odal.auth import ScopedAuth
-from odal.errors import Refused
-from odal.schemas import ReasonIn, responses
+from odal.core import rules
+from odal.core.auth import ScopedAuth
+from odal.core.errors import Refused
+from odal.core.schemas import ReasonIn, responses
 from outbox import service
 from outbox.api import ConsumerIn, get_delivery_or_404
 from outbox.models import Consumer, Delivery

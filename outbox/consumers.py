@@ -23,11 +23,11 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 from standardwebhooks import Webhook
 
-from odal import rules
-from odal.addresses import why_not_public
-from odal.errors import Refused
-from odal.redact import HIDDEN, redacted_urls_in, without_secrets_of
-from odal.text import error_text, excerpt, storable
+from odal.core import rules
+from odal.core.addresses import why_not_public
+from odal.core.errors import Refused
+from odal.core.redact import HIDDEN, redacted_urls_in, without_secrets_of
+from odal.core.text import error_text, excerpt, storable
 from odal.work.http import redirect_text
 from outbox.webhook_client import IN_FLIGHT, Answer, HttpError, WebhookClient
 
@@ -329,7 +329,7 @@ URL_LOOKUP_SECONDS = 5.0
 def check_webhook_url(url: str) -> str:
     """http(s) only; in production (unless ODAL_ALLOW_PRIVATE_WEBHOOKS) no host that resolves to
     a loopback, private, link-local, multicast or otherwise not public address, nor to an IPv6
-    address that carries one (NAT64, 6to4...: odal.addresses). The host's lookup gets
+    address that carries one (NAT64, 6to4...: odal.core.addresses). The host's lookup gets
     URL_LOOKUP_SECONDS; past them, 503 host_lookup_timeout, and nothing is stored."""
     parsed = _webhook_url(url)
     if not settings.ODAL_ALLOW_PRIVATE_WEBHOOKS:
@@ -402,7 +402,7 @@ def _webhook_url(url: str) -> httpx.URL:
 def _checked_addresses(host: str, lookup=None) -> list:
     """The addresses of `host` (as `lookup` gives them: a client's Answers, else a fresh lookup), in the
     resolver's order; in production (unless ODAL_ALLOW_PRIVATE_WEBHOOKS) refused if any of them
-    is not a public unicast address (odal.addresses: the one rule, asked when a URL is stored and
+    is not a public unicast address (odal.core.addresses: the one rule, asked when a URL is stored and
     when connecting)."""
     addresses = (lookup or _addresses)(host)
     if not settings.ODAL_ALLOW_PRIVATE_WEBHOOKS:

@@ -5,10 +5,10 @@ import uuid
 from django.db import connection, transaction
 from django.utils import timezone
 
-from odal import rules
-from odal.errors import Refused
-from odal.ids import uuid7
-from odal.rows import insert_rows
+from odal.core import rules
+from odal.core.errors import Refused
+from odal.core.ids import uuid7
+from odal.core.rows import insert_rows
 from odal.work.wake import SWEEP
 from outbox.models import Consumer, Delivery, Event
 
@@ -16,7 +16,7 @@ EVENT_TYPE = rules.EVENT_TYPE  # matched with fullmatch: `$` would let a final n
 
 
 def check_event_type(value: str) -> str:
-    """An event type (odal.rules.event_type), or Refused (422 invalid_event_type) saying why not."""
+    """An event type (odal.core.rules.event_type), or Refused (422 invalid_event_type) saying why not."""
     try:
         return rules.event_type(value)
     except ValueError as exc:
@@ -26,7 +26,7 @@ def check_event_type(value: str) -> str:
 
 
 def check_event_pattern(value: str) -> str:
-    """What a consumer subscribes to (odal.rules.event_pattern): an event type, a prefix such as
+    """What a consumer subscribes to (odal.core.rules.event_pattern): an event type, a prefix such as
     passport.*, or *; or Refused (422 invalid_event_type) saying why not."""
     try:
         return rules.event_pattern(value)

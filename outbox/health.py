@@ -18,8 +18,8 @@ from django.db.models.functions import TruncHour
 from django.urls import reverse
 from django.utils import timezone
 
-from odal.record import pretty_text
-from odal.redact import HIDDEN, redacted_url, redacted_urls_in
+from odal.core.record import pretty_text
+from odal.core.redact import HIDDEN, redacted_url, redacted_urls_in
 from outbox.consumers import USER_AGENT, webhook_body
 from outbox.models import Consumer, Delivery, DeliveryAttempt
 
@@ -142,7 +142,7 @@ def _shown(n: int) -> str:
 
 def consumer_health(consumer: Consumer, *, whole_urls: bool, now: datetime | None = None) -> Health:
     """The figures of `consumer`'s page. `whole_urls`: the person may change consumers and sees
-    its URL whole; everyone else sees it as odal.redact shows it."""
+    its URL whole; everyone else sees it as odal.core.redact shows it."""
     now = now or timezone.now()
     since = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=HOURS - 1)
     lines = DeliveryAttempt.objects.filter(consumer=consumer)
@@ -219,7 +219,7 @@ def consumer_health(consumer: Consumer, *, whole_urls: bool, now: datetime | Non
 
 
 def pretty(text: str) -> str:
-    """JSON indented for a person to read; anything else as it is; bounded (odal.record.pretty_text)."""
+    """JSON indented for a person to read; anything else as it is; bounded (odal.core.record.pretty_text)."""
     return pretty_text(text, sort_keys=True)
 
 

@@ -1,21 +1,25 @@
 """Outbox figures for /metrics, read at scrape time from what stays small at any table size:
-the tally the writes keep (odal.tally), the pending and dead rows (partial indexes) and the
+the tally the writes keep (odal.core.tally), the pending and dead rows (partial indexes) and the
 sweep's heartbeats. Counters here never go down: retention deletes rows, not figures."""
 
 from collections import Counter
 from datetime import timedelta
 
+from django.conf import settings
 from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from odal.core import tally
+from odal.core.models import Heartbeat
+from outbox.models import Consumer
+from outbox.python_consumers import HELD_BACK, PYTHON_BLOCKED, PYTHON_TIMEOUTS
+from outbox.service import oldest_pending_seconds, outbox_counts
 
 PURGED = ("deliveries", "attempts", "events", "registry_attempts")
 
 
 class OutboxCollector:
     def collect(self):
-        from odal import tally
-        from outbox.service import oldest_pending_seconds, outbox_counts
-
         now = timezone.now()
         counts = outbox_counts()
         deliveries = GaugeMetricFamily(
@@ -90,12 +94,6 @@ def python_overruns(tally):
     (their heartbeats, outbox.python_consumers.Overruns.report: one not written again within
     ODAL_READYZ_SWEEP_SECONDS is a process gone, or one that no longer sweeps). Every Python consumer
     has the three series, at 0 until it overruns; a consumer since made a webhook keeps what it had."""
-    from django.conf import settings
-
-    from odal.models import Heartbeat
-    from outbox.models import Consumer
-    from outbox.python_consumers import HELD_BACK, PYTHON_BLOCKED, PYTHON_TIMEOUTS
-
     figures = tally.totals(PYTHON_TIMEOUTS, PYTHON_BLOCKED)
     since = timezone.now() - timedelta(seconds=settings.ODAL_READYZ_SWEEP_SECONDS)
     held = Heartbeat.objects.filter(role__startswith=HELD_BACK, at__gte=since).values_list("role", flat=True)

@@ -11,18 +11,18 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.core.exceptions import EmptyResultSet
 from django.db import connection, models, transaction
-from django.db.models import Case, Exists, F, OuterRef, Value, When
+from django.db.models import Exists, F, OuterRef, Value
 from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce, Concat, Least
 from django.utils import timezone
 
-from odal import rules
-from odal.errors import Refused
-from odal.ids import uuid7
-from odal.models import AuditEntry
-from odal.reasons import clean_reason
-from odal.text import storable
+from odal.core import rules
+from odal.core.errors import Refused
+from odal.core.ids import uuid7
+from odal.core.models import AuditEntry
+from odal.core.reasons import clean_reason
+from odal.core.text import storable
 from odal.work.claims import ClaimQuerySet, database_now
 from odal.work.wake import SWEEP
 
@@ -48,13 +48,12 @@ class ConsumerQuerySet(models.QuerySet):
     what the API shows of a consumer counts a `version` (its ETag)."""
 
     def python_outside(self, allowed: tuple[str, ...]):
-        """Python consumers whose target no entry of `allowed` (ODAL_PYTHON_CONSUMERS) names: the
-        SQL form of odal.rules.python_target_allowed (an exact path, or under `prefix.*`)."""
-        named = models.Q(pk__in=[])  # (nothing, when the list is empty)
-        for entry in allowed:
-            named |= (
-                models.Q(target__startswith=entry[:-1]) if entry.endswith(".*") else models.Q(target=entry)
-            )
+        """Python consumers whose target no entry of `allowed` (ODAL_PYTHON_CONSUMERS) names, as
+        odal.core.rules.python_allow_list_names reads the list."""
+        paths, prefixes = rules.python_allow_list_names(allowed)
+        named = models.Q(target__in=paths)
+        for prefix in prefixes:
+            named |= models.Q(target__startswith=prefix)
         return self.filter(kind=Consumer.Kind.PYTHON).exclude(named)
 
     def pause(self, *, by: str, reason: str, at: datetime) -> bool:
@@ -326,21 +325,10 @@ class DeliveryQuerySet(ClaimQuerySet):
         caller's claim. A late writer (its claim superseded, or the row settled) matches nothing."""
         return self.filter(status=Delivery.Status.PENDING, claim_token=token)
 
-    def mark_delivered(self, *, token: uuid.UUID, at: datetime) -> bool:
-        """End the current attempt as delivered. Takes the row only while it is pending and
-        still held by `token`; a late writer takes nothing."""
-        return (
-            self._held(token).update(
-                status=Delivery.Status.DELIVERED, delivered_at=at, claim_token=None, last_error=""
-            )
-            == 1
-        )
-
     def mark_delivered_each(self, *, token: uuid.UUID, at: datetime) -> set:
-        """The bulk form the sweep uses: mark_delivered for every row of this queryset, in one
-        UPDATE, each row under the same guard. Returns the ids it took (the others were late).
-        One UPDATE … RETURNING: the ids are the rows it wrote, each checked against the guard
-        after any lock wait."""
+        """End the current attempt of every row of this queryset as delivered, in one UPDATE …
+        RETURNING under _held's guard, checked on each row after any lock wait. Returns the ids
+        it took (the others were late)."""
         delivered = {
             "status": Delivery.Status.DELIVERED,
             "delivered_at": at,
@@ -349,35 +337,11 @@ class DeliveryQuerySet(ClaimQuerySet):
         }
         return self._held(token).update_returning_ids(delivered)
 
-    def mark_attempt_failed(self, *, token: uuid.UUID, error: str, retry_at: datetime, at: datetime) -> bool:
-        """End the current attempt as failed: due again at `retry_at`, or dead once the attempts
-        counted at claim time reach max_attempts. Same guard as mark_delivered."""
-        # A consumer paused while this attempt ran: its row is parked, never dead-lettered.
-        paused = Exists(Consumer.objects.filter(pk=OuterRef("consumer_id"), paused=True))
-        parked = When(paused, then=Value(Delivery.Status.PAUSED))
-        spent = When(attempts__gte=F("max_attempts"), then=Value(Delivery.Status.DEAD))
-        return (
-            self._held(token).update(
-                status=Case(parked, spent, default=Value(Delivery.Status.PENDING)),
-                dead_at=Case(
-                    When(paused, then=None),
-                    When(attempts__gte=F("max_attempts"), then=Value(at)),
-                    default=None,
-                    output_field=models.DateTimeField(),
-                ),
-                next_attempt_at=retry_at,
-                claim_token=None,
-                last_error=storable(error),
-            )
-            == 1
-        )
-
     def mark_attempts_failed_each(self, *, token: uuid.UUID, failures: "list[Failure]") -> set:
-        """The bulk form the sweep uses: mark_attempt_failed for each row of `failures`, with its
-        own error, retry time and end, under the same guard (_held, and this queryset's filter).
-        Returns the ids it took (the others were late). One UPDATE … FROM unnest(…)
-        whatever their number: the guard is stated on the row being updated, so a row that
-        another writer settled while this one waited for its lock is checked again and left."""
+        """End each row's current attempt as failed, with its own error: parked if its consumer is
+        paused, else dead once the attempts counted at claim reach max_attempts, else due at
+        retry_at. One UPDATE … FROM unnest(…), the guard (_held, this queryset's filter) checked on
+        each row after any lock wait. Returns the ids it took (the others were late)."""
         if not failures:
             return set()
         # The claim's token is a column of the failures, not a constant: PostgreSQL estimates
@@ -416,14 +380,9 @@ class DeliveryQuerySet(ClaimQuerySet):
             return {row[0] for row in cursor.fetchall()}
 
     def note_late_success(self, *, at: datetime) -> bool:
-        """A late attempt of this delivery (its claim superseded, or the row settled meanwhile)
-        was answered 2xx at `at`: the consumer has it, whatever the row says. Noted on the row
-        whatever its status, so the note survives a pending row's later death; the surfaces
-        show it where it matters, on dead rows (the dead-letter list, replay and resend
-        previews: sending it again is a duplicate). A note, not a state change: status,
-        attempts, claim and next_attempt_at are left as they are. Takes the row only while its
-        note is older than `at` (or unset), so it only ever moves forward. Returns whether it
-        took the row."""
+        """A late attempt was answered 2xx at `at`: the consumer has it, whatever the row says (the
+        dead-letter list and replay previews warn of a duplicate). A note on the row whatever its
+        status, not a state change; it only moves forward. Returns whether it took the row."""
         newer = models.Q(late_success_at__isnull=True) | models.Q(late_success_at__lt=at)
         return self.filter(newer).update(late_success_at=at) == 1
 

@@ -18,15 +18,15 @@ from django.db import close_old_connections, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from odal import tally
-from odal.models import Heartbeat
-from odal.reconnect import DatabaseLost
+from odal.core import tally
+from odal.core.models import Heartbeat
+from odal.core.reconnect import DatabaseLost
 
 log = logging.getLogger(__name__)
 
 PYTHON_OVERRUNS_PER_CONSUMER = 4  # threads of one Python consumer left running past its timeout
 # before this process stops taking that consumer's rows (see Overruns)
-PYTHON_TIMEOUTS = "outbox.python_timeouts"  # tally figures, key the consumer's id (see odal.tally)
+PYTHON_TIMEOUTS = "outbox.python_timeouts"  # tally figures, key the consumer's id (see odal.core.tally)
 PYTHON_BLOCKED = "outbox.python_blocked"
 # A heartbeat role per consumer a process holds back now (Overruns.report): outbox.held:<its id>.
 HELD_BACK = "outbox.held:"

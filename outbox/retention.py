@@ -29,7 +29,7 @@ The walks, each over the rows that may hold candidates (the rule is checked when
 Each walk resumes where it stopped, so that rows retention must keep at the front of an index
 (young dead letters and long-parked rows among the oldest deliveries, their events) are walked
 past once a lap, not at every run:
-- Its position, the last (key, id) it walked, is a row of odal.models.RetentionPosition: it
+- Its position, the last (key, id) it walked, is a row of odal.core.models.RetentionPosition: it
   survives restarts, and every process resumes from it. A run starts after it, walks to the end
   of the range, goes back to the start and on to where it began, unless its time runs out first:
   a run walks each entry at most once, and one with time enough (`odal outbox purge`) walks them
@@ -63,8 +63,8 @@ from django.db import transaction
 from django.db.models import BooleanField, Exists, F, Func, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from odal import tally
-from odal.models import RetentionPosition
+from odal.core import tally
+from odal.core.models import RetentionPosition
 from outbox.models import Delivery, DeliveryAttempt, Event
 
 PURGED = "outbox.purged"

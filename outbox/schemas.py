@@ -7,13 +7,13 @@ from datetime import datetime
 from ninja import Field, Schema
 from pydantic import field_validator
 
-from odal import rules
-from odal.redact import may_see_whole_urls, redacted_url
+from odal.core import rules
+from odal.core.redact import may_see_whole_urls, redacted_url
 from outbox.models import Consumer, Delivery
 
 
 class DeliveryFilterIn(Schema):
-    """The filters of a bulk replay or resend, each checked by its rule (odal.rules)."""
+    """The filters of a bulk replay or resend, each checked by its rule (odal.core.rules)."""
 
     consumer: str | None = None
     eventType: str | None = None

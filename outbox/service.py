@@ -3,7 +3,7 @@ command line and /metrics call these, never their own copies).
 
 Counts cost the same at ten thousand and at ten million deliveries: pending and dead rows are
 counted from their partial indexes (sets that stay small while the outbox is healthy), and
-delivered rows from the tally the writes keep (odal.tally), which retention never lowers.
+delivered rows from the tally the writes keep (odal.core.tally), which retention never lowers.
 """
 
 import logging
@@ -15,12 +15,12 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Min
 from django.utils import timezone
 
-from odal import rules, tally
-from odal.errors import Refused
-from odal.models import AuditEntry
-from odal.reasons import clean_reason
-from odal.redact import redacted_url
-from odal.text import excerpt, storable
+from odal.core import rules, tally
+from odal.core.errors import Refused
+from odal.core.models import AuditEntry
+from odal.core.reasons import clean_reason
+from odal.core.redact import redacted_url
+from odal.core.text import excerpt, storable
 from odal.work.wake import SWEEP, wake_up
 from outbox.consumers import check_python_target, check_webhook_url, signing_secrets  # noqa: F401
 from outbox.events import check_event_pattern, emit

@@ -17,9 +17,9 @@ from django.conf import settings
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from odal import reconnect, stopping, tally
-from odal.lookups import Ids
-from odal.text import error_text, storable
+from odal.core import reconnect, stopping, tally
+from odal.core.lookups import Ids
+from odal.core.text import error_text, storable
 from odal.work import deadline
 from odal.work.claims import backoff_delay
 from odal.work.loops import Report, Work

@@ -13,7 +13,7 @@ reading the task list makes `find_submission` raise `RegistryUnreadable` rather 
 not the protocol's (not JSON, another content type, JSON nested deeper than the parser goes,
 values of the wrong type, ids longer than odal's columns or with control characters) is checked
 before anything is written, and its message starts with PROTOCOL_ERROR: the attempt log's lines
-that do are counted as registry_protocol_errors_total. Every message is made of odal.text's
+that do are counted as registry_protocol_errors_total. Every message is made of odal.core.text's
 storable pieces: it ends in last_error and the attempt log as it is.
 """
 
@@ -31,9 +31,9 @@ from urllib.parse import quote
 import httpx
 from django.conf import settings
 
-from odal.redact import HIDDEN, SHORTEST_SECRET
-from odal.text import error_text, excerpt, storable
-from odal.upi import upi_key
+from odal.core.redact import HIDDEN, SHORTEST_SECRET
+from odal.core.text import error_text, excerpt, storable
+from odal.core.upi import upi_key
 from odal.work.http import DeadlineTransport, read_answer, redirect_text, within
 
 MAX_TASK_PAGES = 1000  # and ODAL_REGISTRY_LOOKUP_SECONDS: the lookup's two bounds
@@ -274,7 +274,7 @@ class HttpRegistry:
         request's headers), shown as ***: the errors, the attempt log and the log lines made from
         it are read by people who may not hold ODAL_REGISTRY_TOKEN (a Viewer on the passport's
         story and the registration's page)."""
-        if len(self.token) < SHORTEST_SECRET:  # (as odal.redact: a shorter one would garble the text)
+        if len(self.token) < SHORTEST_SECRET:  # (as odal.core.redact: a shorter one would garble the text)
             return body
         for spelling in dict.fromkeys((self.token, self.token.replace("/", "\\/"))):
             body = body.replace(spelling.encode(), HIDDEN.encode())
@@ -434,7 +434,7 @@ class HttpRegistry:
 
     def find_submission(self, upi: str) -> Found | Ambiguous | NotFound | Unsupported:
         """Read the whole task list. Found/Ambiguous if requests for the UPI are held, under any
-        spelling of it (canonical forms are compared, odal.upi; rejected requests do not count);
+        spelling of it (canonical forms are compared, odal.core.upi; rejected requests do not count);
         NotFound(exhaustive=True) only if every page was read, none names the UPI and none is
         still `received` (unread by the registry, its upi possibly unknown). A list that does not
         end is RegistryUnreadable, never an answer: a cursor it gave before, more than

@@ -3,11 +3,11 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.utils import timezone
 
-from odal.admin import ReadOnlyAdmin, ReadOnlyInline, actor_of
-from odal.admin_actions import ReasonForm, reason_action
-from odal.admin_buttons import Button, ObjectButtons
-from odal.errors import Refused
-from odal.record import next_attempt, titled, when, without_internals, yes_or_no
+from odal.core.admin import ReadOnlyAdmin, ReadOnlyInline, actor_of
+from odal.core.admin_actions import ReasonForm, reason_action
+from odal.core.admin_buttons import Button, ObjectButtons
+from odal.core.errors import Refused
+from odal.core.record import next_attempt, titled, when, without_internals, yes_or_no
 from registry import service
 from registry.models import UNSEARCHABLE, Registration, RegistrationAttempt, StalledRegistration
 

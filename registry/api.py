@@ -5,8 +5,8 @@ from datetime import datetime
 
 from ninja import Router, Schema
 
-from odal.auth import ScopedAuth
-from odal.schemas import Error, responses
+from odal.core.auth import ScopedAuth
+from odal.core.schemas import Error, responses
 from registry import service
 from registry.schemas import AbandonOut, RegistrationOut
 

@@ -28,9 +28,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from odal import reconnect, stopping, tally
-from odal.models import Passport
-from odal.text import error_text, storable
+from odal.core import reconnect, stopping, tally
+from odal.core.models import Passport
+from odal.core.text import error_text, storable
 from odal.work import deadline as task_deadline
 from odal.work.claims import backoff_delay, database_now
 from odal.work.loops import Report, Work
@@ -659,7 +659,7 @@ class DrainPass(Pass):
 
     def guarded(self, attempt: Attempt, step, *args):
         """A step of this thread for one attempt: a bug of ours (or a statement the database
-        refused) fails the attempt, not the pass; a lost database ends the pass (odal.reconnect)."""
+        refused) fails the attempt, not the pass; a lost database ends the pass (odal.core.reconnect)."""
         try:
             return step(attempt, *args)
         except Exception as exc:

@@ -4,15 +4,15 @@ size (the tally the writes keep, the pending rows, the heartbeats)."""
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from odal.core import tally
+from registry.adapters import MAX_ID
+from registry.service import registry_counts
+
 OPERATIONS = ("check", "deactivate", "find", "register")  # find: a deactivation that first finds
 
 
 class RegistryCollector:
     def collect(self):
-        from odal import tally
-        from registry.adapters import MAX_ID
-        from registry.service import registry_counts
-
         for status, n in registry_counts().items():
             help_text = (
                 "Pending registrations that need a person (many attempts, or owed for over a day)."

@@ -9,9 +9,9 @@ from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from odal.ids import uuid7
-from odal.models import Passport
-from odal.text import storable
+from odal.core.ids import uuid7
+from odal.core.models import Passport
+from odal.core.text import storable
 from odal.work.claims import ClaimQuerySet
 
 # How last_error begins when a row needs a person for what the registry answered: a DUPLICATE_UPI
@@ -491,9 +491,9 @@ class Registration(models.Model):
         """A deactivation whose registration's handle is unknown: it finds what the registry holds."""
         return self.operation == Registration.Operation.DEACTIVATE and not self.handle
 
-    @property
-    def claim_is_live(self) -> bool:
-        return self.claim_token is not None and self.next_attempt_at > timezone.now()
+    def claim_is_live(self, now: datetime) -> bool:
+        """An attempt holds the row: claimed, and its hold has not run out (then it is due again)."""
+        return self.claim_token is not None and self.next_attempt_at > now
 
 
 class RegistrationAttempt(models.Model):
@@ -579,9 +579,6 @@ class RegistryPaceQuerySet(models.QuerySet):
             )
             == 1
         )
-
-    def paused_until(self) -> datetime:
-        return self.filter(pk=1).values_list("paused_until", flat=True).first() or LONG_AGO
 
 
 class RegistryPace(models.Model):

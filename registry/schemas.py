@@ -3,7 +3,7 @@
 their aliases.
 
 Each also reads back its own JSON (field names, not aliases): an idempotent route's stored answer
-is validated against its schema again when the key is repeated (odal.idempotency). So what a
+is validated against its schema again when the key is repeated (odal.core.idempotency). So what a
 field derives from the row is done by validators, which see both, not by ninja's resolvers,
 which would be handed the stored dict as if it were the row."""
 

@@ -5,17 +5,18 @@ they cannot disagree about what is refused and why."""
 import time
 from concurrent import futures
 from dataclasses import dataclass
+from enum import StrEnum
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from odal import tally
-from odal.errors import Refused
-from odal.models import AuditEntry, Passport
-from odal.reasons import clean_reason
-from odal.rows import insert_rows
-from odal.text import unstorable
+from odal.core import tally
+from odal.core.errors import Refused
+from odal.core.models import AuditEntry, Passport
+from odal.core.reasons import clean_reason
+from odal.core.rows import insert_rows
+from odal.core.text import unstorable
 from odal.work.wake import DRAIN
 from outbox.events import emit
 from registry import adapters
@@ -40,38 +41,65 @@ def registration_for(dpp_id) -> Registration:
 # -- the lifecycle's side ---------------------------------------------------------------------------
 
 
-def on_publish(passport: Passport) -> str:
+class Owed(StrEnum):
+    """What publishing or suspending did to the registration."""
+
+    NOTHING = "nothing"  # no registry on this node, or no registration
+    QUEUED = "queued"  # a registration or a deactivation queued (new or afresh)
+    CANCELLED = "cancelled"  # an owed deactivation cancelled: the registration stands
+    WITHDRAWN = "withdrawn"  # a register never sent, withdrawn
+    LEFT = "left"  # left as it is, or to the drain
+
+
+@dataclass(frozen=True)
+class RegistryOutcome:
+    """What publishing or suspending did to the registration, and the sentence that says so."""
+
+    owed: Owed
+    sentence: str
+
+    def __str__(self) -> str:
+        return self.sentence
+
+
+NO_REGISTRY = RegistryOutcome(Owed.NOTHING, "no registry queues on this node")
+
+
+def on_publish(passport: Passport) -> RegistryOutcome:
     """Publishing owes the registry a registration: a new row is pending and due now; a rejected,
     abandoned, suspended or deactivated one is queued afresh; a deactivation never attempted is
     cancelled, one attempted is followed by a fresh register; pending, submitted and registered
     rows (and a deactivation in flight, which the drain settles) are left alone. The caller holds
     the passport's row lock. Returns what it did."""
     if settings.ODAL_REGISTRY_ADAPTER == "none":
-        return "no registry queues on this node"
+        return NO_REGISTRY
     now = timezone.now()
     reg, created = Registration.objects.get_or_create(passport=passport, defaults={"next_attempt_at": now})
     rows = Registration.objects.filter(pk=reg.pk)
     if created:
-        outcome = "registration queued"
+        outcome = RegistryOutcome(Owed.QUEUED, "registration queued")
     elif rows.requeue(now=now):
-        outcome = f"registration queued afresh (it was {reg.status})"
+        outcome = RegistryOutcome(Owed.QUEUED, f"registration queued afresh (it was {reg.status})")
     elif rows.cancel_deactivation():
-        outcome = "owed deactivation cancelled; the registration stands"
+        outcome = RegistryOutcome(Owed.CANCELLED, "owed deactivation cancelled; the registration stands")
     elif rows.reregister(now=now):
-        outcome = "registration queued afresh (a deactivation had been attempted and may have gone through)"
+        outcome = RegistryOutcome(
+            Owed.QUEUED,
+            "registration queued afresh (a deactivation had been attempted and may have gone through)",
+        )
     else:
-        return f"registration left as it is ({reg.status})"
+        return RegistryOutcome(Owed.LEFT, f"registration left as it is ({reg.status})")
     DRAIN.on_commit()
     return outcome
 
 
-def on_publish_new(passport_ids: list) -> str:
+def on_publish_new(passport_ids: list) -> RegistryOutcome:
     """on_publish() for passports published in the transaction that created them (bulk intake,
-    odal.bulk): none can have a registration yet, so each gets a new one, pending and due now,
+    odal.surfaces.bulk): none can have a registration yet, so each gets a new one, pending and due now,
     all in one INSERT, and the drain is kicked once for them all. Returns what it did for each, in
     on_publish()'s words."""
     if settings.ODAL_REGISTRY_ADAPTER == "none":
-        return "no registry queues on this node"
+        return NO_REGISTRY
     if passport_ids:
         now = timezone.now()
         insert_rows(
@@ -80,10 +108,10 @@ def on_publish_new(passport_ids: list) -> str:
             same={"next_attempt_at": now, "queued_at": now, "created_at": now},
         )
         DRAIN.on_commit()
-    return "registration queued"
+    return RegistryOutcome(Owed.QUEUED, "registration queued")
 
 
-def on_suspend(passport: Passport) -> str:
+def on_suspend(passport: Passport) -> RegistryOutcome:
     """Suspending never drops what the registry may hold. A pending register never attempted
     becomes suspended; one attempted (its request may have reached the registry, or still land)
     owes a deactivation that first finds what the registry holds; a registered one owes a
@@ -93,22 +121,27 @@ def on_suspend(passport: Passport) -> str:
     now = timezone.now()
     rows = Registration.objects.filter(passport=passport)
     if rows.withdraw_unsent(now=now):
-        return "pending registration withdrawn (suspended): it was never sent to the registry"
+        return RegistryOutcome(
+            Owed.WITHDRAWN, "pending registration withdrawn (suspended): it was never sent to the registry"
+        )
     if rows.find_and_deactivate(now=now):
         DRAIN.on_commit()
-        return (
+        return RegistryOutcome(
+            Owed.QUEUED,
             "deactivation queued: the registration was attempted and the registry may hold it, so the "
-            "drain finds what it holds and deactivates it (suspended once the registry provably holds nothing)"
+            "drain finds what it holds and deactivates it (suspended once the registry provably holds nothing)",
         )
     if rows.queue_deactivation(now=now):
         DRAIN.on_commit()
-        return "deactivation queued"
+        return RegistryOutcome(Owed.QUEUED, "deactivation queued")
     reg = rows.first()
     if reg is None:
-        return "no registration"
+        return RegistryOutcome(Owed.NOTHING, "no registration")
     if reg.status == Registration.Status.PENDING and reg.claim_token is not None:
-        return f"registration left to the drain: an attempt holds it ({reg.operation})"
-    return f"registration left as it is ({reg.status})"
+        return RegistryOutcome(
+            Owed.LEFT, f"registration left to the drain: an attempt holds it ({reg.operation})"
+        )
+    return RegistryOutcome(Owed.LEFT, f"registration left as it is ({reg.status})")
 
 
 # -- abandon ---------------------------------------------------------------------------------------
@@ -142,7 +175,7 @@ def check_abandonable(reg: Registration, now=None) -> None:
             "The registration has never been attempted: wait for the first attempt to fail, then abandon it.",
             code="never_attempted",
         )
-    if reg.claim_token is not None and reg.next_attempt_at > now:
+    if reg.claim_is_live(now):
         raise Refused(
             "An attempt is in flight right now: wait for it to report, then try again.",
             code="attempt_in_flight",
@@ -500,7 +533,7 @@ def reregister_if_published(reg: Registration) -> bool:
 
 
 def registry_counts() -> dict:
-    """Registrations per status, from the tally their writes keep (odal.tally: the same cost at
+    """Registrations per status, from the tally their writes keep (odal.core.tally: the same cost at
     any size), and the stalled ones (pending, so a small set) counted from the rows."""
     counts = dict.fromkeys(Registration.Status.values, 0)
     for status, n in tally.totals("registry.status")["registry.status"].items():

@@ -42,8 +42,8 @@ def _kind(item) -> int:
 def pytest_collection_finish(session):
     # Importing odal.wsgi (tests/test_fuzz.py does, to call the API in-process) marks the process
     # a web server, whose statements wait at most 10 s. The suite is not one: its own connections
-    # keep a worker's bounds (odal.database), as a test that waits on a subprocess needs.
-    from odal import database
+    # keep a worker's bounds (odal.core.database), as a test that waits on a subprocess needs.
+    from odal.core import database
 
     database.role = database.WORKER
 
@@ -263,16 +263,13 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(line)
 
 
-@pytest.fixture(params=["one", "each"])
-def fail(request):
-    """A failed attempt written as mark_attempt_failed does (one row), or as the sweep writes a
-    batch's failures (mark_attempts_failed_each): the same guard, the same outcome."""
+@pytest.fixture
+def fail():
+    """A failed attempt written as the sweep writes a batch's failures (mark_attempts_failed_each),
+    for one row: whether it took the row."""
     from outbox.models import Delivery, Failure
 
     def write(delivery, *, token, error, retry_at, at) -> bool:
-        if request.param == "one":
-            rows = Delivery.objects.filter(pk=delivery.pk)
-            return rows.mark_attempt_failed(token=token, error=error, retry_at=retry_at, at=at)
         failure = Failure(delivery.pk, error, retry_at, at)
         return Delivery.objects.mark_attempts_failed_each(token=token, failures=[failure]) == {delivery.pk}
 

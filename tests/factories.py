@@ -5,7 +5,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import make_password
 from django.utils import timezone
 
-from odal.models import ApiToken, Passport
+from odal.core.models import ApiToken, Passport
 
 
 class PassportFactory(factory.django.DjangoModelFactory):

@@ -84,7 +84,7 @@ def person_registry_write(rng, outcomes: Counter, *, actor: str) -> None:
     then had no time to make it again). (That a run abandons at all is Scenarios' to make sure.)"""
     from django.utils import timezone
 
-    from odal.errors import Refused
+    from odal.core.errors import Refused
     from registry import service
     from registry.models import Registration
 
@@ -114,7 +114,7 @@ def abandon_counted(pid, outcomes: Counter, *, actor: str) -> str:
     """A person abandons the registration of passport `pid`; the outcome ("abandoned", "already
     abandoned" or "refused <code>") is counted in `outcomes` (what check() holds the audit trail
     to) and returned."""
-    from odal.errors import Refused
+    from odal.core.errors import Refused
     from registry import service
 
     try:
@@ -132,8 +132,8 @@ def person_lifecycle_write(rng, outcomes: Counter, *, actor: str) -> None:
     runs' scenario passports are left alone, and so is a passport whose registration was
     abandoned (publishing it queues the registration afresh, which the history's "abandoned stays
     abandoned" would count as a violation)."""
-    from odal import lifecycle
-    from odal.models import Passport
+    from odal.core.models import Passport
+    from odal.surfaces import lifecycle
 
     passports = Passport.objects.exclude(upi__contains=SCENARIO)
     if rng.random() < 0.5:
@@ -234,8 +234,8 @@ class Doomed:
 
 
 def publish_scenario(name: str, *, actor: str):
-    from odal import lifecycle
-    from odal.models import Passport
+    from odal.core.models import Passport
+    from odal.surfaces import lifecycle
 
     passport = Passport.objects.create(
         upi=f"https://id.example.eu/01/1/21/{SCENARIO}-{name}", operator_id="OP-S"
@@ -355,7 +355,7 @@ class WhileLanding:
             outcome = abandon_counted(self.passport.pk, self.outcomes, actor=self.actor)
             self.took = outcome == "abandoned"
         elif self.act == "suspend" and tried_and_failed(reg):
-            from odal import lifecycle
+            from odal.surfaces import lifecycle
 
             self.took = lifecycle.suspend(self.passport.pk, actor=self.actor).changed
             outcome = "suspended" if self.took else "not suspended"
@@ -477,7 +477,7 @@ def check(figures, *, max_attempts: int, withdrawn_enforced: bool = True) -> Vio
     from django.db import connection
     from django.db.models import Count
 
-    from odal.models import AuditEntry
+    from odal.core.models import AuditEntry
     from outbox.models import Consumer, Delivery, DeliveryAttempt, Event
     from registry.models import Registration, RegistrationAttempt
 
@@ -650,9 +650,9 @@ def check(figures, *, max_attempts: int, withdrawn_enforced: bool = True) -> Vio
     figures["registry_late_writes_refused"] = len(reg_late)
     figures["audit_entries"] = {k: audit[k] for k in expected}
 
-    # The counts the writes keep (odal.tally) must equal the rows they count, after every kill
+    # The counts the writes keep (odal.core.tally) must equal the rows they count, after every kill
     # and every refused late write (nothing is purged here, and no delivered row moves again).
-    from odal import tally
+    from odal.core import tally
 
     kept = tally.totals("outbox.delivered", "outbox.attempts", "registry.status")
     rows = {

@@ -569,8 +569,8 @@ def people(args, sim, rng: random.Random, figures: dict, until: float) -> "invar
     """What people do while the hosts work: publish passports, suspend and publish them again,
     replay dead deliveries, abandon registrations and record handles; the registry's faults come
     and go. Returns the scenarios they make happen as they go (make_happen finishes them)."""
-    from odal import lifecycle
-    from odal.models import Passport
+    from odal.core.models import Passport
+    from odal.surfaces import lifecycle
     from registry.simulator import gateway_faults
 
     late = args.late_landings

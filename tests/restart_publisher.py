@@ -23,8 +23,8 @@ django.setup()
 
 from django.db import DatabaseError, close_old_connections  # noqa: E402
 
-from odal import lifecycle  # noqa: E402
-from odal.models import Passport  # noqa: E402
+from odal.core.models import Passport  # noqa: E402
+from odal.surfaces import lifecycle  # noqa: E402
 
 
 def publish(upi: str) -> str:

@@ -10,9 +10,9 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
-from odal import lifecycle
-from odal.errors import Refused
-from odal.models import AuditEntry
+from odal.core.errors import Refused
+from odal.core.models import AuditEntry
+from odal.surfaces import lifecycle
 from registry import service
 from registry.drain import drain_once
 from registry.models import Registration

@@ -16,7 +16,7 @@ import pytest
 from django.contrib.admin import helpers
 from django.contrib.auth.models import Permission
 
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
 from registry.models import Registration
 from tests.factories import UserFactory, backed_off_registration
 from tests.pg import free_port

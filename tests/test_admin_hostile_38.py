@@ -7,7 +7,7 @@ import pytest
 from django.contrib import admin as django_admin
 from django.test import RequestFactory
 
-from odal.models import AuditEntry, Passport
+from odal.core.models import AuditEntry, Passport
 from tests.factories import (
     DeadDeliveryFactory,
     PassportFactory,
@@ -46,7 +46,7 @@ def test_a_passport_published_after_the_confirmation_page_is_not_deleted(setting
     """The confirmation page (list or object) showed a draft; it was published before the POST
     that confirms (no registration with adapter none): the delete itself, under the row's lock,
     refuses it (delete_queryset and delete_model are what Django calls on that POST)."""
-    from odal.admin import PublishedNotDeleted
+    from odal.surfaces.admin import PublishedNotDeleted
 
     settings.ODAL_REGISTRY_ADAPTER = "none"
     passport = PublishedPassportFactory()
@@ -199,7 +199,7 @@ def test_a_registry_echoing_our_bearer_token_shows_it_to_no_one(settings, client
     passport's story and the registration's page."""
     import json
 
-    from odal import lifecycle
+    from odal.surfaces import lifecycle
     from registry.drain import drain_once
     from registry.models import Registration
     from tests.webhook_server import Answer, WebhookServer
@@ -244,7 +244,7 @@ def test_redacting_a_long_run_of_letters_takes_linear_time():
     is generous: linear time is milliseconds here, the square was minutes."""
     import time
 
-    from odal.redact import redacted_urls_in
+    from odal.core.redact import redacted_urls_in
 
     text = "x" * 200_000 + " https://user:pa55word@hooks.example.com/in?token=SECRETVALUE"
     started = time.monotonic()
@@ -262,10 +262,10 @@ def test_a_delivery_replayed_again_and_again_shows_its_newest_lines(admin_client
 
     from django.utils import timezone
 
-    from odal import record
+    from odal.core import record
     from outbox.models import DeliveryAttempt
 
-    shown_at_most = 100  # (odal.record.LOG_LINES, checked last)
+    shown_at_most = 100  # (odal.core.record.LOG_LINES, checked last)
 
     delivery = DeadDeliveryFactory(consumer=WebhookConsumerFactory())
     now = timezone.now()

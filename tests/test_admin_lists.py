@@ -8,7 +8,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from odal.admin import CappedPaginator
+from odal.core.admin import CappedPaginator
 from tests.factories import ConsumerFactory, DeliveryFactory
 
 pytestmark = pytest.mark.django_db
@@ -74,7 +74,7 @@ def test_a_lists_count_asks_for_no_order(admin_client, small_cap):
 
 @pytest.fixture
 def searchable():
-    from odal.models import Passport
+    from odal.core.models import Passport
     from outbox.events import emit
     from outbox.models import Delivery
     from tests.factories import PassportFactory
@@ -151,7 +151,7 @@ def test_the_dead_letters_search_is_the_deliveries_search(admin_client, searchab
 
 
 def audit_at(*moments, action="passport_created", actor="cli"):
-    from odal.models import AuditEntry
+    from odal.core.models import AuditEntry
 
     for at in moments:
         AuditEntry.objects.create(
@@ -190,7 +190,7 @@ def test_the_audit_dates_by_hops_are_djangos_dates(kind, zone):
 
     from django.db.models import QuerySet
 
-    from odal.models import AuditEntry
+    from odal.core.models import AuditEntry
 
     start = datetime(2025, 10, 25, 22, 30, tzinfo=UTC)
     audit_at(*(start + timedelta(hours=7 * k) for k in range(12)))
@@ -245,7 +245,7 @@ def test_the_audit_dates_reach_year_9999_as_djangos_do(admin_client):
 
     from django.db.models import QuerySet
 
-    from odal.models import AuditEntry
+    from odal.core.models import AuditEntry
 
     audit_at(datetime(9999, 12, 31, 12, tzinfo=UTC), datetime(2026, 1, 1, tzinfo=UTC))
     rows = AuditEntry.objects.all()
@@ -300,7 +300,7 @@ EVERY_LIST = [
     "admin:odal_auditentry_changelist",
     "admin:outbox_delivery_changelist",
     "admin:registry_registration_changelist",
-    "admin:auth_user_changelist",  # (Django's own admin, made a checked one: odal.apps)
+    "admin:auth_user_changelist",  # (Django's own admin, made a checked one: odal.core.apps)
     "admin:django_q_schedule_changelist",  # (django-q2's)
 ]
 

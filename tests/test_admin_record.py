@@ -16,8 +16,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from odal.groups import ensure_groups
-from odal.models import AuditEntry
+from odal.core.groups import ensure_groups
+from odal.core.models import AuditEntry
 from outbox.events import emit
 from outbox.models import Consumer, Delivery, DeliveryAttempt
 from outbox.sweep import sweep_once
@@ -346,8 +346,8 @@ def test_the_passport_list_names_its_two_status_filters(admin_client):
 
 
 def test_the_demo_simulator_refuses_the_refuse_passport_with_a_422_and_its_errors(registry_simulator):
-    from odal.management.commands.demo import DEMO_PASSPORTS
-    from odal.management.commands.up import Command
+    from odal.surfaces.management.commands.demo import DEMO_PASSPORTS
+    from odal.surfaces.management.commands.up import Command
 
     (argv,) = [argv for name, argv in Command().processes("127.0.0.1:8000") if name == "registry simulator"]
     faults = dict(argv[i + 1].split("=", 1) for i, arg in enumerate(argv) if arg == "--fault")

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from django.test import Client
 
-from odal.models import Passport
+from odal.core.models import Passport
 from outbox.models import Event
 from tests.factories import issue_token
 from tests.pg import free_port
@@ -75,7 +75,7 @@ def test_an_error_raised_before_the_api_is_a_json_500_never_a_traceback(debug, m
     def broken(request):
         raise RuntimeError("a middleware's bug")
 
-    monkeypatch.setattr("odal.middleware.find_problem", broken)  # (UnstorableInputMiddleware's)
+    monkeypatch.setattr("odal.core.middleware.find_problem", broken)  # (UnstorableInputMiddleware's)
     response = Client(raise_request_exception=False).get(API + "registry")
     assert response.status_code == 500
     body = response.json()

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from django.utils import timezone
 
-from odal.text import MAX_STORED
+from odal.core.text import MAX_STORED
 from outbox import consumers, webhook_client
 from outbox.events import emit
 from outbox.models import Delivery

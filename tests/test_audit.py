@@ -1,7 +1,7 @@
 import pytest
 from django.db import DatabaseError, connection, transaction
 
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
 
 pytestmark = pytest.mark.django_db
 

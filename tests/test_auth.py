@@ -9,7 +9,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from odal.models import ApiToken, AuditEntry
+from odal.core.models import ApiToken, AuditEntry
 from tests.factories import PassportFactory, UserFactory, issue_token
 
 pytestmark = pytest.mark.django_db

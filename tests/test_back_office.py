@@ -8,8 +8,8 @@ from django.contrib.admin import helpers
 from django.contrib.auth.models import Group
 from django.utils import timezone
 
-from odal import lifecycle
-from odal.models import AuditEntry, Passport
+from odal.core.models import AuditEntry, Passport
+from odal.surfaces import lifecycle
 from outbox.events import emit
 from outbox.models import Delivery, DeliveryAttempt
 from tests.factories import (

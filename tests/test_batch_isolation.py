@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from odal import lifecycle
+from odal.surfaces import lifecycle
 from outbox import tasks as outbox_tasks
 from outbox.events import emit
 from outbox.models import Delivery, DeliveryAttempt

@@ -22,8 +22,8 @@ import pytest
 from django.db import close_old_connections, connection
 from django.test import Client
 
-from odal import database, reconnect, stopping
-from odal.database.base import BoundedConnection, Unanswered
+from odal.core import database, reconnect, stopping
+from odal.core.database.base import BoundedConnection, Unanswered
 from outbox.models import Delivery, DeliveryAttempt
 from outbox.sweep import attempt, sweep_once
 from registry import drain
@@ -350,7 +350,7 @@ def test_odal_serve_answers_503_within_the_bound_when_its_database_goes_silent(p
 
 
 def test_odal_serve_lets_requests_in_flight_finish_for_less_than_odal_stop_seconds(settings):
-    from odal.management.commands.serve import gunicorn_application
+    from odal.surfaces.management.commands.serve import gunicorn_application
 
     settings.ODAL_STOP_SECONDS = 12
     assert gunicorn_application({}).cfg.graceful_timeout == 11
@@ -363,7 +363,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "odal.settings")
 import django
 django.setup()
 from django.core.management import call_command
-from odal.management.commands.up import Command
+from odal.surfaces.management.commands.up import Command
 
 class Up(Command):
     def processes(self, addr, *ports):

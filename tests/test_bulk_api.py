@@ -12,7 +12,7 @@ from django.db import connection
 from django.test import Client, TestCase
 from django_q.models import OrmQ
 
-from odal.models import AuditEntry, IdempotencyRecord, Passport
+from odal.core.models import AuditEntry, IdempotencyRecord, Passport
 from outbox.models import Delivery, Event
 from registry.models import Registration
 from tests.factories import ConsumerFactory, PassportFactory, UserFactory, issue_token

@@ -13,8 +13,8 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from odal.errors import Refused
-from odal.models import AuditEntry
+from odal.core.errors import Refused
+from odal.core.models import AuditEntry
 from outbox import service
 from outbox.models import BULK_BATCH, Consumer, Delivery, DeliveryAttempt, Event
 from tests.factories import ConsumerFactory, DeadDeliveryFactory, DeliveryFactory

@@ -7,8 +7,8 @@ import re
 import pytest
 from django.contrib.auth.models import Group
 
-from odal.groups import ensure_groups
-from odal.models import AuditEntry, Passport
+from odal.core.groups import ensure_groups
+from odal.core.models import AuditEntry, Passport
 from outbox.models import Consumer, Delivery
 from registry.models import Registration
 from tests.factories import (

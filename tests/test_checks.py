@@ -1,8 +1,8 @@
-"""odal's system checks (odal/checks.py): odal.W001, a claim hold not longer than a timeout that
+"""odal's system checks (outbox/checks.py, registry/checks.py): odal.W001, a claim hold not longer than a timeout that
 can run under it, shown on every start and by `odal check`.
 
 The tests run the checks the way Django does (django.core.checks.run_checks, or a real `odal`
-process), never by importing odal.checks: the app's ready() is what must register them."""
+process), never by importing them: each app's ready() is what must register them."""
 
 import io
 import os

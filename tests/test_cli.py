@@ -8,7 +8,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from odal.models import ApiToken, AuditEntry, Passport
+from odal.core.models import ApiToken, AuditEntry, Passport
 from tests.factories import PassportFactory
 
 pytestmark = pytest.mark.django_db

@@ -20,7 +20,7 @@ import pytest
 from django.core.management import get_commands, load_command_class
 from django.db import connection
 
-from odal.models import ApiToken, AuditEntry, Passport
+from odal.core.models import ApiToken, AuditEntry, Passport
 from outbox.models import Consumer, Delivery, Event
 from registry.models import Registration
 
@@ -30,7 +30,7 @@ from registry.models import Registration
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
-OUR_APPS = {"odal", "outbox", "registry"}
+OUR_APPS = {"odal.surfaces", "outbox", "registry"}
 TIMEOUT = 30  # seconds: a malformed argument must fail long before this
 ID = str(uuid.UUID(int=17))  # well-formed, names nothing
 UPI = "https://id.example.eu/01/09506000134352/21/MALFORMED-1"

@@ -14,7 +14,7 @@ import pytest
 from django.utils import timezone
 from django_q.tasks import async_task
 
-from odal import stopping
+from odal.core import stopping
 from outbox.events import emit_many
 from outbox.models import Delivery, DeliveryAttempt
 from tests.factories import WebhookConsumerFactory

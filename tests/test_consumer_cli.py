@@ -8,7 +8,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
 from outbox.models import Consumer, Delivery
 from tests.factories import ConsumerFactory, DeliveryFactory, WebhookConsumerFactory
 

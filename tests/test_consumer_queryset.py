@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from odal.errors import Refused
-from odal.models import AuditEntry
+from odal.core.errors import Refused
+from odal.core.models import AuditEntry
 from outbox import service
 from outbox.models import Consumer, Delivery
 from tests.factories import ConsumerFactory, DeadDeliveryFactory, DeliveryFactory, EventFactory

@@ -11,8 +11,8 @@ from django.db import connection, connections, transaction
 from django.db.models.query import QuerySet
 from django.utils import timezone
 
-from odal.errors import Refused
-from odal.models import AuditEntry
+from odal.core.errors import Refused
+from odal.core.models import AuditEntry
 from outbox import service
 from outbox.events import emit, emit_many
 from outbox.models import Consumer, Delivery, DeliveryAttempt, Event
@@ -110,7 +110,7 @@ def test_a_delivery_emitted_while_paused_but_committed_after_resume_is_not_parke
 
 @pytest.mark.django_db(transaction=True)
 def test_a_failure_written_while_paused_but_committed_after_resume_is_not_parked_forever(fail):
-    """The sweep's flush wrote a failure while the consumer was paused (mark_attempt_failed
+    """The sweep's flush wrote a failure while the consumer was paused (mark_attempts_failed_each
     parks it) and commits after the resume's unpark ran: the row stays parked for good."""
     consumer = ConsumerFactory(name="erp", max_attempts=5)
     d = DeliveryFactory(consumer=consumer)
@@ -172,7 +172,7 @@ def test_remove_consumer_never_deletes_a_delivery_resent_while_it_runs(monkeypat
     their status or locking them: a resend committing in between made one pending (owed,
     audited as resent) and the delete took it anyway. Now the rows are locked as picked: the
     resend waits, and either it finds the row gone (and takes nothing) or the row stays."""
-    from odal.models import AuditEntry
+    from odal.core.models import AuditEntry
 
     consumer = ConsumerFactory(name="erp")
     d = DeliveryFactory(consumer=consumer, status="delivered", delivered_at=timezone.now())

@@ -8,7 +8,7 @@ import re
 import pytest
 from django.contrib.admin import helpers
 
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
 from outbox import service
 from outbox.models import Consumer
 from tests.factories import DeliveryFactory, WebhookConsumerFactory

@@ -10,10 +10,10 @@ from django.db.models import F
 from django.utils import timezone
 from standardwebhooks import Webhook
 
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
 from outbox import service
 from outbox.events import emit
-from outbox.models import Consumer, Delivery, DeliveryAttempt, Event
+from outbox.models import Consumer, Delivery, DeliveryAttempt, Event, Failure
 from outbox.sweep import sweep_once
 from tests import consumers as recorder
 from tests.factories import ConsumerFactory, DeliveryFactory, WebhookConsumerFactory
@@ -134,9 +134,8 @@ def test_an_attempt_failing_after_its_consumer_paused_is_parked_not_dead_lettere
     service.pause(consumer, actor="ops", reason="maintenance")
     assert Delivery.objects.get(pk=d.pk).status == "pending"  # held by a live claim: left to it
     now = timezone.now()
-    assert Delivery.objects.filter(pk=d.pk).mark_attempt_failed(
-        token=claim.token, error="HTTP 503", retry_at=now, at=now
-    )
+    failure = Failure(d.pk, "HTTP 503", retry_at=now, at=now)
+    assert Delivery.objects.mark_attempts_failed_each(token=claim.token, failures=[failure]) == {d.pk}
     row = Delivery.objects.get(pk=d.pk)
     assert (row.status, row.dead_at, row.attempts) == ("paused", None, 1)
 

@@ -14,8 +14,8 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from odal import bulk
-from odal.models import Passport
+from odal.core.models import Passport
+from odal.surfaces import bulk
 from tests.factories import issue_token
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,7 +102,7 @@ def test_a_bulk_intake_that_loses_its_database_stops_instead_of_failing_each_bat
     intake = bulk.Intake(actor="test", publish=False)
     with pytest.raises(Exception) as raised:
         intake.take(items, batch=2)
-    from odal import reconnect
+    from odal.core import reconnect
 
     assert reconnect.is_lost(raised.value), raised.value
     assert calls == [2, 2]

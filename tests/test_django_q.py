@@ -12,7 +12,7 @@ from django.db import connection
 from django_q.conf import Conf
 from django_q.models import Schedule
 
-from odal import lifecycle
+from odal.surfaces import lifecycle
 from outbox.models import Delivery
 from registry.models import Registration
 from tests.factories import PassportFactory, WebhookConsumerFactory

@@ -1,4 +1,4 @@
-"""Issue 39: DATABASE_URL unset means an embedded PostgreSQL (odal.database.embedded), in a folder
+"""Issue 39: DATABASE_URL unset means an embedded PostgreSQL (odal.core.database.embedded), in a folder
 of its own (ODAL_PG_DIR here, var/pg for `make run`), started by odal's command line: it comes up
 on an empty folder, claims skip locked rows there, keeps its data between runs, reuses a server
 that runs, and recovers from a killed server's lock. A SQLite URL is refused.
@@ -21,8 +21,8 @@ import psutil
 import psycopg
 import pytest
 
-from odal import stopping
-from odal.database import embedded
+from odal.core import stopping
+from odal.core.database import embedded
 from tests.pg import free_port
 from tests.test_up import listening
 from tests.waiting import wait_for

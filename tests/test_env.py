@@ -1,11 +1,11 @@
-"""odal.env's typed readers, one by one: what each answers, and the sentence with which it
+"""odal.core.env's typed readers, one by one: what each answers, and the sentence with which it
 refuses a value (the same sentence start-up stops with: tests/test_settings.py reads them
 through odal/settings.py)."""
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from odal import env
+from odal.core import env
 
 NAME = "ODAL_TEST_KNOB"  # a variable no setting reads
 

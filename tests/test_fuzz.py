@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
-from odal.text import find_unstorable
+from odal.core.text import find_unstorable
 from odal.wsgi import application
 from tests.factories import issue_token
 

@@ -17,9 +17,9 @@ from django.db import connection, connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from odal import lifecycle
-from odal.errors import Refused
-from odal.models import AuditEntry
+from odal.core.errors import Refused
+from odal.core.models import AuditEntry
+from odal.surfaces import lifecycle
 from outbox.models import Consumer, Delivery, Failure
 from registry.models import Registration
 from tests.factories import (
@@ -133,7 +133,9 @@ def test_the_bulk_failed_write_leaves_a_row_another_writer_settled_while_it_wait
         for n, row in enumerate([first, second])
     ]
 
-    with HeldWrite(lambda: Delivery.objects.filter(pk=second.pk).mark_delivered(token=token, at=now)) as held:
+    with HeldWrite(
+        lambda: Delivery.objects.filter(pk=second.pk).mark_delivered_each(token=token, at=now)
+    ) as held:
         taken = Delivery.objects.mark_attempts_failed_each(token=token, failures=failures)
 
     assert held.waited_for
@@ -214,7 +216,7 @@ def test_a_batch_of_failures_is_written_in_as_many_statements_whatever_its_size(
 def test_a_batch_of_failures_keeps_to_its_queryset_whatever_the_filter():
     """The queryset's own filter is part of the guard: a row it leaves out is not taken, a
     filter that reads another table in a subquery is no join, and one that can match nothing
-    takes nothing (as mark_attempt_failed does, not an error). Ids may come as text."""
+    takes nothing (not an error). Ids may come as text."""
     token, first, second = claimed_pair()
     now = timezone.now()
     failures = [Failure(str(row.pk), "HTTP 500", now, now) for row in (first, second)]
@@ -287,17 +289,15 @@ def test_without_row_locks_two_claims_never_take_the_same_row(without_row_locks)
 # -- a write that ends an attempt leaves the row unclaimed ------------------------------------------
 
 
-def _delivered(rows, token):
-    return rows.mark_delivered(token=token, at=timezone.now())
-
-
 def _delivered_each(rows, token):
     return bool(rows.mark_delivered_each(token=token, at=timezone.now()))
 
 
-def _failed(rows, token):
-    retry_at = timezone.now() + timedelta(minutes=5)
-    return rows.mark_attempt_failed(token=token, error="HTTP 503", retry_at=retry_at, at=timezone.now())
+def _failed_each(rows, token):
+    failures = [
+        Failure(row.pk, "HTTP 503", timezone.now() + timedelta(minutes=5), timezone.now()) for row in rows
+    ]
+    return bool(rows.mark_attempts_failed_each(token=token, failures=failures))
 
 
 def _dead_lettered(rows, token):
@@ -306,9 +306,8 @@ def _dead_lettered(rows, token):
 
 
 OUTBOX_ENDINGS = {
-    "mark_delivered": _delivered,
     "mark_delivered_each": _delivered_each,
-    "mark_attempt_failed": _failed,
+    "mark_attempts_failed_each": _failed_each,
     "dead_letter_exhausted": _dead_lettered,
 }
 
@@ -327,7 +326,7 @@ def test_a_delivery_write_that_ends_the_attempt_leaves_the_row_unclaimed(ending)
     delivery.refresh_from_db()
     assert delivery.claim_token is None
     status = delivery.status
-    assert not rows.mark_delivered(token=token, at=timezone.now())
+    assert not rows.mark_delivered_each(token=token, at=timezone.now())
     assert Delivery.objects.get(pk=delivery.pk).status == status
 
 
@@ -342,7 +341,7 @@ def test_a_replayed_delivery_is_not_the_late_attempts_even_if_the_dead_row_kept_
 
     delivery.refresh_from_db()
     assert (delivery.status, delivery.claim_token) == ("pending", None)
-    assert not rows_of(delivery).mark_delivered(token=old_token, at=timezone.now())
+    assert not rows_of(delivery).mark_delivered_each(token=old_token, at=timezone.now())
     assert Delivery.objects.get(pk=delivery.pk).status == "pending"
 
 

@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from odal.models import Passport
+from odal.core.models import Passport
 from tests.factories import issue_token
 from tests.pg import free_port
 from tests.test_serve import HOST, production, serving

@@ -1,5 +1,5 @@
 """Issue 38, items 3, 4 and 7: a consumer's page says how it is doing (outbox.health), a
-passport's page tells its story (odal.story), with figures checked against known rows."""
+passport's page tells its story (odal.surfaces.story), with figures checked against known rows."""
 
 import json
 import re
@@ -14,7 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
 from outbox.health import consumer_health
 from outbox.models import DeliveryAttempt
 from registry.models import RegistrationAttempt
@@ -256,7 +256,7 @@ def test_the_passport_story_is_in_time_order_with_each_kind_linked(admin_client)
 
 
 def test_the_story_is_bounded_with_links_to_the_whole_lists(admin_client):
-    from odal import story
+    from odal.surfaces import story
 
     now = timezone.now()
     p = PublishedPassportFactory()

@@ -3,7 +3,7 @@ partition run): what broke, kept broken no more."""
 
 import pytest
 
-from odal import rules
+from odal.core import rules
 from odal.settings import DEFAULT_SECRET_KEY
 from tests.pg import free_port
 from tests.test_serve import production, refused

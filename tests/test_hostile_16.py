@@ -15,8 +15,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from odal import lifecycle
-from odal.models import Passport
+from odal.core.models import Passport
+from odal.surfaces import lifecycle
 from outbox.events import emit
 from outbox.models import Delivery
 from outbox.sweep import sweep_once

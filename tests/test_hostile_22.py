@@ -9,9 +9,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from odal import lifecycle
-from odal.errors import Refused
-from odal.models import Passport
+from odal.core.errors import Refused
+from odal.core.models import Passport
+from odal.surfaces import lifecycle
 from registry import service
 from registry.drain import drain_once
 from registry.models import Registration, RegistrationAttempt

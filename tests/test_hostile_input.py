@@ -9,7 +9,7 @@ import uuid
 import pytest
 from django.contrib.admin import helpers
 
-from odal.models import AuditEntry, Passport
+from odal.core.models import AuditEntry, Passport
 from outbox.models import Consumer, Delivery, Event
 from tests.factories import (
     ConsumerFactory,

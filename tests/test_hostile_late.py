@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from odal.models import Passport
+from odal.core.models import Passport
 
 UPI = "https://id.example.eu/01/09506000134352/21/LATE-{}"
 
@@ -54,7 +54,7 @@ def test_an_item_nested_deep_fails_alone_with_an_idempotency_key_too(api_as, dep
 
 def test_the_canonical_json_of_a_request_is_json_dumps_sorted():
     """The hash of a record stored before this change still matches its body sent again."""
-    from odal.idempotency import canonical_json
+    from odal.core.idempotency import canonical_json
 
     value = {"b": [1, 2.5, None, True, {"z": 'é\u2028"\\', "a": []}], "a": {"": -0.0, "\u0000": "x"}}
     assert canonical_json(value) == json.dumps(

@@ -7,7 +7,7 @@ import httpx
 import pytest
 from django.core.management import CommandError, call_command
 
-from odal import lifecycle
+from odal.surfaces import lifecycle
 from outbox import consumers
 from outbox.events import emit
 from outbox.models import Delivery, Event

@@ -13,7 +13,7 @@ from django.db import connection, connections
 from django.test import Client
 from django.utils import timezone
 
-from odal.models import AuditEntry, IdempotencyRecord, Passport
+from odal.core.models import AuditEntry, IdempotencyRecord, Passport
 from outbox import api as outbox_api
 from outbox import tasks
 from outbox.models import Delivery, Event

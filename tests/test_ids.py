@@ -1,4 +1,4 @@
-"""Time-ordered keys (odal.ids): version 7, the milliseconds first, made alike in Python and by
+"""Time-ordered keys (odal.core.ids): version 7, the milliseconds first, made alike in Python and by
 PostgreSQL, and used for the queue tables' rows however they are written."""
 
 import time
@@ -7,7 +7,7 @@ import uuid
 import pytest
 from django.db import connection
 
-from odal.ids import UUID7_SQL, uuid7
+from odal.core.ids import UUID7_SQL, uuid7
 from outbox.events import emit, emit_many
 from outbox.models import Delivery, Event
 from registry.models import Registration

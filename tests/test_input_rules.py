@@ -16,7 +16,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from odal.models import ApiToken, AuditEntry, Passport
+from odal.core.models import ApiToken, AuditEntry, Passport
 from outbox.models import Consumer, Delivery, Event
 from registry.models import Registration
 from tests.factories import (
@@ -404,7 +404,7 @@ def test_up_refuses_a_malformed_address_before_starting_anything(monkeypatch, ad
 
 
 def test_the_lengths_are_the_columns_the_values_are_stored_in():
-    from odal import rules
+    from odal.core import rules
 
     column = {
         rules.CONSUMER_NAME_LENGTH: Consumer._meta.get_field("name"),
@@ -422,8 +422,8 @@ def test_the_lengths_are_the_columns_the_values_are_stored_in():
 
 @pytest.mark.parametrize("value", ["zz.test\n", "passport.published\n", "\npassport.published"])
 def test_a_newline_is_never_part_of_an_event_type(value):
-    from odal import rules
-    from odal.errors import Refused
+    from odal.core import rules
+    from odal.core.errors import Refused
     from outbox.events import check_event_pattern, check_event_type
 
     for check in (rules.event_type, rules.event_pattern):
@@ -435,10 +435,10 @@ def test_a_newline_is_never_part_of_an_event_type(value):
 
 
 def test_the_older_names_still_check_with_the_rules():
-    from odal.cli import parse_uuid
-    from odal.errors import Refused
-    from odal.reasons import MAX_REASON_LENGTH, clean_reason
-    from odal.schemas import check_text, check_upi
+    from odal.core.cli import parse_uuid
+    from odal.core.errors import Refused
+    from odal.core.reasons import MAX_REASON_LENGTH, clean_reason
+    from odal.core.schemas import check_text, check_upi
 
     assert check_upi("HTTPS://ID.example.eu:443/01/1") == "https://id.example.eu/01/1"
     assert check_text(" OP ", max_length=5, required=True) == "OP"
@@ -456,14 +456,14 @@ def test_the_older_names_still_check_with_the_rules():
     "value, rate", [("100/s", 100), ("100", 100), (" 5 / s ", 5), ("1000000/s", 1_000_000)]
 )
 def test_a_rate_per_second_is_n_per_s(value, rate):
-    from odal import rules
+    from odal.core import rules
 
     assert rules.rate_per_second(value) == rate
 
 
 @pytest.mark.parametrize("value", ["0/s", "-1/s", "1e3/s", "100/m", "100/", "/s", "fast", "1000001/s", 100])
 def test_a_rate_per_second_refuses_what_is_not_one(value):
-    from odal import rules
+    from odal.core import rules
 
     with pytest.raises(ValueError, match="must be a rate such as 100/s"):
         rules.rate_per_second(value)

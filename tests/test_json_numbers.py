@@ -16,7 +16,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from odal.models import Passport
+from odal.core.models import Passport
 from outbox.models import Event
 
 pytestmark = pytest.mark.django_db

@@ -16,9 +16,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from odal import lifecycle
+from odal.core.kicks import Kick
+from odal.surfaces import lifecycle
 from odal.work import wake
-from odal.work.models import Kick
 from odal.work.wake import DRAIN, Listener
 from registry import drain, tasks
 from registry.drain import drain_listening
@@ -221,7 +221,7 @@ def test_a_task_whose_kick_could_not_be_taken_takes_it_once_its_work_is_done(mon
     what is due, waiting for the database, then takes the kick."""
     from django.db import OperationalError
 
-    from odal.work.models import KickQuerySet
+    from odal.core.kicks import KickQuerySet
 
     Kick.objects.request(wake.SWEEP.task, window_seconds=60)
     real, calls = KickQuerySet.started, []

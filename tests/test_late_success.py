@@ -17,7 +17,7 @@ from django.db import connection, connections
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
 from outbox.events import emit
 from outbox.models import Delivery, DeliveryAttempt
 from outbox.sweep import sweep_once
@@ -149,7 +149,7 @@ def test_noting_a_late_success_is_not_a_state_change():
     assert rows.note_late_success(at=timezone.now())
 
     assert rows.values("status", "attempts", "claim_token", "next_attempt_at", "last_error").get() == before
-    assert rows.mark_delivered(token=claim.token, at=timezone.now())  # the claim still ends its attempt
+    assert rows.mark_delivered_each(token=claim.token, at=timezone.now())  # the claim still ends its attempt
 
 
 def test_the_migration_notes_dead_letters_whose_attempt_log_holds_a_late_2xx():

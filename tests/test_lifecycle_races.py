@@ -10,7 +10,7 @@ import pytest
 from django.db import connections, transaction
 from django.utils import timezone
 
-from odal import lifecycle
+from odal.surfaces import lifecycle
 from registry import service
 from registry.drain import Attempt, DrainReport, drain_once, run_deactivate
 from registry.models import Registration

@@ -6,8 +6,8 @@ import json
 import pytest
 from django.contrib.auth.models import Group
 
-from odal import lifecycle, live
-from odal.groups import ensure_groups
+from odal.core.groups import ensure_groups
+from odal.surfaces import lifecycle, live
 from outbox.models import Delivery
 from outbox.sweep import sweep_once
 from registry.drain import drain_once

@@ -18,7 +18,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.utils import timezone
 
-from odal.logs import JsonFormatter
+from odal.core.logs import JsonFormatter
 from outbox import consumers
 from outbox.events import emit
 from outbox.models import Delivery, DeliveryAttempt

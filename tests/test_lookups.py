@@ -1,4 +1,4 @@
-"""`field__any=[…]` (odal.lookups): one array parameter on PostgreSQL, the same rows as `__in`."""
+"""`field__any=[…]` (odal.core.lookups): one array parameter on PostgreSQL, the same rows as `__in`."""
 
 import uuid
 
@@ -67,7 +67,7 @@ def test_any_of_a_subquery_is_in_of_the_subquery():
 
 @pytest.mark.django_db
 def test_ids_take_the_rows_a_list_takes_and_are_taken_whole():
-    from odal.lookups import Ids
+    from odal.core.lookups import Ids
 
     rows = [DeliveryFactory() for _ in range(3)]
     ids = Ids([rows[2].pk, rows[0].pk, uuid.uuid4()])
@@ -81,7 +81,7 @@ def test_ids_take_the_rows_a_list_takes_and_are_taken_whole():
 
 @pytest.mark.django_db
 def test_ids_of_another_kind_are_prepared_and_none_match_nothing():
-    from odal.lookups import Ids
+    from odal.core.lookups import Ids
 
     consumer = ConsumerFactory()
     assert list(Consumer.objects.filter(pk__any=Ids([str(consumer.pk)]))) == [consumer]  # (text: converted)

@@ -2,7 +2,7 @@ import json
 import re
 from pathlib import Path
 
-from odal.api import api
+from odal.surfaces.api import api
 
 CHECKED_IN = Path(__file__).resolve().parent.parent / "docs" / "api" / "openapi.json"
 DOCS = CHECKED_IN.parent / "README.md"

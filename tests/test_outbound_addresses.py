@@ -1,4 +1,4 @@
-"""One address rule for every webhook target (odal.addresses), asked when a URL is stored and again
+"""One address rule for every webhook target (odal.core.addresses), asked when a URL is stored and again
 when connecting (the pin): an IPv6 address that carries an IPv4 address is judged by that IPv4
 address; multicast, site-local, unspecified, broadcast and reserved addresses are refused.
 

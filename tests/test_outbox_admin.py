@@ -2,7 +2,7 @@ import pytest
 from django.contrib.admin import helpers
 from django.contrib.auth.models import Permission
 
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
 from outbox.models import Consumer, Delivery
 from tests.factories import (
     ConsumerFactory,

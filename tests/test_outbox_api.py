@@ -4,7 +4,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
 from outbox.models import Consumer, Delivery
 from tests.factories import ConsumerFactory, DeadDeliveryFactory, DeliveryFactory, WebhookConsumerFactory
 
@@ -231,8 +231,8 @@ def test_replay_refuses_a_bad_reason_and_changes_nothing(api_as, body):
 @pytest.mark.parametrize("body", BAD_REASONS)
 def test_the_replay_write_itself_refuses_a_bad_reason_and_changes_nothing(body):
     """The API's schema refuses a bad reason before the route runs; the admin and the command
-    line reach the write itself, which checks it again (odal.reasons.clean_reason)."""
-    from odal.errors import Refused
+    line reach the write itself, which checks it again (odal.core.reasons.clean_reason)."""
+    from odal.core.errors import Refused
 
     delivery = DeadDeliveryFactory()
     with pytest.raises(Refused) as refused:

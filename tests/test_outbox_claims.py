@@ -38,7 +38,7 @@ def test_late_failure_does_not_resurrect_delivered(fail):
     outlive_hold()
     fast_token, _ = claim_one()  # the hold expired: attempt B claims the row
     assert fast_token != slow_token
-    assert rows(delivery).mark_delivered(token=fast_token, at=timezone.now())
+    assert rows(delivery).mark_delivered_each(token=fast_token, at=timezone.now())
 
     late = fail(
         delivery, token=slow_token, error="A finally threw", retry_at=timezone.now(), at=timezone.now()
@@ -63,9 +63,9 @@ def test_late_success_does_not_bury_dead(fail):
     delivery.refresh_from_db()
     assert delivery.status == "dead"
 
-    late = rows(delivery).mark_delivered(token=slow_token, at=timezone.now())
+    late = rows(delivery).mark_delivered_each(token=slow_token, at=timezone.now())
 
-    assert late is False
+    assert late == set()
     delivery.refresh_from_db()
     assert delivery.status == "dead"
     assert delivery.delivered_at is None
@@ -92,7 +92,7 @@ def test_overlapping_attempts_count_twice_so_the_bound_holds():
     assert delivery.last_error == "attempt 3 never reported (its claim expired)"
     # The three stale attempts reporting now change nothing.
     for token in tokens:
-        assert not rows(delivery).mark_delivered(token=token, at=timezone.now())
+        assert not rows(delivery).mark_delivered_each(token=token, at=timezone.now())
     delivery.refresh_from_db()
     assert delivery.status == "dead" and delivery.attempts == 3
 
@@ -102,11 +102,11 @@ def test_a_superseded_claim_cannot_end_the_current_attempt(fail):
     old_token, _ = claim_one()
     outlive_hold()
     current_token, _ = claim_one(hold=300)  # attempt 2 is in flight
-    assert not rows(delivery).mark_delivered(token=old_token, at=timezone.now())
+    assert not rows(delivery).mark_delivered_each(token=old_token, at=timezone.now())
     assert not fail(delivery, token=old_token, error="stale", retry_at=timezone.now(), at=timezone.now())
     delivery.refresh_from_db()
     assert (delivery.status, delivery.claim_token, delivery.last_error) == ("pending", current_token, "")
-    assert rows(delivery).mark_delivered(token=current_token, at=timezone.now())
+    assert rows(delivery).mark_delivered_each(token=current_token, at=timezone.now())
 
 
 def test_the_bulk_delivered_write_takes_exactly_the_rows_still_held():
@@ -162,7 +162,7 @@ def test_terminal_writes_need_the_expected_status_even_with_the_token(fail):
     rows(delivery).update(status="delivered")
     assert not fail(delivery, token=token, error="x", retry_at=timezone.now(), at=timezone.now())
     rows(delivery).update(status="dead")
-    assert not rows(delivery).mark_delivered(token=token, at=timezone.now())
+    assert not rows(delivery).mark_delivered_each(token=token, at=timezone.now())
     delivery.refresh_from_db()
     assert delivery.status == "dead" and delivery.last_error == ""
 

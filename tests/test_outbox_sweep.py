@@ -6,7 +6,7 @@ import pytest
 from django.db import connections, transaction
 from standardwebhooks import Webhook
 
-from odal import lifecycle
+from odal.surfaces import lifecycle
 from outbox.events import emit
 from outbox.models import Delivery, DeliveryAttempt, Event
 from outbox.sweep import sweep_once

@@ -18,8 +18,8 @@ from django.db import connection, connections
 from django.test import TestCase
 from django_q.models import OrmQ
 
-from odal import bulk
-from odal.models import AuditEntry, Passport
+from odal.core.models import AuditEntry, Passport
+from odal.surfaces import bulk
 from outbox.models import Event
 from registry.models import Registration
 from tests.factories import ConsumerFactory

@@ -7,9 +7,9 @@ import threading
 import pytest
 from django.db import connections
 
-from odal import lifecycle
-from odal.errors import Refused
-from odal.models import Passport
+from odal.core.errors import Refused
+from odal.core.models import Passport
+from odal.surfaces import lifecycle
 from registry.models import Registration
 from tests.factories import PassportFactory
 

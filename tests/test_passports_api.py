@@ -2,7 +2,7 @@ import uuid
 
 import pytest
 
-from odal.models import AuditEntry, Passport
+from odal.core.models import AuditEntry, Passport
 from tests.factories import PassportFactory, PublishedPassportFactory
 
 pytestmark = pytest.mark.django_db

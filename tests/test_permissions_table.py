@@ -25,8 +25,8 @@ from django.contrib.auth.models import Group, Permission
 from django.db import models
 from django.test import Client, RequestFactory
 
-from odal.api import api
-from odal.auth import ScopedAuth
+from odal.core.auth import ScopedAuth
+from odal.surfaces.api import api
 from tests.factories import issue_token
 
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
 from outbox import consumers as consumer_calls
 from outbox.events import emit
 from outbox.models import Consumer, Delivery

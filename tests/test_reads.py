@@ -11,8 +11,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from odal.api import with_registration
-from odal.models import Passport
+from odal.core.models import Passport
+from odal.surfaces.api import with_registration
 from outbox.events import emit
 from tests.factories import (
     ConsumerFactory,

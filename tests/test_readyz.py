@@ -14,8 +14,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from odal import tally
-from odal.models import Heartbeat
+from odal.core import tally
+from odal.core.models import Heartbeat
 from outbox.sweep import sweep_once
 from tests.factories import DeliveryFactory
 from tests.test_settings import read_settings, refusal

@@ -16,7 +16,7 @@ import pytest
 from django.db import DataError, IntegrityError, OperationalError, connection, connections, transaction
 from django_q.models import OrmQ
 
-from odal import reconnect
+from odal.core import reconnect
 from odal.work import wake
 from odal.work.wake import SWEEP, Listener
 from outbox import sweep as sweep_module
@@ -118,7 +118,7 @@ def outage_lines(caplog, what: str) -> list[str]:
     return [
         r.getMessage().split(" (")[0].split(" after ")[0]
         for r in caplog.records
-        if r.name == "odal.reconnect" and r.getMessage().startswith(what)
+        if r.name == "odal.core.reconnect" and r.getMessage().startswith(what)
     ]
 
 
@@ -164,7 +164,7 @@ def a_serialization_failure() -> Exception:
 @pytest.mark.django_db(transaction=True)
 def test_what_counts_as_a_lost_database():
     """A terminated backend or a refused connection is lost, and so is a statement or a lock that
-    ran past its bound (odal.database: a database too slow to answer is treated as one that does
+    ran past its bound (odal.core.database: a database too slow to answer is treated as one that does
     not); a refused statement and a broken constraint are the caller's to handle."""
     errors = {"refused connection": a_refused_connection()}
     victim = psycopg.connect(**connection.get_connection_params(), autocommit=True)
@@ -496,7 +496,7 @@ def test_a_sweep_and_a_drain_started_while_the_database_is_down_wait_for_it(sett
     import sys
     from urllib.parse import urlparse
 
-    from odal import lifecycle
+    from odal.surfaces import lifecycle
     from tests.factories import PassportFactory
     from tests.tcp_proxy import TcpProxy
     from tests.test_django_q import database_url

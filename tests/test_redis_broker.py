@@ -26,8 +26,8 @@ from django_q.models import OrmQ, Schedule
 from django_q.signing import SignedPackage
 from django_q.tasks import async_task
 
-from odal import lifecycle
-from odal.env import redis_url_with_timeouts
+from odal.core.env import redis_url_with_timeouts
+from odal.surfaces import lifecycle
 from odal.work import wake as kick
 from odal.work.wake import DRAIN, SWEEP
 from outbox.models import Delivery
@@ -46,7 +46,7 @@ KICKS_LOST = [
 
 
 def test_the_broker_url_gets_timeouts_unless_it_names_its_own():
-    """redis-py waits for ever by default: see odal.env.redis_url_with_timeouts."""
+    """redis-py waits for ever by default: see odal.core.env.redis_url_with_timeouts."""
     assert redis.connection.parse_url(redis_url_with_timeouts("redis://cache.internal/0")) == {
         "host": "cache.internal",
         "db": 0,

@@ -2,7 +2,7 @@ import pytest
 from django.contrib.admin import helpers
 from django.contrib.auth.models import Permission
 
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
 from registry.models import Registration
 from tests.factories import UserFactory, backed_off_registration
 
@@ -68,7 +68,7 @@ def test_actions_need_their_permissions(client, registry_sim):
 
 
 def test_registration_page_shows_the_registry_answers(admin_client, registry_sim):
-    from odal import lifecycle
+    from odal.surfaces import lifecycle
     from registry.drain import drain_once
     from tests.factories import PassportFactory
 

@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 
-from odal import lifecycle
+from odal.surfaces import lifecycle
 from registry import adapters, service
 from registry.drain import drain_once
 from registry.models import Registration

@@ -7,7 +7,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
 from registry.models import Registration
 from tests.factories import backed_off_registration
 
@@ -94,7 +94,7 @@ def test_simulate_refuses_an_unknown_fault():
 
 def test_odal_up_starts_the_simulator_with_the_demo_faults_only():
     """`make run`'s registry answers at once and without a rate limit; only the demo's faults."""
-    from odal.management.commands.up import Command
+    from odal.surfaces.management.commands.up import Command
 
     (argv,) = [argv for name, argv in Command().processes("127.0.0.1:8000") if name == "registry simulator"]
     assert argv[-6:] == [

@@ -18,9 +18,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from odal import lifecycle
-from odal.errors import Refused
-from odal.models import AuditEntry
+from odal.core.errors import Refused
+from odal.core.models import AuditEntry
+from odal.surfaces import lifecycle
 from outbox.models import Event
 from registry import service
 from registry.drain import drain_once, drain_until_idle

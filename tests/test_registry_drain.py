@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from odal import lifecycle
-from odal.models import Passport
+from odal.core.models import Passport
+from odal.surfaces import lifecycle
 from outbox.models import Event
 from registry import service
 from registry.drain import drain_once
@@ -396,8 +396,8 @@ class ChangesTheRowWhileAsked:
 
 
 def test_abandon_writes_nothing_when_the_row_changed_while_the_registry_was_asked():
-    from odal.errors import Refused
-    from odal.models import AuditEntry
+    from odal.core.errors import Refused
+    from odal.core.models import AuditEntry
 
     reg = backed_off_registration()
     with pytest.raises(Refused) as refused:

@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from odal import lifecycle
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
+from odal.surfaces import lifecycle
 from registry import adapters
 from registry.drain import drain_once, drain_until_idle
 from registry.models import Registration

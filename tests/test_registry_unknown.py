@@ -21,9 +21,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from odal import lifecycle
-from odal.errors import Refused
-from odal.models import AuditEntry, Passport
+from odal.core.errors import Refused
+from odal.core.models import AuditEntry, Passport
+from odal.surfaces import lifecycle
 from outbox.models import Event
 from registry import adapters, service
 from registry.drain import Attempt, DrainReport, drain_once, run_register

@@ -20,9 +20,9 @@ from django.test import Client
 from django.utils import timezone
 from django_q.models import Schedule
 
-from odal import tally
-from odal.cli import Progress
-from odal.models import AuditEntry, Heartbeat, Passport, RetentionPosition
+from odal.core import tally
+from odal.core.cli import Progress
+from odal.core.models import AuditEntry, Heartbeat, Passport, RetentionPosition
 from outbox import retention, tasks
 from outbox.models import Delivery, DeliveryAttempt, Event
 from outbox.service import outbox_counts

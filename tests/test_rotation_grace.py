@@ -12,7 +12,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 from standardwebhooks import Webhook
 
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
 from outbox import service
 from outbox.events import emit
 from outbox.models import Consumer

@@ -19,8 +19,8 @@ from django_otp.oath import totp
 from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from odal.groups import ensure_groups
-from odal.models import AuditEntry
+from odal.core.groups import ensure_groups
+from odal.core.models import AuditEntry
 from outbox.models import Delivery
 from tests.factories import DeadDeliveryFactory, PassportFactory, UserFactory
 

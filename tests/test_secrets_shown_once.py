@@ -15,7 +15,7 @@ from django.contrib.messages.storage.cookie import CookieStorage
 from django.contrib.sessions.models import Session
 from django.http import HttpRequest
 
-from odal.models import ApiToken, AuditEntry
+from odal.core.models import ApiToken, AuditEntry
 from outbox.models import Consumer
 from tests.factories import WebhookConsumerFactory
 

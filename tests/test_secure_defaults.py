@@ -52,7 +52,7 @@ def test_outside_production_allowed_hosts_star_is_taken():
 
 
 def test_an_error_of_djangos_deploy_checks_is_a_refusal_naming_its_setting(settings, monkeypatch):
-    from odal.checks import refuse_deploy_errors
+    from odal.core.checks import refuse_deploy_errors
 
     monkeypatch.delenv("DJANGO_ALLOW_ASYNC_UNSAFE", raising=False)  # (the browser tests' own, async.E001)
 

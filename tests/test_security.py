@@ -12,10 +12,10 @@ import pytest
 from django.contrib.admin import helpers
 from django.contrib.auth.models import Group
 
-from odal import lifecycle
-from odal.admin import PassportAdmin
-from odal.api import api
-from odal.models import ApiToken, AuditEntry, Passport
+from odal.core.models import ApiToken, AuditEntry, Passport
+from odal.surfaces import lifecycle
+from odal.surfaces.admin import PassportAdmin
+from odal.surfaces.api import api
 from outbox.events import emit
 from outbox.sweep import sweep_once
 from tests.factories import (

@@ -26,7 +26,7 @@ from django.db import connection
 from django_otp.oath import totp
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from odal.models import Passport
+from odal.core.models import Passport
 from tests.factories import UserFactory, issue_token
 from tests.pg import free_port
 
@@ -294,7 +294,7 @@ def test_without_collected_static_files_production_refuses_to_serve(tmp_path):
 
 
 def test_gunicorn_cmd_args_come_over_odal_settings_and_the_command_line_over_both(settings, monkeypatch):
-    from odal.management.commands.serve import gunicorn_application
+    from odal.surfaces.management.commands.serve import gunicorn_application
 
     settings.ODAL_BIND, settings.ODAL_WEB_WORKERS = "127.0.0.1:8123", 5
     monkeypatch.delenv("GUNICORN_CMD_ARGS", raising=False)
@@ -318,7 +318,7 @@ def test_a_500_gunicorn_answers_itself_is_json_with_an_error_id_the_log_names(ca
     answers are sent to a real `odal serve` in tests/test_gunicorn_answers.py.)"""
     import json
 
-    from odal.management.commands.serve import json_error
+    from odal.surfaces.management.commands.serve import json_error
 
     with caplog.at_level("ERROR"):
         head, _, body = json_error(500, "Internal Server Error").partition(b"\r\n\r\n")

@@ -26,10 +26,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from odal import lifecycle
-from odal.errors import Refused
-from odal.models import AuditEntry, Passport
-from outbox.models import Consumer, Delivery, Event
+from odal.core.errors import Refused
+from odal.core.models import AuditEntry, Passport
+from odal.surfaces import lifecycle
+from outbox.models import Consumer, Delivery, Event, Failure
 from registry import adapters, service
 from registry.models import Registration
 from registry.simulator import RegistryState
@@ -122,10 +122,11 @@ class DeliveryMachine(RuleBasedStateMachine):
         token = (m.stale[-1] if m.stale else uuid.uuid4()) if late or not m.token else m.token
         rows = Delivery.objects.filter(pk=pk)
         retry_at = self.clock.now + timedelta(seconds=backoff)
-        took = (
-            rows.mark_delivered(token=token, at=self.clock.now)
+        failure = Failure(pk, "boom", retry_at=retry_at, at=self.clock.now)
+        took = bool(
+            rows.mark_delivered_each(token=token, at=self.clock.now)
             if ok
-            else rows.mark_attempt_failed(token=token, error="boom", retry_at=retry_at, at=self.clock.now)
+            else rows.mark_attempts_failed_each(token=token, failures=[failure])
         )
         assert took == (m.status == "pending" and token == m.token)
         if not took:

@@ -113,7 +113,7 @@ def test_an_admin_page_whose_statement_outlasts_the_bound_answers_503_not_500(se
     from django.db import connection
     from django.urls import reverse
 
-    from odal.models import Passport
+    from odal.core.models import Passport
     from tests.factories import PassportFactory
 
     passport = PassportFactory()

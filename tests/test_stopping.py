@@ -1,11 +1,11 @@
-"""odal.stopping's first signal, as a signal handler meets it: in the main thread, between two
+"""odal.core.stopping's first signal, as a signal handler meets it: in the main thread, between two
 bytecodes of whatever that thread was doing, `ask` itself included (issue 37, item 8)."""
 
 import itertools
 import signal
 import threading
 
-from odal import stopping
+from odal.core import stopping
 from tests.waiting import wait_for
 
 
@@ -48,7 +48,7 @@ def test_a_signal_landing_inside_ask_neither_deadlocks_nor_starts_a_second_clock
         return 3600.0  # (the clock never ends this test's process)
 
     monkeypatch.setattr(stopping, "grace_seconds", grace_with_a_signal_landing)
-    caplog.set_level("WARNING", logger="odal.stopping")
+    caplog.set_level("WARNING", logger="odal.core.stopping")
     asking = threading.Thread(target=stopping.ask, args=(signal.SIGTERM,), daemon=True)
     asking.start()
     asking.join(5)

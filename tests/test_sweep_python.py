@@ -216,7 +216,7 @@ def test_a_late_write_that_loses_the_database_does_not_leave_its_thread_counted(
 
     import psycopg
 
-    from odal.reconnect import DatabaseLost
+    from odal.core.reconnect import DatabaseLost
 
     consumer = SimpleNamespace(pk=-37, name="blips", timeout_seconds=0.2)
 
@@ -255,7 +255,7 @@ def test_a_process_that_stopped_saying_it_holds_a_consumer_back_is_not_counted(s
     younger than ODAL_READYZ_SWEEP_SECONDS: one that died holding it back stops counting."""
     from datetime import timedelta
 
-    from odal.models import Heartbeat
+    from odal.core.models import Heartbeat
 
     settings.ODAL_READYZ_SWEEP_SECONDS = 300
     consumer = ConsumerFactory(name="hangs")

@@ -14,8 +14,8 @@ from django.db import connection, connections, transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from odal import tally
-from odal.models import Heartbeat, Tally
+from odal.core import tally
+from odal.core.models import Heartbeat, Tally
 from outbox.models import Delivery, DeliveryAttempt
 from outbox.service import outbox_counts
 from outbox.sweep import sweep_once
@@ -49,11 +49,11 @@ def test_a_delivery_is_counted_once_when_it_becomes_delivered_and_never_again():
     claim = Delivery.objects.claim(limit=1, hold_seconds=300)
     assert delivered_figure() == 0
 
-    assert Delivery.objects.filter(pk=d.pk).mark_delivered(token=claim.token, at=timezone.now())
+    assert Delivery.objects.filter(pk=d.pk).mark_delivered_each(token=claim.token, at=timezone.now())
     assert delivered_figure() == 1
     # Later writes to the delivered row (an admin edit, the late writer's refused write) add nothing.
     Delivery.objects.filter(pk=d.pk).update(last_error="note", status="delivered")
-    assert not Delivery.objects.filter(pk=d.pk).mark_delivered(token=claim.token, at=timezone.now())
+    assert not Delivery.objects.filter(pk=d.pk).mark_delivered_each(token=claim.token, at=timezone.now())
     assert delivered_figure() == 1
     assert outbox_counts()["delivered"] == 1
     assert outbox_counts()["consumers"][0]["delivered"] == 1
@@ -88,7 +88,7 @@ def test_the_update_triggers_do_not_join_their_transition_tables():
     rows = DeliveryFactory.create_batch(20, consumer=consumer)
     claim = Delivery.objects.claim(limit=20, hold_seconds=300)
     settled = trigger_plans(
-        lambda: Delivery.objects.filter(pk__in=[r.pk for r in rows]).mark_delivered(
+        lambda: Delivery.objects.filter(pk__in=[r.pk for r in rows]).mark_delivered_each(
             token=claim.token, at=timezone.now()
         )
     )
@@ -157,7 +157,7 @@ def test_deleting_counted_rows_never_lowers_a_figure(client, settings):
 
 
 def test_the_chart_reads_hourly_buckets():
-    from odal.dashboard import hourly_attempts
+    from odal.surfaces.dashboard import hourly_attempts
 
     consumer = ConsumerFactory()
     d = DeliveryFactory(consumer=consumer)

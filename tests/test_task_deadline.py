@@ -12,12 +12,12 @@ from django.core.management.base import SystemCheckError
 from django.db import connections
 from django_q.timeout import TimeoutHandler
 
-from odal import checks, lifecycle
+from odal.surfaces import lifecycle
 from odal.work import deadline
 from outbox import tasks
 from outbox.models import Delivery, DeliveryAttempt
 from outbox.sweep import sweep_once
-from registry import adapters, drain
+from registry import adapters, checks, drain
 from registry.drain import drain_once
 from registry.models import Registration, RegistrationAttempt
 from tests.factories import DeliveryFactory, PassportFactory, RegistrationFactory, WebhookConsumerFactory
@@ -224,7 +224,7 @@ def test_django_q2s_timeout_never_lands_inside_an_attempt(settings, workers):
     assert DeliveryAttempt.objects.filter(delivery_id__in=ids).count() == delivered.count()
 
 
-# -- the settings must add up (odal.checks) ----------------------------------------------------------
+# -- the settings must add up (registry.checks) ----------------------------------------------------------
 
 
 def errors() -> list[Error]:

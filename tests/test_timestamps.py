@@ -1,4 +1,4 @@
-"""Timestamps are read with psycopg's own loader (odal.database.base): Django's parses each value
+"""Timestamps are read with psycopg's own loader (odal.core.database.base): Django's parses each value
 in Python, a few microseconds a row of every read. The answer must be Django's: the moment, in
 UTC, tzinfo datetime.timezone.utc, for plain and server-side cursors alike."""
 
@@ -9,7 +9,7 @@ from django.db import connection, transaction
 from django.db.backends.postgresql.psycopg_any import BaseTzLoader
 from psycopg.pq import Format
 
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
 
 pytestmark = pytest.mark.django_db
 

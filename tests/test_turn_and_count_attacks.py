@@ -8,7 +8,7 @@ import pytest
 from django.db import connections
 from django.db.models import Case, Count, Value, When
 
-from odal import tally
+from odal.core import tally
 from odal.work import wake
 from odal.work.wake import SWEEP, Listener
 from outbox.models import Delivery
@@ -80,7 +80,7 @@ def test_mixed_registration_moves_keep_the_figures_equal_to_the_rows():
 
 
 def test_every_creation_path_through_the_api_keys_version_7(api_as):
-    from odal.models import Passport
+    from odal.core.models import Passport
     from outbox.models import Event
 
     ConsumerFactory(name="billing", event_types=["passport.*"])

@@ -13,8 +13,8 @@ import threading
 import pytest
 from django.db import connections
 
-from odal import lifecycle
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
+from odal.surfaces import lifecycle
 from registry import adapters
 from registry.drain import drain_once, drain_until_idle
 from registry.models import Registration

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from odal import stopping
+from odal.core import stopping
 from tests.factories import WebhookConsumerFactory
 from tests.pg import free_port
 from tests.test_bounds import MARGIN

@@ -12,20 +12,21 @@ from django.core.management.base import CommandError
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from odal.models import AuditEntry, Passport
-from odal.upi import canonical_upi, upi_key
+from odal.core.models import AuditEntry, Passport
+from odal.core.upi import canonical_upi, upi_key
 from tests.factories import PassportFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
 
 def test_the_upi_rule_imports_nothing_above_it():
-    """odal.upi sits under the input rules, and they under the admin's reason forms
-    (odal.admin_actions -> odal.reasons -> odal.rules -> odal.upi): importing the rules, in a fresh
-    interpreter, loads neither the admin's modules nor anything of odal but what they stand on."""
-    code = "import sys, odal.rules; print(sorted(m for m in sys.modules if m.startswith('odal')))"
+    """odal.core.upi sits under the input rules, and they under the admin's reason forms
+    (odal.core.admin_actions -> odal.core.reasons -> odal.core.rules -> odal.core.upi): importing
+    the rules, in a fresh interpreter, loads neither the admin's modules nor anything of odal but
+    what they stand on."""
+    code = "import sys, odal.core.rules; print(sorted(m for m in sys.modules if m.startswith('odal')))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert loaded.strip() == "['odal', 'odal.rules', 'odal.text', 'odal.upi']"
+    assert loaded.strip() == "['odal', 'odal.core', 'odal.core.rules', 'odal.core.text', 'odal.core.upi']"
 
 
 CANONICAL = "https://id.example.eu/01/09506000134352/21/ABC"

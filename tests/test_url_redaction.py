@@ -11,10 +11,10 @@ import urllib.parse
 import pytest
 from django.contrib.auth.models import Group, Permission
 
-from odal.groups import ensure_groups
-from odal.logs import JsonFormatter, RedactUrls
-from odal.models import AuditEntry
-from odal.redact import redacted_url, redacted_urls_in, without_secrets_of
+from odal.core.groups import ensure_groups
+from odal.core.logs import JsonFormatter, RedactUrls
+from odal.core.models import AuditEntry
+from odal.core.redact import redacted_url, redacted_urls_in, without_secrets_of
 from outbox.events import emit
 from outbox.models import Consumer, Delivery
 from outbox.schemas import consumer_json

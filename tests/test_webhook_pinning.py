@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from odal.errors import Refused
+from odal.core.errors import Refused
 from outbox import consumers, webhook_client
 from outbox.events import emit
 from outbox.models import Delivery

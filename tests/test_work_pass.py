@@ -5,7 +5,8 @@ import pytest
 from django.db import DataError
 from django.utils import timezone
 
-from odal import lifecycle, stopping
+from odal.core import stopping
+from odal.surfaces import lifecycle
 from outbox import consumers, sweep
 from outbox.models import Delivery, DeliveryAttempt
 from outbox.sweep import Finished, finish_attempts

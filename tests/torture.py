@@ -265,8 +265,8 @@ def phase_deliveries(args, env, rng, figures):
 def phase_registry(args, env, rng, figures):
     from django.conf import settings
 
-    from odal import lifecycle
-    from odal.models import Passport
+    from odal.core.models import Passport
+    from odal.surfaces import lifecycle
     from registry.models import Registration
     from registry.simulator import gateway_faults, make_server
 

@@ -35,7 +35,7 @@ from django.db import connections, models, transaction
 from django.db.models import F, Q, sql
 from django.db.models.functions import Now
 
-from odal.lookups import Ids  # (and pk__any: a claim's ids as one array)
+from odal.core.lookups import Ids  # (and pk__any: a claim's ids as one array)
 
 
 @dataclass

@@ -13,7 +13,7 @@ written, before then; past that it gives its rows back as on a stop (odal.work.p
   sweep or a drain of its own, `--once`): only the claim's hold bounds its passes.
 - `now()`: the clock both are read on (time.monotonic; a test moves it).
 
-The settings must leave a task room for its longest attempt: odal.checks refuses those that do not
+The settings must leave a task room for its longest attempt: registry.checks refuses those that do not
 (docs/runbook.md, "Task timeouts").
 """
 

@@ -10,7 +10,7 @@ from contextvars import ContextVar
 import httpcore
 import httpx
 
-from odal.text import storable
+from odal.core.text import storable
 
 
 def read_answer(response: httpx.Response, cap: int, deadline: float, into: bytearray | None = None) -> bytes:

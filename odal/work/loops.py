@@ -13,9 +13,9 @@ A kind is a `Work`: it says what one pass of it does (`one_pass`), what a run of
   `odal registry drain`).
 - `task`: the body of the django-q2 task a kick enqueues (odal.work.wake.run_kicked_task).
 
-Every run rides out a lost database (odal.reconnect): it waits for it, reopens its listener and
+Every run rides out a lost database (odal.core.reconnect): it waits for it, reopens its listener and
 goes on; a run with a deadline gives up at the deadline. Every run starts no more passes once
-its process is asked to stop (odal.stopping: in `odal qcluster`, its main process), nor after a
+its process is asked to stop (odal.core.stopping: in `odal qcluster`, its main process), nor after a
 pass met its task's deadline (odal.work.deadline).
 """
 
@@ -27,14 +27,14 @@ from dataclasses import dataclass, fields
 from django.conf import settings
 from django.db import close_old_connections, connection
 
-from odal import reconnect, stopping
+from odal.core import reconnect, stopping
 from odal.work.deadline import task as task_deadline
 from odal.work.wake import POLL_SECONDS, Listener, Wake, open_listener, run_kicked_task, wake_up
 
 # How long a task that cannot lead makes passes (`until_idle`): its run's budget. A pass started
 # near its end still starts no attempt past its task's deadline (odal.work.deadline), and the run's
 # waits (for rows falling due, for a lost database) end with it: django-q2's timeout must exceed it
-# by MARGIN_SECONDS (odal.checks).
+# by MARGIN_SECONDS (registry.checks).
 TASK_SECONDS = 50.0
 
 

@@ -25,7 +25,7 @@ from concurrent.futures import CancelledError, Future, InvalidStateError
 from django.conf import settings
 from django.db import transaction
 
-from odal import reconnect, stopping
+from odal.core import reconnect, stopping
 from odal.work import deadline
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def write_in_sets(items: list, write, refused) -> list:
     row it cannot store costs no other row its outcome; for that one `refused(item, exc)` is
     called (it keeps its claim until the hold runs out, then it is due again) and its answer is
     None. If the database is lost meanwhile, DatabaseLost unwinds the pass: nothing
-    more is written for its claim, and its rows are due again after the hold (odal.reconnect)."""
+    more is written for its claim, and its rows are due again after the hold (odal.core.reconnect)."""
     if not items:
         return []
     try:
@@ -285,7 +285,7 @@ class Pass(ABC):
     def give_back_unstarted(self) -> None:
         """Stopping while attempts still run: the rows queued behind them, and those whose future
         has not started, are given back now, not when the running ones end, which may be after
-        odal.stopping's clock has ended the process (their claim would then hold them, each
+        odal.core.stopping's clock has ended the process (their claim would then hold them, each
         with an attempt counted that was never made)."""
         self.not_started += self.take_waiting()
         for future, (row, _) in list(self.in_flight.items()):

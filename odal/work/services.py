@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from odal import tally
-from odal.models import IdempotencyRecord
+from odal.core import tally
+from odal.core.models import IdempotencyRecord
 
 SCHEDULED_SECONDS = 600.0  # the slow services' cadence: the purge schedule's (migration outbox/0007)
 IDLE_WORKERS = timedelta(days=7)
@@ -45,7 +45,7 @@ class Due:
         return done
 
 
-# The foundation's own tables (odal.models): written by every kind of work, kept small here.
+# The foundation's own tables (odal.core.models): written by every kind of work, kept small here.
 TALLY_COMPACTION = Service("tally compaction", SCHEDULED_SECONDS, tally.compact)
 HEARTBEATS = Service(
     "heartbeats", SCHEDULED_SECONDS, lambda: tally.forget_idle_workers(older_than=IDLE_WORKERS)

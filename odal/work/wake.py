@@ -6,7 +6,7 @@ its own connection, LISTENs on the Wake's channel, and between passes waits for 
 for the next poll (at most POLL_SECONDS, so a retry falling due is attempted within about a second
 of its next_attempt_at). A commit that creates work sends a NOTIFY; only when no listener holds
 the lock does it also enqueue a django-q2 task, and then only if no kick of that task is already
-on its way (odal.work.models.Kick): however many commits land per second, a worker is woken, not
+on its way (odal.core.kicks.Kick): however many commits land per second, a worker is woken, not
 flooded with tasks.
 
 A task (`run_kicked_task`) that gets the lock listens for a turn of TURN_SECONDS, then, while work is
@@ -24,7 +24,7 @@ listener's connection, so a listener that dies (SIGKILL, lost network) gives it 
 connection.
 
 A listener whose connection is lost (a database restart, a terminated backend) is reopened by
-its loop's odal.reconnect.Outage once the database answers: it LISTENs again and takes the lock
+its loop's odal.core.reconnect.Outage once the database answers: it LISTENs again and takes the lock
 again if it tried to lead and the lock is free. Meanwhile commits find the lock free and enqueue
 tasks, as they do whenever no listener leads.
 """
@@ -38,8 +38,8 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from odal import reconnect
-from odal.work.models import Kick
+from odal.core import reconnect
+from odal.core.kicks import Kick
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class Listener:
     def reopen(self) -> str:
         """After its connection was lost (the lock and the LISTEN went with it): a new
         connection that LISTENs again, and takes the lock again if it tried to lead and the lock
-        is free. Part of an odal.reconnect.Outage: it raises while the database does not answer,
+        is free. Part of an odal.core.reconnect.Outage: it raises while the database does not answer,
         and says what it does now."""
         self.close()
         self.leading = False
@@ -186,7 +186,7 @@ class Listener:
         self.wants_lead = True
         ms = int(seconds * 1000)
         try:
-            # The server's statement bound (odal.database) may be shorter than the wait: it is
+            # The server's statement bound (odal.core.database) may be shorter than the wait: it is
             # lengthened for this statement, or it would cancel the wait as an error.
             self.conn.execute(
                 "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
@@ -198,7 +198,7 @@ class Listener:
         except psycopg.errors.LockNotAvailable:  # someone else leads
             self.leading = False
         finally:
-            # The session's own (odal.database's bounds)
+            # The session's own (odal.core.database's bounds)
             self.conn.execute("RESET lock_timeout")
             self.conn.execute("RESET statement_timeout")
         return self.leading
@@ -265,7 +265,7 @@ class Listener:
 
 def open_listener(wake: Wake = SWEEP, *, should_stop=lambda: False) -> Listener | None:
     """A listener that tries to lead, once the database answers: a worker started while its
-    database is down, or on a host cut off from it, waits for it (odal.reconnect.Outage) instead
+    database is down, or on a host cut off from it, waits for it (odal.core.reconnect.Outage) instead
     of exiting. None outside PostgreSQL, or when told to stop while it waited."""
     outage = reconnect.Outage(wake.name, should_stop=should_stop)
     while True:

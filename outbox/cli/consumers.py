@@ -2,10 +2,10 @@
 and send a test event to a consumer. A person's write goes through outbox.service, with the
 actor (cli, or cli:<--actor>) and the reason it asks for."""
 
-from odal import rules
-from odal.checks import consumer_timeout_warning
-from odal.cli import Batches, Progress, argument, cli_actor, dumps, subcommands
+from odal.core import rules
+from odal.core.cli import Batches, Progress, argument, cli_actor, dumps, subcommands
 from outbox import service
+from outbox.checks import consumer_timeout_warning
 from outbox.models import Consumer
 from outbox.schemas import consumer_json
 
@@ -77,7 +77,7 @@ def _add_change(consumer_sub) -> None:
 
 
 def event_patterns(value: str) -> list[str]:
-    """--events: comma-separated patterns (odal.rules.event_pattern), spaces around them ignored,
+    """--events: comma-separated patterns (odal.core.rules.event_pattern), spaces around them ignored,
     each once. A value naming none (`--events ,`) is refused: stored, an empty list means every
     event, which a slip of the keyboard should not decide."""
     patterns = list(dict.fromkeys(p for p in (p.strip(" ") for p in value.split(",")) if p))

@@ -2,8 +2,8 @@
 
 from django.core.management.base import CommandError
 
-from odal import rules
-from odal.cli import argument, dumps
+from odal.core import rules
+from odal.core.cli import argument, dumps
 from outbox.models import Delivery
 from outbox.schemas import delivery_json
 from outbox.service import outbox_counts

@@ -6,8 +6,8 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from odal import rules
-from odal.cli import Progress, argument
+from odal.core import rules
+from odal.core.cli import Progress, argument
 from outbox import retention
 
 

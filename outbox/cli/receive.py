@@ -2,8 +2,8 @@
 
 from django.core.management.base import CommandError
 
-from odal import rules
-from odal.cli import argument, serving
+from odal.core import rules
+from odal.core.cli import argument, serving
 from outbox.models import Consumer
 from outbox.receiver import make_server
 

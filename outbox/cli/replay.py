@@ -4,8 +4,8 @@ sent again (resend), named by id or chosen by filters, always with a reason."""
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from odal import rules
-from odal.cli import Batches, Progress, argument, cli_actor
+from odal.core import rules
+from odal.core.cli import Batches, Progress, argument, cli_actor
 from outbox import service
 from outbox.models import Delivery
 

@@ -1,6 +1,6 @@
 """odal outbox sweep: claim due deliveries and run them, once or until a signal."""
 
-from odal.cli import add_work_subcommand
+from odal.core.cli import add_work_subcommand
 from outbox.sweep import SWEEPING
 
 

@@ -2,7 +2,7 @@
 
 from django.db import migrations
 
-from odal.groups import ensure_groups
+from odal.core.groups import ensure_groups
 
 
 def operators_may_pause(apps, schema_editor):

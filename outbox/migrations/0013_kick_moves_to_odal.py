@@ -1,4 +1,4 @@
-"""Kick moves to the odal app (odal/migrations/0010): state only, the table stays."""
+"""Kick moves to the odal app (odal/core/migrations/0010): state only, the table stays."""
 
 from django.db import migrations
 

@@ -1,6 +1,6 @@
 """odal registry drain: claim due registrations and do what each owes, once or until a signal."""
 
-from odal.cli import add_work_subcommand
+from odal.core.cli import add_work_subcommand
 from registry.drain import DRAINING
 
 

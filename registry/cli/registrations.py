@@ -1,8 +1,8 @@
 """odal registry status, show, abandon and handle: what the registry outbox holds, and the two
 writes a person makes on a registration (give it up, record its handle), with a reason."""
 
-from odal import rules
-from odal.cli import argument, cli_actor, dumps
+from odal.core import rules
+from odal.core.cli import argument, cli_actor, dumps
 from registry import service
 from registry.schemas import AbandonOut, RegistrationOut
 

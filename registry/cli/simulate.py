@@ -4,8 +4,8 @@ on from the command line."""
 from django.conf import settings
 from django.core.management.base import CommandError
 
-from odal import rules
-from odal.cli import argument, serving
+from odal.core import rules
+from odal.core.cli import argument, serving
 from registry.simulator import DEFAULT_FAULTS, HOSTILE_ANSWERS, fault_problem, make_server
 
 LATENCY_JITTER = 0.2  # --latency-ms: each wait 80 % to 120 % of it

@@ -6,8 +6,8 @@ import pytest
 from django.contrib.auth.models import Group
 from django.utils import timezone
 
-from odal.groups import ensure_groups
-from odal.models import AuditEntry
+from odal.core.groups import ensure_groups
+from odal.core.models import AuditEntry
 from outbox.models import Delivery, DeliveryAttempt
 from registry.models import Registration
 from tests.factories import (

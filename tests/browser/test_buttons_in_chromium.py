@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from axe_playwright_python.sync_playwright import Axe
 
-from odal.models import AuditEntry, Passport
+from odal.core.models import AuditEntry, Passport
 from outbox.models import Consumer, Delivery
 from registry.models import Registration
 from tests.browser.test_admin_in_chromium import log_in, person

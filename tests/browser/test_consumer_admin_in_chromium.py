@@ -3,7 +3,7 @@ test event, resend a delivery (issue 14)."""
 
 import pytest
 
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
 from outbox.models import Consumer, Delivery
 from tests.browser.test_admin_in_chromium import PASSWORD, choose_action, log_in, person
 from tests.factories import ConsumerFactory, DeliveryFactory, UserFactory

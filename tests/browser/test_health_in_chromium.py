@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from odal.models import AuditEntry
+from odal.core.models import AuditEntry
 from outbox.models import DeliveryAttempt
 from registry.models import RegistrationAttempt
 from tests.browser.test_admin_in_chromium import log_in, person

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from odal import lifecycle
+from odal.surfaces import lifecycle
 from outbox.models import Delivery
 from outbox.sweep import sweep_once
 from registry.drain import drain_once

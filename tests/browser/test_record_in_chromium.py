@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from odal.models import ApiToken, AuditEntry
+from odal.core.models import ApiToken, AuditEntry
 from outbox.models import Delivery, DeliveryAttempt
 from tests.factories import (
     DeadDeliveryFactory,

@@ -8,7 +8,7 @@ import uuid
 import pytest
 from django.utils import timezone
 
-from odal.models import Passport
+from odal.core.models import Passport
 from outbox.models import Consumer, Delivery, DeliveryAttempt
 from registry.models import Registration
 from tests.browser.test_record_in_chromium import log_in, realistic_rows

@@ -1,4 +1,4 @@
-from odal.cli import AreaCommand
+from odal.core.cli import AreaCommand
 from outbox.cli import consumers, deliveries, purge, receive, replay, sweep
 
 # In the order `odal outbox --help` lists their subcommands.

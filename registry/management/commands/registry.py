@@ -1,4 +1,4 @@
-from odal.cli import AreaCommand
+from odal.core.cli import AreaCommand
 from registry.cli import drain, registrations, simulate
 
 # In the order `odal registry --help` lists their subcommands.

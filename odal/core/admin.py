@@ -29,17 +29,14 @@ from odal.core.reasons import MAX_REASON_LENGTH, clean_reason
 # odal.surfaces.live, which read both apps, handed over as its app starts (serve_live_pages).
 OBJECT_KINDS: dict = {}
 LIST_KINDS: dict = {}
-_page_config = []
+page_config = None
 
 
-def serve_live_pages(object_kinds: dict, list_kinds: dict, page_config) -> None:
+def serve_live_pages(object_kinds: dict, list_kinds: dict, config) -> None:
+    global page_config
     OBJECT_KINDS.update(object_kinds)
     LIST_KINDS.update(list_kinds)
-    _page_config[:] = [page_config]
-
-
-def page_config(request, kind: str, pk=None) -> dict:
-    return _page_config[0](request, kind, pk)
+    page_config = config
 
 
 class LiveAdmin:

@@ -229,6 +229,21 @@ MIDDLEWARE = [
     "odal.core.database.middleware.DatabaseUnansweredMiddleware",  # a page's lost database: 503, not 500
 ]
 
+# Sign-in: second factor. TOTP devices and single-use recovery codes (django-otp); OTPMiddleware
+# marks a session verified once a code was typed, and odal.core.second_factor's middleware keeps a
+# session that owes one (production's changers, anyone enrolled) to the enrolment or code page.
+INSTALLED_APPS += ["django_otp", "django_otp.plugins.otp_totp", "django_otp.plugins.otp_static"]
+MIDDLEWARE.insert(
+    MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1,
+    "django_otp.middleware.OTPMiddleware",
+)
+MIDDLEWARE.insert(
+    MIDDLEWARE.index("django_otp.middleware.OTPMiddleware") + 1,
+    "odal.core.second_factor.SecondFactorMiddleware",
+)
+OTP_TOTP_ISSUER = "odal"  # the name an authenticator app shows beside the code
+# (end of "Sign-in: second factor")
+
 ROOT_URLCONF = "odal.urls"
 WSGI_APPLICATION = "odal.wsgi.application"
 

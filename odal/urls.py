@@ -3,7 +3,7 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 from odal.core.admin import view_on_site
-from odal.surfaces import live, views
+from odal.surfaces import live, second_factor_views, views
 from odal.surfaces.api import api
 from odal.surfaces.signin import pages, sso
 
@@ -23,6 +23,17 @@ urlpatterns = [
     path("admin/login/", pages.login),
     path("admin/sso/start/", sso.SignOnStart.as_view(), name="oidc_authentication_init"),
     path("admin/sso/callback/", sso.SignOnCallback.as_view(), name="oidc_authentication_callback"),
+    # The second factor's pages (odal.core.second_factor), the only admin pages a session that owes it sees.
+    path(
+        "admin/second-factor/",
+        admin.site.admin_view(second_factor_views.enrol_view),
+        name="odal_second_factor",
+    ),
+    path(
+        "admin/second-factor/code/",
+        admin.site.admin_view(second_factor_views.code_view),
+        name="odal_second_factor_code",
+    ),
     path("admin/", admin.site.urls),
     path("vault/api/v1/", api.urls),
     path("metrics", views.metrics, name="metrics"),

@@ -117,6 +117,13 @@ MALFORMED = {
     ("token", "create"): [["--name", "ci\x07", "--scope", "read"]],
     ("token", "revoke"): [["abcdefgh", "--actor", LONG], ["ab\udcffcdef"], ["odal_abcdef12_rest"]],
     ("token", "list"): [["--bogus"]],
+    ("user", "reset-2fa"): [
+        ["nobody-here", "--reason", "r"],
+        ["nobody-here"],
+        ["nobody-here", "--reason", "  "],
+        ["a\nb", "--reason", "r"],
+        ["nobody-here", "--reason", "r", "--actor", LONG],
+    ],
     ("demo",): [["--bogus"]],
     # (odal's migrate: Django's, under an advisory lock)
     ("migrate",): [["noapp"], ["odal", "9999_nonexistent"], ["--bogus"]],

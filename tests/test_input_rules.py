@@ -14,11 +14,18 @@ import pytest
 from django.contrib.admin import helpers
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from odal.core.models import ApiToken, AuditEntry, Passport
 from outbox.models import Consumer, Delivery, Event
 from registry.models import Registration
-from tests.factories import ConsumerFactory, DeadDeliveryFactory, PassportFactory, backed_off_registration
+from tests.factories import (
+    ConsumerFactory,
+    DeadDeliveryFactory,
+    PassportFactory,
+    UserFactory,
+    backed_off_registration,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -56,6 +63,13 @@ def world():
         "token": ApiToken.objects.issue(name="ci", scope="read")[0],
         "submitted": backed_off_registration(status="submitted", correlation_id="req-1"),
     }
+
+
+def enrolled_user() -> str:
+    """A user with an authenticator (for `odal user reset-2fa`): a reset taken would be audited."""
+    user = UserFactory()
+    TOTPDevice.objects.create(user=user, name="authenticator", confirmed=True)
+    return user.username
 
 
 def state() -> tuple:
@@ -168,6 +182,7 @@ CLI = {
     "reason": [
         lambda w, v: ("outbox", "replay", str(w["dead"].pk), "--reason", v),
         lambda w, v: ("registry", "handle", str(w["submitted"].passport_id), "reg-1", "--reason", v),
+        lambda w, v: ("user", "reset-2fa", enrolled_user(), "--reason", v),
     ],
     "time": [lambda w, v: ("outbox", "replay", "--dead", "--since", v, "--reason", "r")],
     "id": [
@@ -189,6 +204,7 @@ CLI = {
             v,
         ),
         lambda w, v: ("token", "revoke", w["token"].prefix, "--actor", v),
+        lambda w, v: ("user", "reset-2fa", enrolled_user(), "--reason", "r", "--actor", v),
     ],  # fmt: skip
     "batch size": [
         lambda w, v: ("outbox", "sweep", "--once", "--batch", v),

@@ -16,12 +16,15 @@ import socket
 import subprocess
 import sys
 import time
+from binascii import unhexlify
 from contextlib import contextmanager
 from http.cookies import SimpleCookie
 
 import httpx
 import pytest
 from django.db import connection
+from django_otp.oath import totp
+from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from odal.core.models import Passport
 from tests.factories import UserFactory, issue_token
@@ -184,6 +187,7 @@ def server(tmp_path):
 @pytest.mark.django_db(transaction=True)  # the server's workers read what this test commits
 def test_odal_serve_answers_the_admin_and_the_api_in_production(server):
     staff = UserFactory(username="night-shift", is_superuser=True)
+    device = TOTPDevice.objects.create(user=staff, name="authenticator", confirmed=True)
     token = issue_token("write", name="pim-sync")
     port, process, log, static_root = server
     browser = Browser(port)
@@ -215,6 +219,18 @@ def test_odal_serve_answers_the_admin_and_the_api_in_production(server):
     assert logged_in.headers["location"] == "/admin/"
     session = browser.cookie("sessionid")
     assert session["secure"] and session["httponly"]
+    # Production asks a superuser for the second factor (docs/security.md): the code, then the admin.
+    asked = browser.request("GET", "/admin/")
+    assert asked.status_code == 302 and asked.headers["location"].startswith("/admin/second-factor/code/")
+    code_page = browser.request("GET", asked.headers["location"])
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', code_page.text).group(1)
+    typed = browser.request(
+        "POST",
+        asked.headers["location"],
+        data={"code": f"{totp(unhexlify(device.key)):06d}", "csrfmiddlewaretoken": csrf},
+        headers={"Origin": f"https://{HOST}", "Referer": f"https://{HOST}{asked.headers['location']}"},
+    )
+    assert typed.status_code == 302 and typed.headers["location"] == "/admin/", typed.text[:1000]
     index = browser.request("GET", "/admin/")
     assert index.status_code == 200
     assert "night-shift" in index.text and "Passports" in index.text

@@ -10,12 +10,17 @@ class OdalConfig(AppConfig):
         # Imported here: apps.py loads before the models, which these modules import.
         from django.conf import settings
         from django.contrib import admin
+        from django_otp.plugins.otp_static.models import StaticDevice
+        from django_otp.plugins.otp_totp.models import TOTPDevice
 
         from odal.core.admin import check_every_list
         from odal.core.checks import refuse_deploy_errors
         from odal.core.record import superusers_only
 
         # Every app's admin is registered by now (the admin app's ready came first, and ran autodiscover).
+        # A second factor changes only by enrolment and `odal user reset-2fa` (audited), not by
+        # django-otp's own device pages.
+        admin.site.unregister([TOTPDevice, StaticDevice])
         check_every_list(admin.site)
         superusers_only(admin.site, "django_q")  # its task tables are internals
         if settings.PRODUCTION:

@@ -13,6 +13,7 @@ from django.http import HttpRequest
 from ninja.security import HttpBearer
 from ninja.utils import check_csrf
 
+from odal.core import second_factor
 from odal.core.errors import Refused
 from odal.core.models import SCOPE_ORDER, ApiToken
 
@@ -57,6 +58,13 @@ class ScopedAuth(HttpBearer):
                 raise Refused(
                     "CSRF check failed: a session request that changes something needs the CSRF token.",
                     code="csrf_failed",
+                    status=403,
+                )
+            if request.method not in SAFE_METHODS and second_factor.owed(request):
+                raise Refused(
+                    "This session has not given its second factor: sign in to the admin with your "
+                    "authenticator's code (or set it up there) first. A bearer token needs none.",
+                    code="second_factor_required",
                     status=403,
                 )
             return self.check_permission(user)

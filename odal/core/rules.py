@@ -39,6 +39,7 @@ OPERATOR_ID_LENGTH = 200  # odal.Passport.operator_id
 FACILITY_ID_LENGTH = 200  # odal.Passport.facility_id
 COMMODITY_CODE_LENGTH = 50  # odal.Passport.commodity_code
 TOKEN_NAME_LENGTH = 100  # odal.ApiToken.name
+USERNAME_LENGTH = 150  # django.contrib.auth's User.username
 ACTOR_LENGTH = 100  # "cli:<actor>" in odal.AuditEntry.actor (200), with room to spare
 MAX_REASON_LENGTH = 500  # what a person writes as a reason (the audit trail keeps it whole)
 HOST_LENGTH = 253  # the longest DNS name
@@ -120,6 +121,10 @@ def commodity_code(value) -> str:
 
 def token_name(value) -> str:
     return text(value, max_length=TOKEN_NAME_LENGTH, required=True)
+
+
+def username(value) -> str:
+    return text(value, max_length=USERNAME_LENGTH, required=True)
 
 
 TOKEN_PREFIX = re.compile(r"[0-9a-f]{8}")

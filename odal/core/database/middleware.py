@@ -30,12 +30,18 @@ class DatabaseUnansweredMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request, exception):
-        if not isinstance(exception, reconnect.ERRORS) or not reconnect.is_lost(exception):
-            return None
-        log.warning("%s %r: %s", request.method, request.path, reconnect.unanswered(exception))
-        return HttpResponse(
-            PAGE.format(detail=escape(DETAIL)),
-            status=503,
-            content_type="text/html; charset=utf-8",
-            headers={"Retry-After": "5"},
-        )
+        return unanswered_page(request, exception)
+
+
+def unanswered_page(request, exception) -> HttpResponse | None:
+    """The 503 page when `exception` is a database that did not answer; None for any other.
+    (Also for a middleware that reads the database before the view: odal.core.second_factor.)"""
+    if not isinstance(exception, reconnect.ERRORS) or not reconnect.is_lost(exception):
+        return None
+    log.warning("%s %r: %s", request.method, request.path, reconnect.unanswered(exception))
+    return HttpResponse(
+        PAGE.format(detail=escape(DETAIL)),
+        status=503,
+        content_type="text/html; charset=utf-8",
+        headers={"Retry-After": "5"},
+    )

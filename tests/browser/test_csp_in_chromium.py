@@ -104,6 +104,11 @@ def test_the_admins_main_pages_run_under_the_policy_without_a_violation(watched)
     page.get_by_role("button", name="Copy", exact=True).click()
     visited.append("rotate's reason form and the secret's page")
 
+    # The second factor's enrolment: its QR code is a data: image the policy allows.
+    visit("/admin/second-factor/")
+    page.wait_for_selector("img.odal-qr")
+    assert page.eval_on_selector("img.odal-qr", "img => img.naturalWidth") > 0, "the QR code did not load"
+
     # The API's own documentation (django-ninja's Swagger UI, served from odal's static files).
     visit("/vault/api/v1/docs")
     page.wait_for_selector(".swagger-ui .info")

@@ -63,6 +63,8 @@ from tests.torture import database_url, drop_database, recreate_database  # noqa
 
 DATABASE = os.environ.get("ODAL_BENCH_DATABASE", "odal_bench")  # (one per run that may overlap)
 QUIET = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+# docs/performance.md below this line is written by hand (decisions and one-off measurements); a whole run keeps it.
+KEPT = "<!-- make bench keeps what follows -->"
 
 
 def spawn(argv: list[str], env: dict, **kwargs) -> subprocess.Popen:
@@ -794,6 +796,8 @@ def report(args, processes: list[int], r: dict, server: str, fsync: str) -> int:
         body = f"{head}\n\n{table}\n\n{goals}\n\n![rates](performance.svg)\n\n{how}\n{counts_doc}\n{drain_doc}\n{retention_doc}"
     else:
         body = f"{head}\n\n{table}\n\n{goals}\n\n{counts_doc}\n{drain_doc}\n{retention_doc}"
+    if out.exists() and KEPT in (before := out.read_text()):  # the decisions written by hand stay
+        body = f"{body.rstrip()}\n\n{KEPT}{before.split(KEPT, 1)[1]}"
     out.write_text(body)
     print(f"wrote {out}{'' if not targets else ' and ' + str(out.with_name('performance.svg'))}")
     return report_exit(targets, targets_13, targets_16, targets_23, targets_26)

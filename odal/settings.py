@@ -21,6 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 from odal.core import rules
 from odal.core.database import embedded
 from odal.core.env import (
+    DEFAULT_SECRET_KEY,
     database_from_env,
     env_address,
     env_bool,
@@ -39,8 +40,6 @@ from odal.core.env import (
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
-
-DEFAULT_SECRET_KEY = "odal-development-only-secret-key-change-me"  # refused when ODAL_ENV=production
 
 
 def cores() -> int:

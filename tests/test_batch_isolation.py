@@ -11,7 +11,7 @@ from django.test import Client
 from odal.surfaces import lifecycle
 from outbox import tasks as outbox_tasks
 from outbox.events import emit
-from outbox.models import Delivery, DeliveryAttempt
+from outbox.models import Delivery, DeliveryAttempt, Event
 from outbox.sweep import sweep_once, sweep_until_idle
 from registry.drain import drain_once
 from registry.models import Registration, RegistrationAttempt
@@ -149,3 +149,25 @@ def test_an_unwritable_registry_answer_leaves_the_drain_going(registry_sim):
     assert line.answer.startswith("the registry answered submitted (requestId req-")
     assert "could not be written: DataError" in line.answer
     assert metric("registry_write_errors_total") == 1.0
+
+
+def test_the_events_of_a_set_one_of_whose_writes_the_database_refuses_are_emitted_once_each(registry_sim):
+    # The set is written again one by one: the two that take their row emit their event once
+    # (the set's emit went with its transaction), the refused one none (its row stays claimed).
+    registry_sim.faults["reject_upi_containing"] = "BAD"
+    passports = [
+        PassportFactory(upi=f"https://id.example.eu/01/09506000134352/21/BAD-{n:05d}") for n in range(3)
+    ]
+    for passport in passports:
+        lifecycle.publish(passport.pk, actor="test")
+    regs = sorted(Registration.objects.all(), key=lambda r: r.pk)
+    refuse_terminal_writes("registry_registration", regs[1].pk)
+
+    report = drain_once()
+
+    assert (report.claimed, report.rejected, report.write_errors, report.late) == (3, 2, 1, 0)
+    rejected = Event.objects.filter(type="passport.registration_rejected")
+    assert sorted(e.payload["dppId"] for e in rejected) == sorted(str(regs[n].passport_id) for n in (0, 2))
+    assert [line.outcome for line in RegistrationAttempt.objects.filter(registration=regs[1])] == [
+        "write_error"
+    ]

@@ -259,6 +259,35 @@ def test_a_drain_pass_that_read_the_row_before_it_was_abandoned_changes_nothing(
     assert (late.number, late.outcome) == (1, RegistrationAttempt.Outcome.SUBMITTED)
 
 
+@pytest.mark.django_db(transaction=True)  # (B runs on A's pool thread, during its request)
+def test_a_late_rejection_emits_no_event(registry_sim, settings):
+    """A claims the row and stalls past its hold; B claims it; then A's register is rejected. Its
+    answer is late: a line marked late, and no passport.registration_rejected (its write took
+    nothing, so nothing follows it)."""
+    settings.ODAL_CLAIM_HOLD_SECONDS = 1
+    registry_sim.faults["reject_upi_containing"] = "LATE"
+    passport = published(upi="https://id.example.eu/01/09506000134352/21/LATE-1")
+    adapter = _adapter()
+    register = adapter.register
+
+    def register_after_b_claimed(reg):
+        try:
+            time.sleep(1.1)  # A's hold runs out while its request waits
+            assert len(Registration.objects.claim(limit=1).rows) == 1  # B
+        finally:
+            connections.close_all()  # this thread's
+        return register(reg)
+
+    adapter.register = register_after_b_claimed
+    report = drain_once(adapter=adapter)  # A, late
+
+    assert (report.late, report.rejected) == (1, 0)
+    assert reg_of(passport).status == "pending"
+    late = RegistrationAttempt.objects.get(late=True)
+    assert late.outcome == RegistrationAttempt.Outcome.REJECTED
+    assert not Event.objects.filter(type="passport.registration_rejected").exists()
+
+
 def test_a_drain_pass_starts_no_register_after_its_claims_hold_ran_out(registry_sim, settings):
     """Two due registrations, one claim with a 1 s hold, one request in flight at a time, a
     registry that takes 1.2 s to answer: the second's turn comes after the hold ran out, when the

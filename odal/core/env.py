@@ -17,6 +17,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from odal.core import rules
 
+DEFAULT_SECRET_KEY = "odal-development-only-secret-key-change-me"  # refused when ODAL_ENV=production
+
 # -- plain values ------------------------------------------------------------------------------
 
 

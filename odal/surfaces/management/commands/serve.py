@@ -18,7 +18,7 @@ from gunicorn.app.base import BaseApplication
 
 from odal.core import rules
 from odal.core.cli import serving, usage_error
-from odal.settings import DEFAULT_SECRET_KEY
+from odal.core.env import DEFAULT_SECRET_KEY
 
 logger = logging.getLogger(__name__)
 

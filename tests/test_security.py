@@ -344,15 +344,15 @@ def test_an_admin_edit_does_not_undo_a_publish_committed_meanwhile(admin_client,
     """The form was read with the passport a draft; a publish commits before the save: the save
     writes only what the form changed."""
     passport = PassportFactory()
-    real = PassportAdmin.get_object
+    real = PassportAdmin.save_model
 
-    def get_object_then_publish(self, request, object_id, from_field=None):
-        obj = real(self, request, object_id, from_field)
-        if request.method == "POST":
-            Passport.objects.filter(pk=obj.pk).mark_published()
-        return obj
+    def publish_then_save(self, request, obj, form, change):
+        # (obj and the form were read before: the publish commits between the read and the write)
+        assert obj.status == Passport.Status.DRAFT
+        Passport.objects.filter(pk=obj.pk).mark_published()
+        return real(self, request, obj, form, change)
 
-    monkeypatch.setattr(PassportAdmin, "get_object", get_object_then_publish)
+    monkeypatch.setattr(PassportAdmin, "save_model", publish_then_save)
     response = admin_client.post(
         f"/admin/odal/passport/{passport.pk}/change/", change_form(passport, operator_id="OP-2")
     )

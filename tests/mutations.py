@@ -6087,6 +6087,14 @@ GUARDS = [
         "tests/test_signin.py::test_an_id_token_for_another_client_is_refused",
     ),
     Guard(
+        "single sign-on: never signs in as (or changes) a local account of the same username",
+        "odal/surfaces/signin/sso.py",
+        "        if any(user.has_usable_password() for user in users):\n",
+        "        if False:\n",
+        "tests/test_signin.py::test_single_sign_on_does_not_take_over_a_local_account_of_the_same_username "
+        "tests/test_signin.py::test_single_sign_on_by_email_does_not_take_over_a_local_account_named_by_that_email",
+    ),
+    Guard(
         "single sign-on: with ODAL_PASSWORD_LOGIN=0 a posted password is refused",
         "odal/surfaces/signin/pages.py",
         '    if request.method == "POST" and not settings.ODAL_PASSWORD_LOGIN:\n',

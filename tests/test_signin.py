@@ -318,3 +318,27 @@ def test_with_password_sign_in_off_the_form_is_gone_and_a_password_is_refused(pr
     refused = sign_in("alice", PASSWORD)
     assert refused.status_code == 403
     assert "Password sign-in is turned off" in refused.content.decode()
+
+
+def test_single_sign_on_does_not_take_over_a_local_account_of_the_same_username(provider):
+    """An identity provider's person named like a local account with a password (a superuser made
+    on the command line) neither signs in as it, skipping its password and second factor, nor
+    changes its groups or email."""
+    admin = UserFactory(username="admin", is_superuser=True, email="root@odal.example")
+    provider.claims = {"sub": "idp-9", "preferred_username": "admin", "email": "x@evil.example",
+                       "groups": []}  # fmt: skip
+    client = Client()
+    assert sign_on(client)["Location"] == "/admin/login/"
+    assert "did not sign you in" in client.get("/admin/login/").content.decode()
+    assert "_auth_user_id" not in client.session
+    admin.refresh_from_db()
+    assert (admin.is_staff, admin.email, admin.has_usable_password()) == (True, "root@odal.example", True)
+
+
+def test_single_sign_on_by_email_does_not_take_over_a_local_account_named_by_that_email(provider):
+    local = UserFactory(username="ops@odal.example")
+    provider.claims = {"sub": "idp-10", "email": "ops@odal.example", "groups": ["Operators"]}
+    client = Client()
+    assert sign_on(client)["Location"] == "/admin/login/"
+    assert "_auth_user_id" not in client.session
+    assert not local.groups.exists()

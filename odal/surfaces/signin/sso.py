@@ -162,7 +162,12 @@ class SignOnBackend(OIDCAuthenticationBackend):
         return bool(self.get_username(claims))
 
     def filter_users_by_claims(self, claims):
-        return self.UserModel.objects.filter(username=self.get_username(claims))
+        """The person's account: one single sign-on made (no usable password). A local account of
+        that username (a password of its own) is never signed in, nor changed, by the provider."""
+        users = self.UserModel.objects.filter(username=self.get_username(claims))
+        if any(user.has_usable_password() for user in users):
+            raise SuspiciousOperation("The username is a local account's, with a password of its own.")
+        return users
 
     def create_user(self, claims):
         user = self.UserModel.objects.create_user(self.get_username(claims))  # no usable password

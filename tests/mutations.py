@@ -6087,6 +6087,13 @@ GUARDS = [
         "tests/test_signin.py::test_an_id_token_for_another_client_is_refused",
     ),
     Guard(
+        "sign-in: one password guess of an account from an address at a time (none races past the limit)",
+        "odal/surfaces/signin/pages.py",
+        '        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [guess_key(request)])\n',
+        "        pass\n",
+        "tests/test_signin.py::test_wrong_passwords_sent_at_once_do_not_race_past_the_limit",
+    ),
+    Guard(
         "single sign-on: never signs in as (or changes) a local account of the same username",
         "odal/surfaces/signin/sso.py",
         "        if any(user.has_usable_password() for user in users):\n",

@@ -3,6 +3,8 @@ client's address behind trusted proxies only), single sign-on against a local Op
 password sign-in turned off, and sessions that end ODAL_SESSION_SECONDS after sign-in."""
 
 import ipaddress
+import threading
+import time
 from datetime import timedelta
 from urllib.parse import parse_qsl, urlsplit
 
@@ -10,6 +12,7 @@ import httpx
 import pytest
 from axes.models import AccessAttempt
 from django.contrib.auth import get_user_model
+from django.db import connection, connections, transaction
 from django.db.models import F
 from django.test import Client
 from django.utils import timezone
@@ -342,3 +345,53 @@ def test_single_sign_on_by_email_does_not_take_over_a_local_account_named_by_tha
     assert sign_on(client)["Location"] == "/admin/login/"
     assert "_auth_user_id" not in client.session
     assert not local.groups.exists()
+
+
+def waiting_on_locks() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]
+
+
+def wait_for_waiters(count: int) -> None:
+    deadline = time.monotonic() + 30
+    while waiting_on_locks() < count:
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+@pytest.mark.django_db(transaction=True)  # the sign-ins run on their own threads and connections
+def test_wrong_passwords_sent_at_once_do_not_race_past_the_limit():
+    """Four wrong passwords counted; two more and then the right one sent at the same moment. Each
+    read four before any was counted, so each had its password checked: the right one, the
+    seventh guess, signed in. A guess must see the ones sent before it counted."""
+    alice = UserFactory(username="alice")
+    guess(alice.username, 4)
+    answers, release, held = {}, threading.Event(), threading.Event()
+
+    def hold_the_count():  # the count's row stays locked until every guess is at it
+        with transaction.atomic():
+            list(AccessAttempt.objects.select_for_update().filter(username="alice"))
+            held.set()
+            assert release.wait(30)
+        connections.close_all()
+
+    def try_password(n, password):
+        answers[n] = sign_in(alice.username, password)
+        connections.close_all()
+
+    threads = [threading.Thread(target=hold_the_count)]
+    threads[0].start()
+    assert held.wait(30)
+    for n, password in enumerate(["wrong-1", "wrong-2", PASSWORD]):
+        threads.append(threading.Thread(target=try_password, args=(n, password)))
+        threads[-1].start()
+        wait_for_waiters(n + 1)
+    release.set()
+    for thread in threads:
+        thread.join(30)
+
+    assert not signed_in(answers[2]), "the right password, sent after six wrong ones, signed in"
+    assert answers[2].status_code == 429

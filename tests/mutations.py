@@ -6026,8 +6026,8 @@ GUARDS = [
     Guard(
         "sign-in lock: X-Forwarded-For is believed only from a trusted proxy",
         "odal/surfaces/signin/lockout.py",
-        "    if not trusted(peer):\n        return str(peer)\n",
-        "    if False:\n        return str(peer)\n",
+        "    if not trusted(peer):\n        return counted(peer)\n",
+        "    if False:\n        return counted(peer)\n",
         "tests/test_signin.py::test_a_forwarded_for_header_from_an_untrusted_peer_is_ignored",
     ),
     Guard(
@@ -6043,6 +6043,13 @@ GUARDS = [
         '    for hop in reversed(request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")):\n',
         '    for hop in request.META.get("HTTP_X_FORWARDED_FOR", "").split(","):\n',
         "tests/test_signin.py::test_behind_a_trusted_proxy_what_the_client_wrote_left_of_its_address_changes_nothing",
+    ),
+    Guard(
+        "sign-in lock: an IPv6 client counts as its /64",
+        "odal/surfaces/signin/lockout.py",
+        "        return str(ipaddress.IPv6Address(int(address) >> 64 << 64))",
+        "        return str(address)",
+        "tests/test_signin.py::test_an_ipv6_client_is_counted_by_its_64_network",
     ),
     Guard(
         "sign-in lock: the account and the address together, never either alone",

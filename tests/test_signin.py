@@ -156,6 +156,16 @@ def test_a_forwarded_for_header_from_an_untrusted_peer_is_ignored(settings):
     assert AuditEntry.objects.get(action="login_locked").details["address"] == ATTACKER
 
 
+def test_an_ipv6_client_is_counted_by_its_64_network():
+    """One subscriber's IPv6 /64 holds 2^64 addresses: a new one for every guess is no escape."""
+    alice = UserFactory(username="alice")
+    for n in range(1, 6):
+        guess(alice.username, 1, address=f"2001:db8:1:2::{n:x}")
+    assert sign_in(alice.username, PASSWORD, address="2001:db8:1:2:ffff::99").status_code == 429
+    assert AuditEntry.objects.get(action="login_locked").details["address"] == "2001:db8:1:2::"
+    assert signed_in(sign_in(alice.username, PASSWORD, address="2001:db8:1:3::1"))  # another network
+
+
 @pytest.mark.parametrize(
     "env, said",
     [

@@ -6109,6 +6109,13 @@ GUARDS = [
         "tests/test_signin.py::test_single_sign_on_by_email_does_not_take_over_a_local_account_named_by_that_email",
     ),
     Guard(
+        "single sign-on: another subject of the provider named like an account it made is refused",
+        "odal/surfaces/signin/sso.py",
+        "        if SignOnSubject.objects.filter(user__in=users).exists():\n",
+        "        if False:\n",
+        "tests/test_signin.py::test_another_person_of_the_provider_with_the_same_username_is_not_signed_in_as_the_first",
+    ),
+    Guard(
         "single sign-on: with ODAL_PASSWORD_LOGIN=0 a posted password is refused",
         "odal/surfaces/signin/pages.py",
         '    if request.method == "POST" and not settings.ODAL_PASSWORD_LOGIN:\n',

@@ -405,3 +405,21 @@ def test_wrong_passwords_sent_at_once_do_not_race_past_the_limit():
 
     assert not signed_in(answers[2]), "the right password, sent after six wrong ones, signed in"
     assert answers[2].status_code == 429
+
+
+def test_another_person_of_the_provider_with_the_same_username_is_not_signed_in_as_the_first(provider):
+    """The provider's `sub` is the person; preferred_username and email are names a person may be
+    given or change. Another subject named like an account single sign-on made is refused, and
+    does not change it; its own subject signs in under a new name too."""
+    provider.claims = {"sub": "p-1", "preferred_username": "carol", "groups": ["Operators"]}
+    assert sign_on(Client())["Location"] == "/admin/"
+    provider.claims = {"sub": "p-666", "preferred_username": "carol", "groups": []}
+    client = Client()
+    assert sign_on(client)["Location"] == "/admin/login/"
+    assert "_auth_user_id" not in client.session
+    carol = get_user_model().objects.get(username="carol")
+    assert carol.is_staff and [g.name for g in carol.groups.all()] == ["Operators"]
+    provider.claims = {"sub": "p-1", "preferred_username": "carol.new", "groups": ["Operators"]}
+    client = Client()
+    assert sign_on(client)["Location"] == "/admin/"
+    assert client.session["_auth_user_id"] == str(carol.pk)

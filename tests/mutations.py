@@ -6116,6 +6116,13 @@ GUARDS = [
         "tests/test_signin.py::test_another_person_of_the_provider_with_the_same_username_is_not_signed_in_as_the_first",
     ),
     Guard(
+        "single sign-on: a groups claim that is neither a list nor a name gives no group",
+        "odal/surfaces/signin/sso.py",
+        "    values = [values] if isinstance(values, str) else values if isinstance(values, list) else []\n",
+        "    values = [values] if isinstance(values, str) else values or []\n",
+        "tests/test_signin.py::test_a_groups_claim_that_is_neither_a_list_nor_a_name_gives_no_group",
+    ),
+    Guard(
         "single sign-on: with ODAL_PASSWORD_LOGIN=0 a posted password is refused",
         "odal/surfaces/signin/pages.py",
         '    if request.method == "POST" and not settings.ODAL_PASSWORD_LOGIN:\n',

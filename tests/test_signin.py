@@ -423,3 +423,12 @@ def test_another_person_of_the_provider_with_the_same_username_is_not_signed_in_
     client = Client()
     assert sign_on(client)["Location"] == "/admin/"
     assert client.session["_auth_user_id"] == str(carol.pk)
+
+
+@pytest.mark.parametrize("claim", [7, {"Operators": True}, None, True])
+def test_a_groups_claim_that_is_neither_a_list_nor_a_name_gives_no_group(provider, claim):
+    provider.claims = {"sub": "p-3", "preferred_username": "frank", "groups": claim}
+    client = Client()
+    answer = sign_on(client)
+    assert (answer.status_code, answer["Location"]) == (302, "/admin/login/")
+    assert escape(NOT_STAFF) in client.get("/admin/login/").content.decode()

@@ -119,9 +119,10 @@ def subject(claims: dict) -> str:
 
 
 def group_names(claims: dict) -> list[str]:
-    """odal's groups that the groups claim names (a list of names, or one name)."""
-    values = claims.get(settings.ODAL_OIDC_GROUPS_CLAIM) or []
-    named = {str(value).strip().casefold() for value in ([values] if isinstance(values, str) else values)}
+    """odal's groups that the groups claim names (a list of names, or one name; anything else, none)."""
+    values = claims.get(settings.ODAL_OIDC_GROUPS_CLAIM)
+    values = [values] if isinstance(values, str) else values if isinstance(values, list) else []
+    named = {value.strip().casefold() for value in values if isinstance(value, str)}
     return [group for group in GROUPS if group.casefold() in named]
 
 

@@ -6033,8 +6033,8 @@ GUARDS = [
     Guard(
         "sign-in lock: X-Forwarded-For is believed only from a trusted proxy",
         "odal/surfaces/signin/lockout.py",
-        "    if not trusted(peer):\n        return str(peer)\n",
-        "    if False:\n        return str(peer)\n",
+        "    if not trusted(peer):\n        return counted(peer)\n",
+        "    if False:\n        return counted(peer)\n",
         "tests/test_signin.py::test_a_forwarded_for_header_from_an_untrusted_peer_is_ignored",
     ),
     Guard(
@@ -6050,6 +6050,13 @@ GUARDS = [
         '    for hop in reversed(request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")):\n',
         '    for hop in request.META.get("HTTP_X_FORWARDED_FOR", "").split(","):\n',
         "tests/test_signin.py::test_behind_a_trusted_proxy_what_the_client_wrote_left_of_its_address_changes_nothing",
+    ),
+    Guard(
+        "sign-in lock: an IPv6 client counts as its /64",
+        "odal/surfaces/signin/lockout.py",
+        "        return str(ipaddress.IPv6Address(int(address) >> 64 << 64))",
+        "        return str(address)",
+        "tests/test_signin.py::test_an_ipv6_client_is_counted_by_its_64_network",
     ),
     Guard(
         "sign-in lock: the account and the address together, never either alone",
@@ -6092,6 +6099,35 @@ GUARDS = [
         "        if self.OIDC_RP_CLIENT_ID not in audiences:\n",
         "        if False:\n",
         "tests/test_signin.py::test_an_id_token_for_another_client_is_refused",
+    ),
+    Guard(
+        "sign-in: one password guess of an account from an address at a time (none races past the limit)",
+        "odal/surfaces/signin/pages.py",
+        '        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [guess_key(request)])\n',
+        "        pass\n",
+        "tests/test_signin.py::test_wrong_passwords_sent_at_once_do_not_race_past_the_limit",
+    ),
+    Guard(
+        "single sign-on: never signs in as (or changes) a local account of the same username",
+        "odal/surfaces/signin/sso.py",
+        "        if any(user.has_usable_password() for user in users):\n",
+        "        if False:\n",
+        "tests/test_signin.py::test_single_sign_on_does_not_take_over_a_local_account_of_the_same_username "
+        "tests/test_signin.py::test_single_sign_on_by_email_does_not_take_over_a_local_account_named_by_that_email",
+    ),
+    Guard(
+        "single sign-on: another subject of the provider named like an account it made is refused",
+        "odal/surfaces/signin/sso.py",
+        "        if SignOnSubject.objects.filter(user__in=users).exists():\n",
+        "        if False:\n",
+        "tests/test_signin.py::test_another_person_of_the_provider_with_the_same_username_is_not_signed_in_as_the_first",
+    ),
+    Guard(
+        "single sign-on: a groups claim that is neither a list nor a name gives no group",
+        "odal/surfaces/signin/sso.py",
+        "    values = [values] if isinstance(values, str) else values if isinstance(values, list) else []\n",
+        "    values = [values] if isinstance(values, str) else values or []\n",
+        "tests/test_signin.py::test_a_groups_claim_that_is_neither_a_list_nor_a_name_gives_no_group",
     ),
     Guard(
         "single sign-on: with ODAL_PASSWORD_LOGIN=0 a posted password is refused",

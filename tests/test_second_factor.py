@@ -6,6 +6,8 @@ that work once; Viewers not forced; `odal user reset-2fa`."""
 
 import io
 import re
+import threading
+import time
 from base64 import b32decode
 
 import psycopg
@@ -13,7 +15,7 @@ import pytest
 from django.contrib.admin import helpers
 from django.contrib.auth.models import Group
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import connection, connections, transaction
 from django.test import Client
 from django_otp.oath import totp
 from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
@@ -220,7 +222,7 @@ def test_an_enrolled_account_is_asked_for_its_code_in_development_too(client):
 @pytest.mark.django_db(transaction=True)
 def test_an_admin_page_whose_database_does_not_answer_the_check_is_503_not_500(settings, admin_client):
     """The check runs before the view, where DatabaseUnansweredMiddleware does not see it."""
-    settings.ODAL_DB_STATEMENT_SECONDS = 1
+    was, settings.ODAL_DB_STATEMENT_SECONDS = settings.ODAL_DB_STATEMENT_SECONDS, 1
     connection.close()
     params = {
         k: v for k, v in connection.get_connection_params().items() if k not in ("options", "cursor_factory")
@@ -229,6 +231,8 @@ def test_an_admin_page_whose_database_does_not_answer_the_check_is_503_not_500(s
         other.execute(f"LOCK TABLE {TOTPDevice._meta.db_table} IN ACCESS EXCLUSIVE MODE")
         admin_client.raise_request_exception = False
         page = admin_client.get("/admin/")
+    settings.ODAL_DB_STATEMENT_SECONDS = was  # the teardown's TRUNCATE of every table may take longer
+    connection.close()
     assert page.status_code == 503, page.content[:300]
     assert page["Retry-After"] and b"does not answer in time" in page.content
 
@@ -286,3 +290,55 @@ def test_reset_2fa_refusals(argv, returncode, said):
         run("reset-2fa", *[a.format(user=user.username) for a in argv])
     assert refused.value.returncode == returncode and said in str(refused.value)
     assert TOTPDevice.objects.filter(user=user).exists() and not AuditEntry.objects.exists()
+
+
+def waiting_on_locks() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)  # the two sign-ins run on their own threads and connections
+def test_a_recovery_code_typed_in_two_sessions_at_once_signs_in_only_one(production):
+    """A stolen recovery code (or one typed twice) used by two sessions at the same moment: both
+    read it before either used it up; only one may be let in."""
+    user = person("superuser")
+    first = Client()
+    sign_in(first, user)
+    _key, recovery = enrol(first)
+    clients = [Client(), Client()]
+    for each in clients:
+        sign_in(each, user)
+    held, answers = threading.Event(), {}
+
+    def hold_the_code():  # the row the sessions use up stays locked until both are at it
+        with transaction.atomic():
+            list(StaticToken.objects.select_for_update().filter(token=recovery[0]))
+            held.set()
+            assert release.wait(30)
+        connections.close_all()
+
+    def type_code(n):
+        answers[n] = clients[n].post(CODE, {"code": recovery[0]})
+        connections.close_all()
+
+    release = threading.Event()
+    threads = [threading.Thread(target=hold_the_code)] + [
+        threading.Thread(target=type_code, args=(n,)) for n in (0, 1)
+    ]
+    threads[0].start()
+    assert held.wait(30)
+    for thread in threads[1:]:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while waiting_on_locks() < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    release.set()
+    for thread in threads:
+        thread.join(30)
+
+    let_in = [n for n in (0, 1) if answers[n].status_code == 302 and answers[n]["Location"] == "/admin/"]
+    assert len(let_in) == 1, [answers[n].status_code for n in (0, 1)]
+    assert StaticToken.objects.filter(device__user=user).count() == 9

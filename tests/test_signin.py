@@ -3,6 +3,8 @@ client's address behind trusted proxies only), single sign-on against a local Op
 password sign-in turned off, and sessions that end ODAL_SESSION_SECONDS after sign-in."""
 
 import ipaddress
+import threading
+import time
 from datetime import timedelta
 from urllib.parse import parse_qsl, urlsplit
 
@@ -10,6 +12,7 @@ import httpx
 import pytest
 from axes.models import AccessAttempt
 from django.contrib.auth import get_user_model
+from django.db import connection, connections, transaction
 from django.db.models import F
 from django.test import Client
 from django.utils import timezone
@@ -151,6 +154,16 @@ def test_a_forwarded_for_header_from_an_untrusted_peer_is_ignored(settings):
         guess(alice.username, 1, forwarded=f"192.0.2.{n}")
     assert sign_in(alice.username, PASSWORD, forwarded="192.0.2.99").status_code == 429
     assert AuditEntry.objects.get(action="login_locked").details["address"] == ATTACKER
+
+
+def test_an_ipv6_client_is_counted_by_its_64_network():
+    """One subscriber's IPv6 /64 holds 2^64 addresses: a new one for every guess is no escape."""
+    alice = UserFactory(username="alice")
+    for n in range(1, 6):
+        guess(alice.username, 1, address=f"2001:db8:1:2::{n:x}")
+    assert sign_in(alice.username, PASSWORD, address="2001:db8:1:2:ffff::99").status_code == 429
+    assert AuditEntry.objects.get(action="login_locked").details["address"] == "2001:db8:1:2::"
+    assert signed_in(sign_in(alice.username, PASSWORD, address="2001:db8:1:3::1"))  # another network
 
 
 @pytest.mark.parametrize(
@@ -318,3 +331,104 @@ def test_with_password_sign_in_off_the_form_is_gone_and_a_password_is_refused(pr
     refused = sign_in("alice", PASSWORD)
     assert refused.status_code == 403
     assert "Password sign-in is turned off" in refused.content.decode()
+
+
+def test_single_sign_on_does_not_take_over_a_local_account_of_the_same_username(provider):
+    """An identity provider's person named like a local account with a password (a superuser made
+    on the command line) neither signs in as it, skipping its password and second factor, nor
+    changes its groups or email."""
+    admin = UserFactory(username="admin", is_superuser=True, email="root@odal.example")
+    provider.claims = {"sub": "idp-9", "preferred_username": "admin", "email": "x@evil.example",
+                       "groups": []}  # fmt: skip
+    client = Client()
+    assert sign_on(client)["Location"] == "/admin/login/"
+    assert "did not sign you in" in client.get("/admin/login/").content.decode()
+    assert "_auth_user_id" not in client.session
+    admin.refresh_from_db()
+    assert (admin.is_staff, admin.email, admin.has_usable_password()) == (True, "root@odal.example", True)
+
+
+def test_single_sign_on_by_email_does_not_take_over_a_local_account_named_by_that_email(provider):
+    local = UserFactory(username="ops@odal.example")
+    provider.claims = {"sub": "idp-10", "email": "ops@odal.example", "groups": ["Operators"]}
+    client = Client()
+    assert sign_on(client)["Location"] == "/admin/login/"
+    assert "_auth_user_id" not in client.session
+    assert not local.groups.exists()
+
+
+def waiting_on_locks() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]
+
+
+def wait_for_waiters(count: int) -> None:
+    deadline = time.monotonic() + 30
+    while waiting_on_locks() < count:
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+@pytest.mark.django_db(transaction=True)  # the sign-ins run on their own threads and connections
+def test_wrong_passwords_sent_at_once_do_not_race_past_the_limit():
+    """Four wrong passwords counted; two more and then the right one sent at the same moment. Each
+    read four before any was counted, so each had its password checked: the right one, the
+    seventh guess, signed in. A guess must see the ones sent before it counted."""
+    alice = UserFactory(username="alice")
+    guess(alice.username, 4)
+    answers, release, held = {}, threading.Event(), threading.Event()
+
+    def hold_the_count():  # the count's row stays locked until every guess is at it
+        with transaction.atomic():
+            list(AccessAttempt.objects.select_for_update().filter(username="alice"))
+            held.set()
+            assert release.wait(30)
+        connections.close_all()
+
+    def try_password(n, password):
+        answers[n] = sign_in(alice.username, password)
+        connections.close_all()
+
+    threads = [threading.Thread(target=hold_the_count)]
+    threads[0].start()
+    assert held.wait(30)
+    for n, password in enumerate(["wrong-1", "wrong-2", PASSWORD]):
+        threads.append(threading.Thread(target=try_password, args=(n, password)))
+        threads[-1].start()
+        wait_for_waiters(n + 1)
+    release.set()
+    for thread in threads:
+        thread.join(30)
+
+    assert not signed_in(answers[2]), "the right password, sent after six wrong ones, signed in"
+    assert answers[2].status_code == 429
+
+
+def test_another_person_of_the_provider_with_the_same_username_is_not_signed_in_as_the_first(provider):
+    """The provider's `sub` is the person; preferred_username and email are names a person may be
+    given or change. Another subject named like an account single sign-on made is refused, and
+    does not change it; its own subject signs in under a new name too."""
+    provider.claims = {"sub": "p-1", "preferred_username": "carol", "groups": ["Operators"]}
+    assert sign_on(Client())["Location"] == "/admin/"
+    provider.claims = {"sub": "p-666", "preferred_username": "carol", "groups": []}
+    client = Client()
+    assert sign_on(client)["Location"] == "/admin/login/"
+    assert "_auth_user_id" not in client.session
+    carol = get_user_model().objects.get(username="carol")
+    assert carol.is_staff and [g.name for g in carol.groups.all()] == ["Operators"]
+    provider.claims = {"sub": "p-1", "preferred_username": "carol.new", "groups": ["Operators"]}
+    client = Client()
+    assert sign_on(client)["Location"] == "/admin/"
+    assert client.session["_auth_user_id"] == str(carol.pk)
+
+
+@pytest.mark.parametrize("claim", [7, {"Operators": True}, None, True])
+def test_a_groups_claim_that_is_neither_a_list_nor_a_name_gives_no_group(provider, claim):
+    provider.claims = {"sub": "p-3", "preferred_username": "frank", "groups": claim}
+    client = Client()
+    answer = sign_on(client)
+    assert (answer.status_code, answer["Location"]) == (302, "/admin/login/")
+    assert escape(NOT_STAFF) in client.get("/admin/login/").content.decode()

@@ -39,6 +39,14 @@ def trusted(address) -> bool:
     return any(address in network for network in settings.ODAL_TRUSTED_PROXIES)
 
 
+def counted(address) -> str:
+    """An IPv6 address counts as its /64 (one subscriber's network: a new address for every guess
+    is no escape), written as the network's first address."""
+    if address.version == 6:
+        return str(ipaddress.IPv6Address(int(address) >> 64 << 64))  # (a scope id, %eth0, goes too)
+    return str(address)
+
+
 def client_address(request) -> str | None:
     """The address sign-in attempts are counted against (AXES_CLIENT_IP_CALLABLE): the direct
     peer's, unless the peer is a trusted proxy (ODAL_TRUSTED_PROXIES); then the right-most address
@@ -48,14 +56,14 @@ def client_address(request) -> str | None:
     if peer is None:
         return None
     if not trusted(peer):
-        return str(peer)
+        return counted(peer)
     for hop in reversed(request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")):
         address = ip(hop)
         if address is None:
-            return str(peer)
+            return counted(peer)
         if not trusted(address):
-            return str(address)
-    return str(peer)
+            return counted(address)
+    return counted(peer)
 
 
 class LockBackend(AxesStandaloneBackend):

@@ -2,13 +2,16 @@
 password sign-in is off) and what a sign-in writes into its session: how it signed in, and when
 it ends (docs/security.md, "Sign-in")."""
 
+import unicodedata
 from datetime import timedelta
 
+from axes.helpers import get_client_ip_address
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import REDIRECT_FIELD_NAME
 from django.contrib.auth.signals import user_logged_in
+from django.db import connection, transaction
 from django.dispatch import receiver
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -46,7 +49,19 @@ def login(request):
     single sign-on's button; with ODAL_PASSWORD_LOGIN=0 a password posted is refused (403)."""
     if request.method == "POST" and not settings.ODAL_PASSWORD_LOGIN:
         return login_page(request, status=403, odal_refused=PASSWORD_OFF)
-    return admin.site.login(request, extra_context=page_options())
+    if request.method != "POST":
+        return admin.site.login(request, extra_context=page_options())
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [guess_key(request)])
+        return admin.site.login(request, extra_context=page_options())
+
+
+def guess_key(request) -> str:
+    """The account and address a posted password is counted against, as the lock counts them (the
+    form's username: stripped, NFKC). One guess of a pair at a time, each seeing the ones before
+    it counted: guesses sent at once would all pass the lock's check before any was counted."""
+    username = unicodedata.normalize("NFKC", str(request.POST.get("username", "")).strip())
+    return f"odal sign-in\n{get_client_ip_address(request)}\n{username}"
 
 
 @receiver(user_logged_in)

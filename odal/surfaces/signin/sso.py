@@ -27,6 +27,8 @@ from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 from mozilla_django_oidc.utils import import_from_settings
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
+from odal.surfaces.signin.models import SignOnSubject
+
 log = logging.getLogger(__name__)
 
 GROUPS = ("Operators", "Viewers")
@@ -105,10 +107,22 @@ def back_to_login(request, sentence: str) -> HttpResponseRedirect:
     return HttpResponseRedirect(reverse("admin:login"))
 
 
+def issuer() -> str:
+    return settings.ODAL_OIDC_ISSUER.rstrip("/")
+
+
+def subject(claims: dict) -> str:
+    """The person at the provider (OpenID Connect's `sub`, which every id_token carries)."""
+    if not isinstance(claims.get("sub"), str) or not claims["sub"]:
+        raise SuspiciousOperation("The id_token names no subject (sub).")
+    return claims["sub"]
+
+
 def group_names(claims: dict) -> list[str]:
-    """odal's groups that the groups claim names (a list of names, or one name)."""
-    values = claims.get(settings.ODAL_OIDC_GROUPS_CLAIM) or []
-    named = {str(value).strip().casefold() for value in ([values] if isinstance(values, str) else values)}
+    """odal's groups that the groups claim names (a list of names, or one name; anything else, none)."""
+    values = claims.get(settings.ODAL_OIDC_GROUPS_CLAIM)
+    values = [values] if isinstance(values, str) else values if isinstance(values, list) else []
+    named = {value.strip().casefold() for value in values if isinstance(value, str)}
     return [group for group in GROUPS if group.casefold() in named]
 
 
@@ -162,7 +176,20 @@ class SignOnBackend(OIDCAuthenticationBackend):
         return bool(self.get_username(claims))
 
     def filter_users_by_claims(self, claims):
-        return self.UserModel.objects.filter(username=self.get_username(claims))
+        """The person's account: the one this subject signed in before, else one of its username
+        that single sign-on made (no usable password) for no other subject. A local account of
+        that username (a password of its own) is never signed in, nor changed, by the provider."""
+        known = self.UserModel.objects.filter(
+            sign_on_subject__issuer=issuer(), sign_on_subject__subject=subject(claims)
+        )
+        if known.exists():
+            return known
+        users = self.UserModel.objects.filter(username=self.get_username(claims))
+        if any(user.has_usable_password() for user in users):
+            raise SuspiciousOperation("The username is a local account's, with a password of its own.")
+        if SignOnSubject.objects.filter(user__in=users).exists():
+            raise SuspiciousOperation("The username is the account of another of the provider's subjects.")
+        return users
 
     def create_user(self, claims):
         user = self.UserModel.objects.create_user(self.get_username(claims))  # no usable password
@@ -176,6 +203,9 @@ class SignOnBackend(OIDCAuthenticationBackend):
         if isinstance(claims.get("email"), str):
             user.email = claims["email"][:254]
         user.save(update_fields=["is_staff", "email"])
+        SignOnSubject.objects.get_or_create(
+            user=user, defaults={"issuer": issuer(), "subject": subject(claims)}
+        )
         groups = Group.objects.filter(name__in=GROUPS)
         user.groups.remove(*[group for group in groups if group.name not in chosen])
         user.groups.add(*[group for group in groups if group.name in chosen])

@@ -202,8 +202,11 @@ class Registry:
         self.adapter = adapters.HttpRegistry(
             base_url=f"http://127.0.0.1:{self.server.server_address[1]}",
             token="t",
-            timeout=2,
-            lookup_seconds=5,
+            # Bounds a hung server's test would reach, never a loaded machine's: the request's
+            # deadline runs from before the connect, and a process not scheduled for 2 s made a
+            # row's outcome a timeout's ("failed" before it was sent, "unknown" after).
+            timeout=60,
+            lookup_seconds=60,
         )
 
     def close(self):
@@ -219,6 +222,13 @@ def registry():
     server.close()
 
 
+def timed_out(exc: Exception) -> str | None:
+    """The outcome if `exc` says the request (or the lookup) ran out of time: no row's, though its
+    class is an "unknown", "failed" or "unreadable" one (no answer was read)."""
+    said = str(exc)
+    return "timed out" if "timed out after" in said or "not read to its end within" in said else None
+
+
 def outcome(call: str, adapter, reg=None) -> str:
     """What the adapter made of the answer, in the table's words."""
     try:
@@ -232,14 +242,14 @@ def outcome(call: str, adapter, reg=None) -> str:
             answer = adapter.find_submission("https://id.example.eu/01/1/21/X")
     except adapters.RateLimited:
         return "rate limited"
-    except adapters.OutcomeUnknown:
-        return "unknown"
+    except adapters.OutcomeUnknown as exc:
+        return timed_out(exc) or "unknown"
     except adapters.UnknownRequest:
         return "failed: unknown request"
-    except adapters.Retryable:
-        return "failed"
-    except adapters.RegistryUnreadable:
-        return "unreadable"
+    except adapters.Retryable as exc:
+        return timed_out(exc) or "failed"
+    except adapters.RegistryUnreadable as exc:
+        return timed_out(exc) or "unreadable"
     if isinstance(answer, adapters.Accepted):
         return "submitted"
     if isinstance(answer, adapters.Duplicate):

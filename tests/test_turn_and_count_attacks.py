@@ -115,17 +115,20 @@ def lock_holders() -> int:
 
 
 class RelaySuccessor(threading.Thread):
-    """What run_kicked_task does for relay=True, minus the passes: wait for the lock; if that
-    times out, close (and help with one pass, which cannot see a commit made after it)."""
+    """What run_kicked_task does for relay=True, minus the passes: wait for the lock, once told to
+    (`may_wait`: a real one runs a pass first); if that times out, close (and help with one pass,
+    which cannot see a commit made after it)."""
 
     def __init__(self, wait_seconds):
         super().__init__(daemon=True)
         self.wait_seconds, self.led, self.gave_up_at = wait_seconds, None, None
+        self.may_wait = threading.Event()  # its first pass is over: it may wait for the lock
         self.waited = threading.Event()  # its wait for the lock is over, led or not
 
     def run(self):
         try:
             with Listener.open() as listener:
+                self.may_wait.wait(20)
                 self.led = listener.wait_to_lead(self.wait_seconds)
                 self.gave_up_at = time.monotonic()
         finally:
@@ -160,8 +163,10 @@ def test_a_leader_whose_successor_gave_up_inside_its_long_pass_takes_its_last_lo
         while not should_stop():
             if successors and not long_pass_done:
                 # One pass of slow webhooks, longer than the successor's wait (to its end, however
-                # late a loaded machine starts it) and than HANDOVER_SECONDS.
+                # late a loaded machine starts it) and than HANDOVER_SECONDS. The successor waits
+                # from inside it: had it waited when the kick returned, hand_over would give it the lock.
                 ends_at = time.monotonic() + 2.0
+                successors[0].may_wait.set()
                 successors[0].waited.wait(20)
                 time.sleep(max(0.0, ends_at - time.monotonic()))
                 long_pass_done = True

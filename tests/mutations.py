@@ -5624,7 +5624,7 @@ GUARDS = [
         "registry/adapters.py",
         "        if 200 <= answer.status_code < 300:\n            raise OutcomeUnknown(",
         "        if False:\n            raise OutcomeUnknown(",
-        "tests/test_registry_gateways.py -k what_an_answer_means",
+        "tests/test_registry_gateways.py -k protocol_error_of_unknown_outcome",
     ),
     # issue 37 item 4: a task list answering 501 cannot be searched
     Guard(

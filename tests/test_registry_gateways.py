@@ -315,6 +315,17 @@ def test_an_unknown_answer_says_what_answered_and_that_the_request_may_have_land
     assert not said.endswith(": ")
 
 
+@pytest.mark.parametrize("status", [201, 202, 206])
+def test_a_deactivates_2xx_other_than_200_and_204_is_a_protocol_error_of_unknown_outcome(registry, status):
+    """Unknown (refusal's rule would say so too), and told as a protocol error: its attempt line
+    counts in registry_protocol_errors_total, as every answer that is not the protocol's."""
+    registry.answer = (status, "", b"")
+    with pytest.raises(adapters.OutcomeUnknown) as raised:
+        registry.adapter.deactivate("reg-1")
+    said = str(raised.value)
+    assert said.startswith(adapters.PROTOCOL_ERROR) and "(the protocol's are 200 and 204)" in said, said
+
+
 # -- end to end: the drain, the http adapter, the simulator ----------------------------------------------
 
 NEVER = 600  # seconds: a landing_delay no test reaches; land_pending() lands the request

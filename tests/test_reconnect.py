@@ -48,23 +48,30 @@ def leader() -> int | None:
     return row[0] if row else None
 
 
-def other_connections() -> int:
+# The application_name of the connections a Loop's thread opens (its own, its listener's): the
+# database may also hold others (an autovacuum worker, a backend of an earlier test's still exiting).
+LOOP = "odal-test-loop"
+
+
+def loop_connections() -> int:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s",
+            [LOOP],
         )
         return cursor.fetchone()[0]
 
 
-def cut_connections() -> int:
+def cut_connections() -> list[str]:
     """pg_terminate_backend every other connection to the test database: the loops' own, their
-    listeners' and their Python-consumer threads'. This test's connection stays."""
+    listeners' and their Python-consumer threads'. This test's connection stays. Returns the
+    application_name of each connection cut."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "SELECT application_name, pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
-        return cursor.fetchone()[0]
+        return [name for name, _ in cursor.fetchall()]
 
 
 class Loop(threading.Thread):
@@ -77,6 +84,9 @@ class Loop(threading.Thread):
         self.report, self.error = None, None
 
     def run(self):
+        # This thread's connections, its listener's too (from get_connection_params), say LOOP.
+        options = {**connection.settings_dict.get("OPTIONS", {}), "application_name": LOOP}
+        connection.settings_dict = {**connection.settings_dict, "OPTIONS": options}
         try:
             self.report = self.loop(should_stop=self.stopping.is_set)
         except BaseException as exc:  # the test says what escaped
@@ -266,9 +276,9 @@ def test_a_listening_sweep_whose_connections_are_cut_listens_and_leads_again(sta
             return sweep_listening(listener, poll_seconds=60, should_stop=should_stop)
 
     sweep = start(listening)
-    assert wait_for(lambda: leader() is not None and other_connections() == 2, 5)
+    assert wait_for(lambda: leader() is not None and loop_connections() == 2, 5)
     before = leader()
-    assert cut_connections() == 2  # its own connection and its listener's
+    assert cut_connections().count(LOOP) == 2  # its own connection and its listener's
     assert wait_for(lambda: leader() not in (None, before), 5), "the sweep did not take the lead again"
     with transaction.atomic():
         emit("passport.published", {"n": 1})
@@ -465,7 +475,7 @@ def test_a_relay_turn_that_loses_the_database_leads_again_and_still_hands_over(
     DeliveryFactory(consumer=ConsumerFactory(), next_attempt_at=time_from_now(hours=1))  # pending work
 
     relay = start(lambda should_stop: tasks.sweep())
-    assert wait_for(lambda: leader() is not None and other_connections() == 2, 30)
+    assert wait_for(lambda: leader() is not None and loop_connections() == 2, 30)
     before = leader()
     cut_connections()
     assert wait_for(lambda: leader() not in (None, before), 30), "the turn did not take the lead again"

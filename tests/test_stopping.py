@@ -4,6 +4,9 @@ bytecodes of whatever that thread was doing, `ask` itself included (issue 37, it
 import itertools
 import signal
 import threading
+import time
+
+import pytest
 
 from odal.core import stopping
 from tests.waiting import wait_for
@@ -18,9 +21,11 @@ def installed_handler(monkeypatch, then=None):
     return caught[signal.SIGTERM]
 
 
-def a_process_never_asked(monkeypatch):
-    """This process's stop state, as it was before any signal; put back after the test (a clock
-    left running stands down once its deadline is gone)."""
+@pytest.fixture
+def ended(monkeypatch):
+    """This process's stop state, as it was before any signal, put back after the test; what
+    `end` was asked (it ends nothing). The clocks the test started are over before it ends: one
+    left running logs its "stopping" into whichever test runs next, in this process."""
     monkeypatch.setattr(stopping, "_asked", itertools.count(), raising=False)
     monkeypatch.setattr(stopping, "_here", False, raising=False)
     monkeypatch.setattr(stopping, "_shared", None, raising=False)
@@ -28,15 +33,18 @@ def a_process_never_asked(monkeypatch):
     monkeypatch.setattr(stopping, "_requested", threading.Event(), raising=False)  # (before issue 37)
     ended = []
     monkeypatch.setattr(stopping, "end", lambda signum, why: ended.append(why))
-    return ended
+    yield ended
+    stopping._deadline = time.monotonic() - 1  # run out: each clock ends (the `end` above), within 1 s
+    for clock in [t for t in threading.enumerate() if t.name == "odal-stop-clock"]:
+        clock.join(10)
+        assert not clock.is_alive(), "a clock outlived its test"
 
 
-def test_a_signal_landing_inside_ask_neither_deadlocks_nor_starts_a_second_clock(monkeypatch, caplog):
+def test_a_signal_landing_inside_ask_neither_deadlocks_nor_starts_a_second_clock(ended, monkeypatch, caplog):
     """`odal up` asks from its main thread when a child dies; SIGTERM may land while it is inside
     `ask`. The handler then runs on top of it, in the same thread. With a lock held there, the
     handler's own `ask` waited for it forever. Driven here by calling the handler from inside
     `ask` (from grace_seconds, which it calls), exactly where a signal may land."""
-    ended = a_process_never_asked(monkeypatch)
     passed_on = []
     handler = installed_handler(monkeypatch, then=passed_on.append)
     landed = []
@@ -62,8 +70,7 @@ def test_a_signal_landing_inside_ask_neither_deadlocks_nor_starts_a_second_clock
     assert caplog.text.count("SIGTERM: stopping") == 1
 
 
-def test_a_second_signal_after_the_first_ends_the_process_at_once(monkeypatch):
-    ended = a_process_never_asked(monkeypatch)
+def test_a_second_signal_after_the_first_ends_the_process_at_once(ended, monkeypatch):
     monkeypatch.setattr(stopping, "grace_seconds", lambda: 3600.0)
     handler = installed_handler(monkeypatch)
     handler(signal.SIGTERM, None)

@@ -4,12 +4,14 @@ rows back as on a stop; and the settings must leave a task room for its longest 
 
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from django.core.checks import Error
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import connections
+from django.utils import timezone
 from django_q.timeout import TimeoutHandler
 
 from odal.surfaces import lifecycle
@@ -163,8 +165,9 @@ def test_a_deactivation_that_must_find_first_waits_for_a_task_with_time_for_its_
     settings.ODAL_REGISTRY_LOOKUP_SECONDS = 30
     lifecycle.publish(PassportFactory().pk, actor="test")
     finding = RegistrationFactory(
-        operation="deactivate", attempts=1, passport=PassportFactory(status="suspended")
-    )
+        operation="deactivate", attempts=1, passport=PassportFactory(status="suspended"),
+        next_attempt_at=timezone.now() - timedelta(minutes=1),  # claimed first: the register after it
+    )  # fmt: skip
     assert finding.finds_first
 
     class Adapter:

@@ -20,7 +20,7 @@ from odal.core.models import AuditEntry
 from registry.models import Registration
 from tests.factories import UserFactory, backed_off_registration
 from tests.pg import free_port
-from tests.test_serve import HOST, Browser, production, serving
+from tests.test_serve import HOST, Browser, enrolled, production, serving, type_the_code
 
 CHANGELIST = "/admin/registry/registration/"
 PAGE_SECONDS = 5  # the registry's answer to each task-list page
@@ -106,6 +106,7 @@ def served(tmp_path, slow_registry, registry_simulator):
 def test_abandon_of_20_rows_under_odal_serve_never_outlives_the_worker(served):
     port, log = served
     staff = UserFactory(username="night-shift", is_superuser=True)
+    device = enrolled(staff)
     regs = [backed_off_registration() for _ in range(ROWS)]
     browser = Browser(port)
     login = browser.request("GET", "/admin/login/?next=/admin/")
@@ -118,6 +119,7 @@ def test_abandon_of_20_rows_under_odal_serve_never_outlives_the_worker(served):
         headers=https,
     )
     assert logged_in.status_code == 302, logged_in.text[:1000]
+    type_the_code(browser, device)  # production asks a superuser for the second factor
     data = {
         "action": "abandon_selected",
         helpers.ACTION_CHECKBOX_NAME: [str(r.pk) for r in regs],

@@ -184,10 +184,31 @@ def server(tmp_path):
 
 
 @pytest.mark.slow
+def enrolled(user) -> TOTPDevice:
+    """A confirmed authenticator for `user`: production asks staff who may change anything for it."""
+    return TOTPDevice.objects.create(user=user, name="authenticator", confirmed=True)
+
+
+def type_the_code(browser, device: TOTPDevice) -> None:
+    """After the password, in production: the admin sends a session to the code page; the code
+    from `device` takes it on to the admin."""
+    asked = browser.request("GET", "/admin/")
+    assert asked.status_code == 302 and asked.headers["location"].startswith("/admin/second-factor/code/")
+    code_page = browser.request("GET", asked.headers["location"])
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', code_page.text).group(1)
+    typed = browser.request(
+        "POST",
+        asked.headers["location"],
+        data={"code": f"{totp(unhexlify(device.key)):06d}", "csrfmiddlewaretoken": csrf},
+        headers={"Origin": f"https://{HOST}", "Referer": f"https://{HOST}{asked.headers['location']}"},
+    )
+    assert typed.status_code == 302 and typed.headers["location"] == "/admin/", typed.text[:1000]
+
+
 @pytest.mark.django_db(transaction=True)  # the server's workers read what this test commits
 def test_odal_serve_answers_the_admin_and_the_api_in_production(server):
     staff = UserFactory(username="night-shift", is_superuser=True)
-    device = TOTPDevice.objects.create(user=staff, name="authenticator", confirmed=True)
+    device = enrolled(staff)
     token = issue_token("write", name="pim-sync")
     port, process, log, static_root = server
     browser = Browser(port)
@@ -220,17 +241,7 @@ def test_odal_serve_answers_the_admin_and_the_api_in_production(server):
     session = browser.cookie("sessionid")
     assert session["secure"] and session["httponly"]
     # Production asks a superuser for the second factor (docs/security.md): the code, then the admin.
-    asked = browser.request("GET", "/admin/")
-    assert asked.status_code == 302 and asked.headers["location"].startswith("/admin/second-factor/code/")
-    code_page = browser.request("GET", asked.headers["location"])
-    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', code_page.text).group(1)
-    typed = browser.request(
-        "POST",
-        asked.headers["location"],
-        data={"code": f"{totp(unhexlify(device.key)):06d}", "csrfmiddlewaretoken": csrf},
-        headers={"Origin": f"https://{HOST}", "Referer": f"https://{HOST}{asked.headers['location']}"},
-    )
-    assert typed.status_code == 302 and typed.headers["location"] == "/admin/", typed.text[:1000]
+    type_the_code(browser, device)
     index = browser.request("GET", "/admin/")
     assert index.status_code == 200
     assert "night-shift" in index.text and "Passports" in index.text
